@@ -1,0 +1,11 @@
+#!/usr/bin/env python3
+"""Compare every mode of a capture file against FP32 (or --reference MODE); see README for the formulas.
+
+    python compare_with_fp.py first_layer_io_all_modes.npz --json comparison.json
+"""
+import sys
+
+from harness.cli import compare_main
+
+if __name__ == "__main__":
+    sys.exit(compare_main(prog="compare_with_fp.py"))

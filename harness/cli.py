@@ -1,0 +1,235 @@
+"""Command lines: capture (save_first_layer_io.py), compare (compare_with_fp.py), modes, points.
+
+Exit codes: 0 success; 1 a mode failed (capture) or --fail-if matched (compare);
+2 usage or input errors (argparse, unknown mode, missing model directory, ...).
+Every option is accepted with underscores and with dashes (--seq_len, --seq-len).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["main", "capture_main", "compare_main", "build_capture_parser", "build_compare_parser"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _layer(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a block index (0, 1, ...), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a block index (0, 1, ...), got {value}")
+    return value
+
+
+def _opt(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """Add --a_b together with --a-b (and the reverse), one destination."""
+    flags = [f"--{name}"]
+    for other in (name.replace("_", "-"), name.replace("-", "_")):
+        if f"--{other}" not in flags:
+            flags.append(f"--{other}")
+    parser.add_argument(*flags, dest=name.replace("-", "_"), **kwargs)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    from .pipeline import DEFAULT_MODEL
+
+    g = p.add_argument_group("model")
+    _opt(g, "model", default=None, help=f"model directory (default: the shipped {DEFAULT_MODEL.name}); "
+                                        "with --pretrained_dir, a name inside it")
+    _opt(g, "pretrained_dir", type=Path, default=None, help="directory holding models: the model is PRETRAINED_DIR/MODEL")
+    _opt(g, "tokenizer", type=Path, default=None, help="directory with tokenizer.json (default: the model directory)")
+    _opt(g, "mamba_model_path", type=Path, default=None,
+         help="research-tool option, accepted and ignored: every mode (mode 1 included) is built from --model")
+
+
+def _add_mode_options(p: argparse.ArgumentParser) -> None:
+    from .modes import BUILTIN_MODES, PRESETS
+
+    g = p.add_argument_group("modes")
+    _opt(g, "modes", nargs="+", default=["all"], metavar="MODE",
+         help=f"modes or presets (default: all). Modes: {', '.join(BUILTIN_MODES)}; presets: "
+              + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
+    _opt(g, "modes_file", type=Path, default=None, help="JSON or TOML file of user-defined modes (see README)")
+    _opt(g, "reference", default="fp32", help="mode the printed comparison is against (default: fp32)")
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE
+
+    g = p.add_argument_group("data and calibration")
+    _opt(g, "seq_len", type=_positive_int, default=512, help="tokens in the test sample (default: 512)")
+    _opt(g, "text_file", type=Path, default=DEFAULT_TEXT_FILE,
+         help="test text: JSON lines ({'text': ...}) or plain text (default: the shipped held-out text)")
+    _opt(g, "calib_data_num", type=_positive_int, default=512, help="calibration samples (default: 512)")
+    _opt(g, "calib_seqlen", type=_positive_int, default=512, help="tokens per calibration sample (default: 512)")
+    _opt(g, "calib_file", type=Path, default=DEFAULT_CALIB_FILE, help="calibration text (default: the shipped one)")
+    _opt(g, "percentile_alpha", type=_alpha, default=0.9995, help="percentile of the s_u and s_h observers (default: 0.9995)")
+    _opt(g, "calib_batch_size", type=_positive_int, default=8, help="calibration samples per forward (default: 8)")
+    _opt(g, "seed", type=int, default=42, help="seed of the calibration sample order (default: 42)")
+    _opt(g, "cache_dir", type=Path, default=None,
+         help="calibration cache (default: $QUAMBA_HARNESS_CACHE or ~/.cache/quamba-harness)")
+    _opt(g, "no_cache", action="store_true", help="neither read nor write the calibration cache")
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    from .capture import TAP_POINTS
+
+    g = p.add_argument_group("capture and output")
+    _opt(g, "output_file", type=Path, default=Path("first_layer_io_all_modes.npz"),
+         help="the .npz to write; the stats go to <name>_stats.json (default: first_layer_io_all_modes.npz)")
+    _opt(g, "layers", type=_layer, nargs="+", default=[0], help="blocks whose input/output/residual are captured (default: 0)")
+    _opt(g, "taps", nargs="+", default=[], metavar="TAP",
+         help=f"internal points for every captured layer: all, {', '.join(TAP_POINTS)}, or L<i>.<point>")
+    _opt(g, "basis", choices=("original", "rotated"), default="original",
+         help="basis of the stored residual-stream tensors (default: original)")
+    _opt(g, "stats-only", action="store_true", help="write statistics and comparisons, not the arrays")
+    _opt(g, "resume", action="store_true", help="keep the modes that already succeeded in --output_file")
+    _opt(g, "compress", action="store_true", help="deflate the .npz (smaller, slower)")
+    _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
+    _opt(g, "quiet", action="store_true", help="print only errors and the file names")
+
+
+def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Run a Mamba model under each mode, capture layer I/O "
+                                "through forward hooks, write one .npz and one _stats.json.")
+    _add_model_options(p)
+    _add_mode_options(p)
+    _add_data_options(p)
+    _add_output_options(p)
+    return p
+
+
+def _config_from_args(args: argparse.Namespace):
+    from .calibration import CalibrationSettings, default_cache_dir
+    from .pipeline import DEFAULT_MODEL, RunConfig
+
+    if args.pretrained_dir is not None:
+        model = args.pretrained_dir / (args.model or DEFAULT_MODEL.name)
+    else:
+        model = Path(args.model) if args.model else DEFAULT_MODEL
+    if args.mamba_model_path is not None:
+        print("warning: --mamba_model_path is ignored; mode 1 is built from --model like every other mode",
+              file=sys.stderr)
+    return RunConfig(
+        model=model, tokenizer=args.tokenizer, modes=args.modes, modes_file=args.modes_file,
+        output_file=args.output_file, seq_len=args.seq_len, text_file=args.text_file,
+        calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,
+                                  args.calib_batch_size, args.seed),
+        calib_file=args.calib_file, cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
+        layers=args.layers, taps=args.taps, basis=args.basis, stats_only=args.stats_only, resume=args.resume,
+        compress=args.compress, dedup=not args.no_dedup, reference=args.reference, argv=sys.argv[:])
+
+
+def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_capture_parser(prog).parse_args(argv)
+    from .pipeline import InputError, run
+
+    try:
+        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.quiet:
+        print(args.output_file)
+    return 1 if outcome.failed else 0
+
+
+def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Compare every mode of a capture file against a reference "
+                                "mode: MSE, MAE, RMSE, max|err|, relative L2, SQNR, cosine, Pearson, |err| percentiles.")
+    p.add_argument("file", type=Path, help="capture .npz (this harness's or the research tool's)")
+    _opt(p, "reference", default="fp32", help="reference mode (default: fp32)")
+    _opt(p, "json", type=Path, default=None, help="write all metrics to this JSON file")
+    _opt(p, "save_comparison", type=Path, default=None, help="research-tool name of --json")
+    _opt(p, "modes", nargs="+", default=None, help="compare only these modes")
+    _opt(p, "tensors", nargs="+", default=None, help="compare only these tensors (e.g. output L0.ssm.u)")
+    _opt(p, "fail-if", default=None, metavar="EXPR",
+         help="exit 1 if EXPR holds for any mode and tensor, e.g. \"tensor == 'output' and sqnr_db < 20\"")
+    return p
+
+
+def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_compare_parser(prog).parse_args(argv)
+    from .compare import CompareError, compare_modes, fail_if_violations
+    from .report import comparison_tables
+    from .storage import StorageError, json_safe, load_capture
+
+    try:
+        cf = load_capture(args.file)
+        tensors = {m: [t for t in cf.tensors(m) if args.tensors is None or t in args.tensors]
+                   for m in cf.modes() if args.modes is None or m in args.modes or m == args.reference}
+        meta_basis = lambda m, t: cf.tensor_meta(m, t).get("basis")  # noqa: E731
+        comparable = None
+        if cf.manifest:
+            comparable = lambda m, t: (None if meta_basis(m, t) == meta_basis(args.reference, t)  # noqa: E731
+                                       else f"basis differs ({meta_basis(m, t)} vs {meta_basis(args.reference, t)})")
+        comparison = compare_modes(tensors, cf.array, args.reference, comparable)
+        hits = fail_if_violations(args.fail_if, comparison) if args.fail_if else []
+    except (StorageError, CompareError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    titles = {m: e.get("title", "") for m, e in (cf.manifest or {}).get("modes", {}).items()}
+    print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
+    print(comparison_tables(comparison, titles))
+    out = args.json or args.save_comparison
+    if out is not None:
+        out.write_text(json.dumps(json_safe(comparison), indent=2, allow_nan=False) + "\n")
+        print(f"\nwrote {out}")
+    if hits:
+        print(f"\n--fail-if {args.fail_if!r} holds for: " + ", ".join(f"{m} {t}" for m, t in hits), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _modes_main(argv: list[str]) -> int:
+    from tabulate import tabulate
+
+    from .modes import BUILTIN_MODES, KNOBS, PRESETS
+
+    rows = [[r.name, r.title, *r.knobs().values()] for r in BUILTIN_MODES.values()]
+    print(tabulate(rows, headers=["mode", "name", *KNOBS]))
+    print("\npresets: " + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
+    return 0
+
+
+def _points_main(argv: list[str]) -> int:
+    from .capture import POINTS
+
+    for point, what in POINTS.items():
+        print(f"L<i>.{point:<16} {what}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"capture": capture_main, "compare": compare_main, "modes": _modes_main, "points": _points_main}
+    if not argv or argv[0] not in commands:
+        print("usage: python -m harness {capture,compare,modes,points} [options]  (--help on each)", file=sys.stderr)
+        return 2
+    name, rest = argv[0], argv[1:]
+    if name in ("capture", "compare"):
+        return commands[name](rest, prog=f"python -m harness {name}")
+    return commands[name](rest)

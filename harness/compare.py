@@ -1,0 +1,144 @@
+"""Compare every mode against a reference mode, tensor by tensor; find bit-identical modes; --fail-if.
+
+Input is a mapping mode -> tensor -> array (from a run in memory or a capture
+file); output is the JSON-ready dict written by ``compare_with_fp.py --json``:
+
+    {"reference": REF,
+     "modes": {MODE: {TENSOR: {mse, mae, rmse, max_abs, max_abs_index, rel_l2, sqnr_db,
+                                cosine, pearson, p50, p90, p99, input_differs, identical}}},
+     "identical_groups": [[MODE, ...], ...],      modes bit-identical in every tensor they share
+     "skipped": {MODE: {TENSOR: reason}}}
+"""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .metrics import METRIC_NAMES, error_metrics
+
+__all__ = ["CompareError", "compare_modes", "identical_groups", "fail_if_violations", "input_tensor_for"]
+
+ArrayGetter = Callable[[str, str], np.ndarray]
+
+
+class CompareError(ValueError):
+    """The comparison cannot be made as asked (unknown reference, bad --fail-if expression)."""
+
+
+def input_tensor_for(tensor: str) -> str:
+    """The block input that feeds `tensor`: "input" for layer 0's tensors, L{i}.block.in otherwise."""
+    m = re.match(r"^L(\d+)\.", tensor)
+    return "input" if m is None or m.group(1) == "0" else f"L{m.group(1)}.block.in"
+
+
+def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference: str,
+                  comparable: Callable[[str, str], str | None] | None = None) -> dict:
+    """Metrics of every mode against `reference` for every tensor both have.
+
+    tensors: mode -> tensor names; get(mode, tensor) -> array; comparable(mode, tensor)
+    returns a reason to skip the pair (e.g. different bases) or None.
+    """
+    if reference not in tensors:
+        raise CompareError(f"reference mode {reference!r} is not in the file; modes present: {', '.join(tensors) or 'none'}")
+    out: dict = {"reference": reference, "modes": {}, "skipped": {}}
+    ref_names = set(tensors[reference])
+    for mode, names in tensors.items():
+        if mode == reference:
+            continue
+        rows = {}
+        for tensor in names:
+            reason = None if tensor in ref_names else "not captured in the reference"
+            reason = reason or (comparable(mode, tensor) if comparable else None)
+            if reason is None:
+                ref, test = get(reference, tensor), get(mode, tensor)
+                if ref.shape != test.shape:
+                    reason = f"shape {list(test.shape)} differs from the reference's {list(ref.shape)}"
+            if reason is not None:
+                out["skipped"].setdefault(mode, {})[tensor] = reason
+                continue
+            row = error_metrics(ref, test)
+            row["identical"] = bool(np.array_equal(ref, test))
+            src = input_tensor_for(tensor)
+            if src in ref_names and src in names:
+                row["input_differs"] = not np.array_equal(get(reference, src), get(mode, src))
+            rows[tensor] = row
+        out["modes"][mode] = rows
+    out["identical_groups"] = identical_groups(tensors, get)
+    return out
+
+
+def identical_groups(tensors: Mapping[str, list[str]], get: ArrayGetter) -> list[list[str]]:
+    """Groups (of 2 or more) of modes whose every shared tensor is bit-identical."""
+    groups: list[list[str]] = []
+    for mode in tensors:
+        for group in groups:
+            head = group[0]
+            shared = [t for t in tensors[mode] if t in tensors[head]]
+            if shared and all(np.array_equal(get(head, t), get(mode, t)) for t in shared):
+                group.append(mode)
+                break
+        else:
+            groups.append([mode])
+    return [g for g in groups if len(g) > 1]
+
+
+_ALLOWED_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare,
+                  ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq, ast.Name, ast.Load, ast.Constant)
+_VARIABLES = tuple(n for n in METRIC_NAMES if n != "max_abs_index") + ("input_differs", "identical", "mode", "tensor")
+
+
+def _parse_fail_if(expr: str) -> ast.Expression:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise CompareError(f"--fail-if {expr!r} is not a valid expression ({e.msg})") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise CompareError(f"--fail-if {expr!r}: {type(node).__name__} is not allowed; use comparisons of "
+                               f"{', '.join(_VARIABLES)} with numbers or strings, joined by and/or/not")
+        if isinstance(node, ast.Name) and node.id not in _VARIABLES:
+            raise CompareError(f"--fail-if {expr!r}: unknown name {node.id!r}; valid: {', '.join(_VARIABLES)}")
+    return tree
+
+
+def _eval(node: ast.AST, env: dict):
+    if isinstance(node, ast.Expression):
+        return _eval(node.body, env)
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, env)
+        return (not value) if isinstance(node.op, ast.Not) else -value
+    if isinstance(node, ast.BoolOp):
+        values = (_eval(v, env) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    left = _eval(node.left, env)
+    ops = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
+           ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+    for op, comparator in zip(node.ops, node.comparators):
+        right = _eval(comparator, env)
+        if not ops[type(op)](left, right):
+            return False
+        left = right
+    return True
+
+
+def fail_if_violations(expr: str, comparison: dict) -> list[tuple[str, str]]:
+    """(mode, tensor) pairs for which `expr` is true, e.g. "tensor == 'output' and sqnr_db < 20"."""
+    tree = _parse_fail_if(expr)
+    hits = []
+    for mode, rows in comparison["modes"].items():
+        for tensor, row in rows.items():
+            env = {name: row.get(name, False) for name in _VARIABLES}
+            env.update(mode=mode, tensor=tensor)
+            try:
+                if _eval(tree, env):
+                    hits.append((mode, tensor))
+            except TypeError as e:
+                raise CompareError(f"--fail-if {expr!r} cannot be evaluated ({e})") from None
+    return hits

@@ -1,0 +1,271 @@
+"""Checkpoints and tokenizers from local directories: no network, no unpickling of arbitrary objects.
+
+Two layouts are read:
+
+* transformers (``state-spaces/mamba-130m-hf``): config.json with ``hidden_size``,
+  ``num_hidden_layers`` ...; tensors ``backbone.embeddings.weight``,
+  ``backbone.layers.{i}.mixer.*``; weights in model.safetensors (or sharded with
+  model.safetensors.index.json), or pytorch_model.bin[.index.json];
+* mamba_ssm (``state-spaces/mamba-130m``): config.json with ``d_model``, ``n_layer``,
+  ``ssm_cfg``; tensors ``backbone.embedding.weight`` ...; weights in pytorch_model.bin.
+
+Tensors are read lazily, one at a time: safetensors through ``safe_open``,
+``.bin`` files through ``torch.load(weights_only=True, mmap=True)``, so only the
+layers that are used are ever read from disk.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .spec import ModelDims
+
+__all__ = ["ModelDirError", "Checkpoint", "open_checkpoint", "load_tokenizer", "Tokenizer", "file_sha256",
+           "LAYER_TENSORS", "MODEL_DIR_CONTENTS"]
+
+MODEL_DIR_CONTENTS = ("a model directory must contain config.json (transformers Mamba keys hidden_size, "
+                      "num_hidden_layers, ... or mamba_ssm keys d_model, n_layer, ...) and weights "
+                      "(model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+                      "pytorch_model.bin.index.json), plus tokenizer.json unless --tokenizer is given")
+
+# canonical name -> key suffix under backbone.layers.{i}.
+LAYER_TENSORS: dict[str, str] = {
+    "norm_weight": "norm.weight",
+    "in_proj": "mixer.in_proj.weight",
+    "conv_weight": "mixer.conv1d.weight",
+    "conv_bias": "mixer.conv1d.bias",
+    "x_proj": "mixer.x_proj.weight",
+    "dt_proj": "mixer.dt_proj.weight",
+    "dt_bias": "mixer.dt_proj.bias",
+    "A_log": "mixer.A_log",
+    "D": "mixer.D",
+    "out_proj": "mixer.out_proj.weight",
+}
+_OPTIONAL = {"conv_bias"}
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+class ModelDirError(ValueError):
+    """The model directory is missing, incomplete or malformed; the message says what is expected."""
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _hash_tensor(h, key: str, t: torch.Tensor) -> None:
+    h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(t.detach().contiguous().view(torch.uint8).numpy().data)
+
+
+class Checkpoint:
+    """A Mamba-1 checkpoint directory whose tensors are read on demand."""
+
+    def __init__(self, path: Path, key_file: dict[str, Path], embed_key: str, handles: dict[Path, object]) -> None:
+        self.path = path
+        self.format = "?"
+        self.dims: ModelDims | None = None
+        self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
+        self.tensors_read: set[str] = set()
+        self._embedding: torch.Tensor | None = None
+
+    def has(self, key: str) -> bool:
+        return key in self._key_file
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """One tensor in its stored dtype, read from its file."""
+        if key not in self._key_file:
+            raise ModelDirError(f"{self.path}: tensor {key!r} is missing from the checkpoint ({MODEL_DIR_CONTENTS})")
+        file = self._key_file[key]
+        if file not in self._handles:
+            self._handles[file] = _open_weights(file)
+        self.tensors_read.add(key)
+        handle = self._handles[file]
+        return handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
+
+    def layer_key(self, layer: int, name: str) -> str:
+        return f"backbone.layers.{layer}.{LAYER_TENSORS[name]}"
+
+    def raw_layer(self, layer: int) -> dict[str, torch.Tensor | None]:
+        """The float tensors of block `layer` as fp32 (conv weight reshaped to (d_inner, d_conv))."""
+        out: dict[str, torch.Tensor | None] = {}
+        for name in LAYER_TENSORS:
+            key = self.layer_key(layer, name)
+            out[name] = None if (name in _OPTIONAL and not self.has(key)) else self.tensor(key).to(torch.float32)
+        out["conv_weight"] = out["conv_weight"].reshape(self.dims.d_inner, self.dims.d_conv)
+        return out
+
+    def embedding(self) -> torch.Tensor:
+        """(vocab_size, d_model) in the stored dtype (read once)."""
+        if self._embedding is None:
+            self._embedding = self.tensor(self._embed_key)
+        return self._embedding
+
+    def prefix_hashes(self, depth: int) -> list[str]:
+        """sha256 chain: entry i covers the dims, the embedding and blocks 0..i (nothing deeper is read)."""
+        h = hashlib.sha256(json.dumps(asdict(self.dims), sort_keys=True).encode())
+        _hash_tensor(h, self._embed_key, self.embedding())
+        out = []
+        for layer in range(depth + 1):
+            for name in LAYER_TENSORS:
+                key = self.layer_key(layer, name)
+                if self.has(key):
+                    _hash_tensor(h, key, self.tensor(key))
+            out.append(h.copy().hexdigest())
+        return out
+
+    def stored_dtype(self) -> str:
+        return str(self.embedding().dtype).replace("torch.", "")
+
+
+def _open_weights(file: Path):
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        return safe_open(str(file), framework="pt", device="cpu")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def _weight_index(path: Path) -> tuple[dict[str, Path], dict[Path, object]]:
+    """(tensor key -> file, already opened files), from whichever weight layout the directory has."""
+    for name in _WEIGHT_FILES:
+        f = path / name
+        if not f.is_file():
+            continue
+        if name.endswith(".index.json"):
+            try:
+                weight_map = json.loads(f.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ModelDirError(f"{f}: not a valid weight index ({e}); it needs a 'weight_map' table") from None
+            return {k: path / v for k, v in weight_map.items()}, {}
+        try:
+            handle = _open_weights(f)
+            keys = list(handle.keys())
+        except Exception as e:  # corrupted or truncated weight file
+            raise ModelDirError(f"{f}: cannot read weights ({type(e).__name__}: {e})") from None
+        return {k: f for k in keys}, {f: handle}
+    raise ModelDirError(f"{path}: no weight file found; {MODEL_DIR_CONTENTS}")
+
+
+def _dims_from_config(path: Path, cfg: dict, embed: torch.Tensor) -> tuple[str, ModelDims]:
+    vocab, d_from_embed = embed.shape
+    if "hidden_size" in cfg and "num_hidden_layers" in cfg:
+        if cfg.get("use_bias"):
+            raise ModelDirError(f"{path}: use_bias=true (biased in_proj/out_proj) is not supported by Quamba's W8A8 kernels")
+        d_model = int(cfg["hidden_size"])
+        d_inner = int(cfg.get("intermediate_size") or cfg.get("expand", 2) * d_model)
+        rank = cfg.get("time_step_rank", "auto")
+        return "transformers", ModelDims(
+            d_model=d_model, d_inner=d_inner, d_state=int(cfg.get("state_size", 16)),
+            d_conv=int(cfg.get("conv_kernel", 4)),
+            dt_rank=math.ceil(d_model / 16) if rank == "auto" else int(rank),
+            n_layer=int(cfg["num_hidden_layers"]), vocab_size=int(vocab),
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)))
+    if "d_model" in cfg and "n_layer" in cfg:
+        ssm = cfg.get("ssm_cfg") or {}
+        if ssm.get("layer", "Mamba1") != "Mamba1":
+            raise ModelDirError(f"{path}: ssm_cfg.layer={ssm['layer']!r}; only Mamba1 blocks are supported")
+        if not cfg.get("rms_norm", True):
+            raise ModelDirError(f"{path}: rms_norm=false (LayerNorm blocks) is not supported; Quamba uses RMSNorm")
+        d_model = int(cfg["d_model"])
+        rank = ssm.get("dt_rank", "auto")
+        return "mamba_ssm", ModelDims(
+            d_model=d_model, d_inner=int(ssm.get("expand", 2)) * d_model, d_state=int(ssm.get("d_state", 16)),
+            d_conv=int(ssm.get("d_conv", 4)),
+            dt_rank=math.ceil(d_model / 16) if rank == "auto" else int(rank),
+            n_layer=int(cfg["n_layer"]), vocab_size=int(vocab), norm_eps=float(cfg.get("norm_epsilon", 1e-5)))
+    raise ModelDirError(f"{path}/config.json has neither transformers keys (hidden_size, num_hidden_layers) "
+                        f"nor mamba_ssm keys (d_model, n_layer); {MODEL_DIR_CONTENTS}")
+
+
+def _check_shapes(ckpt: Checkpoint) -> None:
+    d = ckpt.dims
+    expected = {
+        "in_proj": (2 * d.d_inner, d.d_model), "x_proj": (d.dt_rank + 2 * d.d_state, d.d_inner),
+        "dt_proj": (d.d_inner, d.dt_rank), "A_log": (d.d_inner, d.d_state), "D": (d.d_inner,),
+        "out_proj": (d.d_model, d.d_inner), "norm_weight": (d.d_model,),
+    }
+    for name, shape in expected.items():
+        key = ckpt.layer_key(0, name)
+        got = tuple(ckpt.tensor(key).shape)
+        if got != shape:
+            raise ModelDirError(f"{ckpt.path}: {key} has shape {list(got)}, but config.json implies {list(shape)}")
+    if ckpt.embedding().shape[1] != d.d_model:
+        raise ModelDirError(f"{ckpt.path}: embedding width {ckpt.embedding().shape[1]} != d_model {d.d_model}")
+
+
+def open_checkpoint(path: Path | str) -> Checkpoint:
+    """Validate a model directory and index its tensors (reads config, the embedding and layer 0 shapes)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelDirError(f"model directory {path} does not exist; {MODEL_DIR_CONTENTS}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelDirError(f"{path}: config.json is missing; {MODEL_DIR_CONTENTS}")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"{cfg_file} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ModelDirError(f"{cfg_file} must hold a JSON object")
+    key_file, handles = _weight_index(path)
+    embed_key = next((k for k in ("backbone.embeddings.weight", "backbone.embedding.weight") if k in key_file), None)
+    if embed_key is None:
+        raise ModelDirError(f"{path}: no embedding tensor (backbone.embeddings.weight or backbone.embedding.weight); "
+                            f"is this a Mamba checkpoint? {MODEL_DIR_CONTENTS}")
+    ckpt = Checkpoint(path, key_file, embed_key, handles)
+    try:
+        ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
+    except ModelDirError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ModelDirError(f"{cfg_file}: malformed value ({e})") from None
+    _check_shapes(ckpt)
+    return ckpt
+
+
+class Tokenizer:
+    """A `tokenizers` tokenizer plus the id that separates documents (None if it has no end-of-text token)."""
+
+    def __init__(self, tok, path: Path) -> None:
+        self.tok, self.path = tok, path
+        self.eos_id = next((tok.token_to_id(t) for t in ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+                            if tok.token_to_id(t) is not None), None)
+
+    def encode_documents(self, docs: list[str]) -> list[list[int]]:
+        return [enc.ids for enc in self.tok.encode_batch(docs, add_special_tokens=False)]
+
+
+def load_tokenizer(model_dir: Path, tokenizer_dir: Path | None = None) -> Tokenizer:
+    """tokenizer.json (or vocab.json + merges.txt, byte-level BPE) from tokenizer_dir or the model directory."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    where = Path(tokenizer_dir) if tokenizer_dir is not None else Path(model_dir)
+    if not where.is_dir():
+        raise ModelDirError(f"tokenizer directory {where} does not exist; it must contain tokenizer.json "
+                            f"(or vocab.json and merges.txt)")
+    if (where / "tokenizer.json").is_file():
+        try:
+            return Tokenizer(HFTokenizer.from_file(str(where / "tokenizer.json")), where / "tokenizer.json")
+        except Exception as e:
+            raise ModelDirError(f"{where / 'tokenizer.json'} cannot be read as a tokenizer ({e})") from None
+    if (where / "vocab.json").is_file() and (where / "merges.txt").is_file():
+        tok = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        return Tokenizer(tok, where / "vocab.json")
+    hint = "" if tokenizer_dir is not None else "; pass --tokenizer DIR to use another directory"
+    raise ModelDirError(f"no tokenizer in {where}: it must contain tokenizer.json (or vocab.json and merges.txt){hint}")

@@ -1,0 +1,241 @@
+"""Modes as data: the knobs of MODES.md, the built-in recipes, presets and user mode files.
+
+A ``ModeRecipe`` holds knob values only; ``harness.build`` is the single place
+that turns a recipe into emulated modules. Built-in modes are entries of the
+same registry that ``--modes_file`` extends.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+__all__ = [
+    "KNOBS",
+    "ModeRecipe",
+    "BUILTIN_MODES",
+    "PRESETS",
+    "ModeError",
+    "get_mode",
+    "list_modes",
+    "ModeRegistry",
+    "resolve_modes",
+    "load_modes_file",
+    "CALIBRATION_RECIPE",
+]
+
+
+class ModeError(ValueError):
+    """A mode name, knob or mode file is invalid; the message lists what is valid."""
+
+
+# knob -> allowed values (MODES.md "The knobs")
+KNOBS: dict[str, tuple[str, ...]] = {
+    "weights": ("fp32", "fp16", "int8"),
+    "rotate": ("yes", "no"),
+    "norm_out": ("fp", "int8"),
+    "in_proj_out": ("fp", "int8"),
+    "conv_in": ("static", "dynamic"),
+    "conv_out": ("int8", "fp32"),
+    "ssm_u": ("int8", "grid", "requant", "fp32"),
+    "ssm_impl": ("kernel", "reference"),
+    "had_out": ("int8", "fp"),
+    "act_dtype": ("fp32", "fp16"),
+}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]*$")
+
+
+@dataclass(frozen=True)
+class ModeRecipe:
+    """One mode: a name, a descriptive title and a value for every knob."""
+
+    name: str
+    title: str
+    weights: str
+    rotate: str
+    norm_out: str
+    in_proj_out: str
+    conv_in: str
+    conv_out: str
+    ssm_u: str
+    ssm_impl: str
+    had_out: str
+    act_dtype: str
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name) or self.name in PRESETS:
+            raise ModeError(f"invalid mode name {self.name!r}: use letters, digits, '.', '+' and '-' "
+                            f"(no '_'), not starting with a symbol, and not a preset name ({', '.join(PRESETS)})")
+        for knob, allowed in KNOBS.items():
+            value = getattr(self, knob)
+            if value not in allowed:
+                raise ModeError(f"mode {self.name!r}: knob {knob}={value!r} is not valid; "
+                                f"valid values: {', '.join(allowed)}")
+        for problem in _inconsistencies(self):
+            raise ModeError(f"mode {self.name!r}: {problem}")
+
+    def knobs(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in KNOBS}
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True when any activation is quantized, i.e. the recipe reads calibrated scales."""
+        return (self.weights == "int8" or self.norm_out == "int8" or self.in_proj_out == "int8"
+                or self.conv_out == "int8" or self.ssm_u in ("int8", "grid", "requant") or self.had_out == "int8")
+
+
+def _inconsistencies(r: ModeRecipe) -> list[str]:
+    out = []
+    if r.rotate == "no" and (r.norm_out == "int8" or r.had_out == "int8"):
+        out.append("norm_out=int8 and had_out=int8 need rotate=yes: s_in and s_H are calibrated on the "
+                   "rotated residual stream, so they do not fit an unrotated model")
+    if r.ssm_u in ("int8", "grid") and r.conv_out != "int8":
+        out.append(f"ssm_u={r.ssm_u} needs conv_out=int8 (it takes the conv's int8 codes); "
+                   "with conv_out=fp32 use ssm_u=requant or ssm_u=fp32")
+    if r.ssm_u in ("requant", "fp32") and r.conv_out != "fp32":
+        out.append(f"ssm_u={r.ssm_u} needs conv_out=fp32 (it takes the true fp32 conv output); "
+                   "with conv_out=int8 use ssm_u=int8 or ssm_u=grid")
+    if r.conv_in == "dynamic" and r.weights != "int8":
+        out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
+    return out
+
+
+def _recipe(name: str, title: str, row: str) -> ModeRecipe:
+    values = row.split()
+    return ModeRecipe(name, title, **dict(zip(KNOBS, values, strict=True)))
+
+
+# fmt: off
+# MODES.md "The built-in modes", column order = KNOBS order:
+#   weights rotate norm_out in_proj_out conv_in conv_out ssm_u ssm_impl had_out act_dtype
+_BUILTIN_ROWS = (
+    ("fp32", "floating-point reference",                        "fp32 yes fp   fp   static  fp32 fp32    reference fp   fp32"),
+    ("1",    "original model, fp16 (no rotation)",              "fp16 no  fp   fp   static  fp32 fp32    reference fp   fp16"),
+    ("0",    "Quamba1 W8A8 baseline",                           "int8 yes int8 int8 static  int8 int8    kernel    int8 fp16"),
+    ("2-0",  "dequant -> requant -> kernel scan",               "int8 yes int8 int8 static  int8 grid    kernel    int8 fp16"),
+    ("2-1",  "int8 u, reference scan",                          "int8 yes int8 int8 static  int8 int8    reference int8 fp16"),
+    ("2-2",  "dequantized u (int8 grid), reference scan",       "int8 yes int8 int8 static  int8 grid    reference int8 fp16"),
+    ("2-3",  "true fp32 conv, re-quantized u, reference scan",  "int8 yes int8 int8 static  fp32 requant reference int8 fp16"),
+    ("2-4",  "true fp32 conv, fp32 u, reference scan",          "int8 yes int8 int8 static  fp32 fp32    reference int8 fp16"),
+    ("3",    "hybrid: dynamic conv input, fp32 conv and scan",  "int8 yes int8 fp   dynamic fp32 fp32    reference int8 fp16"),
+)
+# fmt: on
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    "all": ("fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
+    "essential": ("fp32", "0", "2-1", "2-2", "2-4"),
+    "quant_only": ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
+}
+
+BUILTIN_MODES: dict[str, ModeRecipe] = {name: _recipe(name, title, row) for name, title, row in _BUILTIN_ROWS}
+
+# The model calibration runs through (not a user mode): the rotated model with
+# fp16 weights and fp16 activations, as Quamba calibrates its fp16 HF model.
+CALIBRATION_RECIPE = _recipe("calibration", "rotated fp16 model used for calibration",
+                             "fp16 yes fp fp static fp32 fp32 reference fp fp16")
+
+
+class ModeRegistry:
+    """Name -> recipe, seeded with the built-in modes."""
+
+    def __init__(self) -> None:
+        self._modes: dict[str, ModeRecipe] = dict(BUILTIN_MODES)
+
+    def register(self, recipe: ModeRecipe, replace_existing: bool = False) -> None:
+        if recipe.name in self._modes and not replace_existing:
+            raise ModeError(f"mode {recipe.name!r} is already defined; built-in modes: {', '.join(BUILTIN_MODES)}")
+        self._modes[recipe.name] = recipe
+
+    def get(self, name: str) -> ModeRecipe:
+        if name not in self._modes:
+            raise ModeError(f"unknown mode {name!r}; valid: {', '.join(self._modes)} "
+                            f"(presets: {', '.join(PRESETS)})")
+        return self._modes[name]
+
+    def names(self) -> list[str]:
+        return list(self._modes)
+
+    def resolve(self, requested: list[str]) -> list[ModeRecipe]:
+        """Expand presets, keep order, drop duplicates, validate every name."""
+        names: list[str] = []
+        for item in requested:
+            for name in PRESETS.get(item, (item,)):
+                if name not in names:
+                    names.append(name)
+        if not names:
+            raise ModeError(f"no modes given; valid: {', '.join(self._modes)} (presets: {', '.join(PRESETS)})")
+        return [self.get(n) for n in names]
+
+
+def get_mode(name: str) -> ModeRecipe:
+    """A built-in mode by name (user modes come in through ``resolve_modes``)."""
+    return ModeRegistry().get(name)
+
+
+def list_modes() -> list[str]:
+    return list(BUILTIN_MODES)
+
+
+def resolve_modes(requested: list[str], modes_file: Path | None = None) -> list[ModeRecipe]:
+    """Mode names/presets -> recipes, with the user modes of ``modes_file`` (JSON or TOML) added."""
+    registry = ModeRegistry()
+    if modes_file is not None:
+        for recipe in load_modes_file(modes_file):
+            registry.register(recipe)
+    return registry.resolve(requested)
+
+
+def load_modes_file(path: Path) -> list[ModeRecipe]:
+    """Read user-defined modes.
+
+    JSON: {"modes": {"NAME": {"base": "2-4", "title": "...", "conv_in": "dynamic"}}}
+    TOML: [modes.NAME] base = "2-4"  title = "..."  conv_in = "dynamic"
+    ``base`` (optional) names a built-in mode whose knobs are the defaults; without
+    it every knob must be given.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ModeError(f"cannot read modes file {path}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ModeError(f"modes file {path} is not valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("modes"), dict) or set(data) - {"modes"}:
+        raise ModeError(f"modes file {path} must hold one table 'modes' mapping mode names to knob tables, "
+                        'e.g. {"modes": {"my-mode": {"base": "2-4", "conv_in": "dynamic"}}}')
+    return [_user_recipe(path, name, spec) for name, spec in data["modes"].items()]
+
+
+def _user_recipe(path: Path, name: str, spec: object) -> ModeRecipe:
+    if not isinstance(spec, dict):
+        raise ModeError(f"modes file {path}: mode {name!r} must be a table of knobs")
+    valid_keys = ("base", "title", *KNOBS)
+    unknown = [k for k in spec if k not in valid_keys]
+    if unknown:
+        raise ModeError(f"modes file {path}: mode {name!r} has unknown key(s) {', '.join(map(repr, unknown))}; "
+                        f"valid keys: {', '.join(valid_keys)}")
+    values = {k: v for k, v in spec.items() if k in KNOBS}
+    bad = [k for k, v in values.items() if not isinstance(v, str)]
+    if bad:
+        raise ModeError(f"modes file {path}: mode {name!r}: knob values must be strings ({', '.join(bad)})")
+    title = str(spec.get("title", f"user mode from {path.name}"))
+    if "base" in spec:
+        base_name = spec["base"]
+        if base_name not in BUILTIN_MODES:
+            raise ModeError(f"modes file {path}: mode {name!r}: unknown base {base_name!r}; "
+                            f"valid: {', '.join(BUILTIN_MODES)}")
+        return replace(BUILTIN_MODES[base_name], name=name, title=title, **values)
+    missing = [k for k in KNOBS if k not in values]
+    if missing:
+        raise ModeError(f"modes file {path}: mode {name!r} lacks knob(s) {', '.join(missing)}; "
+                        f"give them or name a built-in 'base' mode")
+    return ModeRecipe(name=name, title=title, **values)
+

@@ -1,0 +1,91 @@
+"""Causal depthwise conv1d + SiLU: the Quamba int8 kernel and the floating-point conv.
+
+Int8 kernel (quant_causal_conv1d_fwd_kernel.cuh:80-151, notes §2.6 step 3), for
+each (batch, channel d, token t):
+
+    acc = sum_k Wq[d, k] * xq[t - (d_conv - 1) + k]      exact integer, zero history
+    v   = fma(f32(s_w * s_x), acc, f32(bq[d]) * s_b)     one fp32 FMA
+    v   = v / (1 + exp(-v))                              SiLU in fp32
+    out = sat8(RNA(v / s_u))  or  v itself (the "true fp32 conv" of modes 2-3, 2-4, 3)
+
+Both outputs come from the same v, so a true-fp32 conv differs from the int8
+conv only by the final rounding. The GPU kernel uses `__expf` (fast math); this
+emulation uses exact fp32 `exp`, so rare values can land one code apart.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..spec import OutSpec, QTensor
+from .quant import dequantize, f32, fma_f32, to_output
+
+__all__ = ["silu_kernel", "int8_causal_conv1d_silu", "float_causal_conv1d_silu", "causal_conv1d_silu_ref"]
+
+
+def silu_kernel(v: torch.Tensor) -> torch.Tensor:
+    """SiLU as the conv kernel writes it: v / (1 + exp(-v)), in fp32."""
+    return v / (1 + torch.exp(-v))
+
+
+def _shifted(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """x delayed by `shift` tokens along seqlen (dim 1) with zeros in front; x: (batch, seqlen, d)."""
+    if shift == 0:
+        return x
+    return F.pad(x, (0, 0, shift, 0))[:, : x.shape[1]]
+
+
+def int8_causal_conv1d_silu(x: QTensor, weight: QTensor, bias: QTensor | None, out: OutSpec) -> QTensor | torch.Tensor:
+    """Quamba int8 causal conv with fused SiLU.
+
+    x: (batch, seqlen, d_inner) int8 at x.scale; weight: (d_inner, d_conv) int8;
+    bias: (d_inner,) int8 or None. out: QuantOut(s_u, HALF_AWAY) or FloatOut(fp32).
+    Returns (batch, seqlen, d_inner).
+    """
+    d_conv = weight.shape[1]
+    xq = x.codes.to(torch.float32)
+    wq = weight.codes.to(torch.float32)
+    acc = torch.zeros_like(xq)
+    # |acc| <= d_conv * 128 * 128 = 65536 < 2**24: every partial sum is exact in fp32.
+    for k in range(d_conv):
+        acc += wq[:, k] * _shifted(xq, d_conv - 1 - k)
+    scale_wx = f32(weight.scale * x.scale)
+    if bias is None:
+        bias_val = torch.zeros((), dtype=torch.float32)
+    else:
+        bias_val = bias.codes.to(torch.float32) * torch.tensor(bias.scale, dtype=torch.float32)
+    v = silu_kernel(fma_f32(scale_wx, acc, bias_val))
+    return to_output(v, out)
+
+
+def float_causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             out: OutSpec) -> QTensor | torch.Tensor:
+    """Floating-point causal conv + SiLU in fp32 (F.conv1d with left padding).
+
+    x: (batch, seqlen, d_inner) fp32 (or QTensor, dequantized); weight: (d_inner, d_conv) fp32;
+    bias: (d_inner,) fp32 or None. Returns (batch, seqlen, d_inner).
+    """
+    xf = dequantize(x)
+    d_inner, d_conv = weight.shape
+    v = F.conv1d(xf.transpose(1, 2), weight.unsqueeze(1), bias, padding=d_conv - 1, groups=d_inner)
+    v = v[..., : xf.shape[1]].transpose(1, 2)
+    return to_output(silu_kernel(v), out)
+
+
+def causal_conv1d_silu_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Oracle: the convolution sum written as a loop over tokens, in float64.
+
+    x: (batch, seqlen, d_inner); weight: (d_inner, d_conv); bias: (d_inner,) -> (batch, seqlen, d_inner) float64.
+    """
+    x = x.to(torch.float64)
+    w = weight.to(torch.float64)
+    d_conv = w.shape[1]
+    out = torch.zeros_like(x)
+    for t in range(x.shape[1]):
+        for k in range(d_conv):
+            src = t - (d_conv - 1) + k
+            if src >= 0:
+                out[:, t] += w[:, k] * x[:, src]
+    if bias is not None:
+        out += bias.to(torch.float64)
+    return out * torch.sigmoid(out)

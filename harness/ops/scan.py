@@ -1,0 +1,145 @@
+"""Selective scan (Mamba-1 SSM) on dequantized operands, in two arithmetic orders.
+
+Shared by both orders (notes §2.6 step 6, §3.4), all fp32, h_{-1} = 0:
+
+    u, B, C, z, D, delta_bias = dequantize(each)                 codes * scale
+    A      = -exp(A_log)                                         (d_inner, d_state)
+    delta  = softplus(dt + delta_bias), threshold 20: d <= 20 ? log1p(exp(d)) : d
+    dA_t   = exp(delta_t * A)
+    h_t    = dA_t * h_{t-1} + dBu_t                              sequential in t, two roundings
+
+``KERNEL`` (quant_sscan_fwd_kernel.cuh:154-272):
+    dt + delta_bias is one FMA when dt is int8 (s_dt * q + bias);
+    dBu_t  = B_t * (delta_t * u_t);
+    y_t    = D * u_t, then y_t = fma(h_t[n], C_t[n], y_t) for n = 0 .. d_state-1;
+    out_t  = f16((y_t * z_t) / (1 + exp(-z_t))).
+``REFERENCE`` (the fork's PyTorch loop, and transformers' slow path):
+    dBu_t  = (delta_t * B_t) * u_t;
+    y_t    = sum_n h_t[n] * C_t[n] (n in order), then + u_t * D;
+    out_t  = (y_t * (z_t * sigmoid(z_t))) rounded to the output dtype once.
+
+The GPU kernel runs the recurrence as a parallel (tree-order) scan with `__expf`;
+neither is reproducible on a CPU, so both orders use the sequential recurrence.
+Time is processed in chunks to bound memory; chunking does not change any
+arithmetic (elementwise ops, and the recurrence carries h across chunks).
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from ..spec import FloatOut, QTensor
+from .quant import dequantize, fma_f32, round_to_dtype
+
+__all__ = ["ScanOrder", "selective_scan", "selective_scan_ref", "softplus_thresholded"]
+
+_CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per (chunk, batch, d_state, d_inner) buffer
+
+
+class ScanOrder(str, enum.Enum):
+    KERNEL = "kernel"
+    REFERENCE = "reference"
+
+
+def softplus_thresholded(x: torch.Tensor) -> torch.Tensor:
+    """log1p(exp(x)) for x <= 20, x above (the kernel's and F.softplus' threshold)."""
+    return torch.where(x <= 20.0, torch.log1p(torch.exp(x)), x)
+
+
+def _delta(delta: QTensor | torch.Tensor, delta_bias: torch.Tensor, order: ScanOrder) -> torch.Tensor:
+    if order is ScanOrder.KERNEL and isinstance(delta, QTensor):
+        pre = fma_f32(delta.scale, delta.codes.to(torch.float32), delta_bias)
+    else:
+        pre = dequantize(delta) + delta_bias
+    return softplus_thresholded(pre)
+
+
+def _recurrence(dA: torch.Tensor, dBu: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """h_t = dA_t * h_{t-1} + dBu_t for t in the chunk; dA, dBu: (chunk, batch, d_state, d_inner)."""
+    states = torch.empty_like(dBu)
+    for t in range(dBu.shape[0]):
+        torch.mul(dA[t], h, out=states[t])
+        states[t].add_(dBu[t])
+        h = states[t]
+    return states
+
+
+def _output(states: torch.Tensor, C: torch.Tensor, u: torch.Tensor, D: torch.Tensor, order: ScanOrder) -> torch.Tensor:
+    """Contract the state with C; states: (chunk, batch, d_state, d_inner), C: (chunk, batch, d_state)."""
+    d_state = states.shape[2]
+    if order is ScanOrder.KERNEL:
+        y = D * u
+        for n in range(d_state):
+            y = fma_f32(states[:, :, n], C[:, :, n, None], y)
+        return y
+    y = states[:, :, 0] * C[:, :, 0, None]
+    for n in range(1, d_state):
+        y = y + states[:, :, n] * C[:, :, n, None]
+    return y + u * D
+
+
+def _gate(y: torch.Tensor, z: torch.Tensor, order: ScanOrder) -> torch.Tensor:
+    if order is ScanOrder.KERNEL:
+        return (y * z) / (1 + torch.exp(-z))
+    return y * (z * torch.sigmoid(z))
+
+
+def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_log: QTensor | torch.Tensor,
+                   B: QTensor | torch.Tensor, C: QTensor | torch.Tensor, D: QTensor | torch.Tensor,
+                   z: QTensor | torch.Tensor, delta_bias: QTensor | torch.Tensor, order: ScanOrder,
+                   out: FloatOut) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the scan; every operand may be int8 (dequantized here) or fp32.
+
+    u, delta, z: (batch, seqlen, d_inner); B, C: (batch, seqlen, d_state);
+    A_log: (d_inner, d_state); D, delta_bias: (d_inner,).
+    Returns y: (batch, seqlen, d_inner) fp32 holding out.dtype values, and the
+    final state h: (batch, d_inner, d_state) fp32.
+    """
+    u, z, Bf, Cf = dequantize(u), dequantize(z), dequantize(B), dequantize(C)
+    A = -torch.exp(dequantize(A_log))                                      # (d_inner, d_state)
+    At = A.t().contiguous()                                                # (d_state, d_inner)
+    Df, bias = dequantize(D), dequantize(delta_bias)
+    dt = _delta(delta, bias, order)                                        # (batch, seqlen, d_inner)
+    batch, seqlen, d_inner = u.shape
+    d_state = At.shape[0]
+    chunk = max(1, min(seqlen, _CHUNK_ELEMENTS // max(1, batch * d_state * d_inner)))
+    h = torch.zeros(batch, d_state, d_inner, dtype=torch.float32)
+    ys = []
+    for t0 in range(0, seqlen, chunk):
+        # fmt: off
+        sl = slice(t0, min(seqlen, t0 + chunk))
+        dt_c = dt[:, sl].transpose(0, 1)                                   # (chunk, batch, d_inner)
+        u_c = u[:, sl].transpose(0, 1)
+        B_c = Bf[:, sl].transpose(0, 1)                                    # (chunk, batch, d_state)
+        C_c = Cf[:, sl].transpose(0, 1)
+        dA = torch.exp(dt_c[:, :, None, :] * At)                           # (chunk, batch, d_state, d_inner)
+        if order is ScanOrder.KERNEL:
+            dBu = B_c[..., None] * (dt_c * u_c)[:, :, None, :]
+        else:
+            dBu = (dt_c[:, :, None, :] * B_c[..., None]) * u_c[:, :, None, :]
+        states = _recurrence(dA, dBu, h)
+        h = states[-1]
+        ys.append(_output(states, C_c, u_c, Df, order).transpose(0, 1))    # (batch, chunk, d_inner)
+        # fmt: on
+    y = _gate(torch.cat(ys, dim=1), z, order)
+    return round_to_dtype(y, out.dtype), h.transpose(1, 2).contiguous()
+
+
+def selective_scan_ref(u: torch.Tensor, delta: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor,
+                       C: torch.Tensor, D: torch.Tensor, z: torch.Tensor,
+                       delta_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle: one step at a time in float64 on real-valued operands (no rounding anywhere).
+
+    Same shapes as ``selective_scan``; returns (y, last_state) in float64.
+    """
+    u, delta, B, C, z = (t.to(torch.float64) for t in (u, delta, B, C, z))
+    A = -torch.exp(A_log.to(torch.float64))
+    dt = torch.nn.functional.softplus(delta + delta_bias.to(torch.float64))
+    h = torch.zeros(u.shape[0], u.shape[2], A.shape[1], dtype=torch.float64)  # (batch, d_inner, d_state)
+    ys = []
+    for t in range(u.shape[1]):
+        h = torch.exp(dt[:, t, :, None] * A) * h + dt[:, t, :, None] * B[:, t, None, :] * u[:, t, :, None]
+        ys.append(torch.einsum("bdn,bn->bd", h, C[:, t]) + D.to(torch.float64) * u[:, t])
+    y = torch.stack(ys, dim=1)
+    return y * z * torch.sigmoid(z), h

@@ -1,0 +1,284 @@
+"""The main job: load once, calibrate once, run every mode up to the deepest captured layer, save.
+
+Everything that can be checked before work starts (modes, taps, layers, output
+path, model directory, tokenizer, sample length, calibration size) is checked
+first and raises an ``InputError`` subclass; a mode that fails later is recorded
+as an error and the other modes are kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from . import __version__
+from .build import build_backbone
+from .calibration import CalibrationResult, CalibrationSettings, calibrate
+from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
+from .compare import compare_modes
+from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, test_sample, tokenize_file
+from .loading import ModelDirError, load_tokenizer, open_checkpoint
+from .metrics import tensor_stats
+from .modes import ModeError, ModeRecipe, resolve_modes
+from .ops.hadamard import hadamard_transform
+from .report import mode_summary, short_comparison
+from .storage import SCHEMA_VERSION, StorageError, array_key, check_writable, dedup_arrays, load_capture, \
+    parse_array_key, read_json, stats_path, tensor_name, write_json, write_npz
+from .weights import WeightBank
+
+__all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "mamba-tiny"
+# Tensors whose values depend on the residual-stream basis (compared only between equal bases).
+_BASIS_POINTS = RESIDUAL_BASIS + ("norm.out", "out_proj.out", "had.out")
+
+
+class RunError(ValueError):
+    """Invalid run configuration (e.g. --resume against a different run)."""
+
+
+InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageError)
+
+
+@dataclass
+class RunConfig:
+    model: Path = DEFAULT_MODEL
+    tokenizer: Path | None = None
+    modes: list[str] = field(default_factory=lambda: ["all"])
+    modes_file: Path | None = None
+    output_file: Path = Path("first_layer_io_all_modes.npz")
+    seq_len: int = 512
+    text_file: Path = DEFAULT_TEXT_FILE
+    calib: CalibrationSettings = field(default_factory=CalibrationSettings)
+    calib_file: Path = DEFAULT_CALIB_FILE
+    cache_dir: Path | None = None
+    layers: list[int] = field(default_factory=lambda: [0])
+    taps: list[str] = field(default_factory=list)
+    basis: str = "original"
+    stats_only: bool = False
+    resume: bool = False
+    compress: bool = False
+    dedup: bool = True
+    reference: str = "fp32"
+    argv: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunOutcome:
+    stats: dict
+    arrays: dict[str, np.ndarray]
+    failed: list[str]
+
+
+def _timestamp() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch else datetime.now(timezone.utc)
+    return when.isoformat(timespec="seconds")
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _basis_of(recipe: ModeRecipe, point: str, basis: str) -> str | None:
+    if point not in _BASIS_POINTS:
+        return None
+    if recipe.rotate == "no":
+        return "original"
+    return basis if point in RESIDUAL_BASIS else "rotated"
+
+
+def _run_mode(recipe: ModeRecipe, bank: WeightBank, calib: CalibrationResult | Exception | None,
+              ids: torch.Tensor, points: list[str], depth: int, basis: str) -> tuple[dict, dict]:
+    """Run one mode; returns (arrays by tensor name, stats entry). Raises on failure."""
+    if recipe.needs_calibration and isinstance(calib, Exception):
+        raise RuntimeError(f"calibration failed: {calib}")
+    scales = calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
+    model = build_backbone(recipe, bank, scales, depth)
+    with capture(model, points) as captured:
+        model(ids)
+    arrays, tensors = {}, {}
+    for point in points:
+        if point not in captured:
+            continue  # a site the recipe does not have (had.out without rotation)
+        cap = captured[point]
+        site = parse_point(point)[1]
+        values = cap.values
+        if recipe.rotate == "yes" and basis == "original" and site in RESIDUAL_BASIS:
+            values = hadamard_transform(values, transpose=True).to(torch.float32)
+        name = tensor_name(point)
+        arrays[name] = values.numpy()
+        tensors[name] = {"point": point, "basis": _basis_of(recipe, site, basis),
+                         **tensor_stats(arrays[name], None if cap.codes is None else cap.codes.numpy(), cap.scale,
+                                        cap.n_clipped)}
+    return arrays, tensors
+
+
+def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: int, points: list[str]) -> dict:
+    return {
+        "harness_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": _version("transformers"), "numpy": np.__version__, "platform": platform.platform(),
+        "device": "cpu", "torch_threads": torch.get_num_threads(),
+        "model": {"path": str(ckpt.path), "format": ckpt.format, "dims": asdict(ckpt.dims),
+                  "stored_dtype": ckpt.stored_dtype(), "hash": prefix[depth],
+                  "hash_scope": f"sha256 over dims, embedding and blocks 0..{depth} (deeper blocks are never read)"},
+        "tokenizer": {"path": str(tok.path), "sha256": hashlib.sha256(Path(tok.path).read_bytes()).hexdigest(),
+                      "eos_id": tok.eos_id},
+        "sample": {"text_file": str(text.path), "sha256": text.sha256, "documents": text.n_documents,
+                   "tokens": int(ids.shape[1]), "token_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()},
+        "seed": cfg.calib.seed, "basis": cfg.basis, "layers": cfg.layers, "taps": cfg.taps, "points": points,
+    }
+
+
+def _previous(cfg: RunConfig, provenance: dict, ids: torch.Tensor) -> tuple[dict, dict]:
+    """(arrays by key, mode stats) of the modes that already succeeded in the file being resumed."""
+    spath = stats_path(cfg.output_file)
+    if not (Path(cfg.output_file).is_file() and spath.is_file()):
+        return {}, {}
+    old = read_json(spath)
+    old_prov = old.get("provenance", {})
+    for what, new, was in (("model", provenance["model"]["hash"], old_prov.get("model", {}).get("hash")),
+                           ("token ids", provenance["sample"]["token_ids_sha256"], old_prov.get("sample", {}).get("token_ids_sha256")),
+                           ("capture points", provenance["points"], old_prov.get("points")),
+                           ("basis", provenance["basis"], old_prov.get("basis"))):
+        if new != was:
+            raise RunError(f"--resume: {cfg.output_file} was made with a different {what}; "
+                           f"use another --output_file or drop --resume")
+    cf = load_capture(Path(cfg.output_file))
+    arrays, modes = {}, {}
+    for mode, entry in old.get("modes", {}).items():
+        if entry.get("status") == "ok" and mode in cf.index:
+            modes[mode] = entry
+            for tensor in cf.tensors(mode):
+                arrays[array_key(mode, tensor)] = np.array(cf.array(mode, tensor))
+    return arrays, modes
+
+
+def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
+    recipes = resolve_modes(cfg.modes, cfg.modes_file)
+    if not cfg.layers or min(cfg.layers) < 0:
+        raise RunError(f"--layers must be non-negative block indices, got {cfg.layers}")
+    points = select_points(sorted(set(cfg.layers)), cfg.taps)
+    depth = max(parse_point(p)[0] for p in points)
+    check_writable(Path(cfg.output_file))
+    check_writable(stats_path(cfg.output_file))
+    ckpt = open_checkpoint(cfg.model)
+    if depth >= ckpt.dims.n_layer:
+        raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
+                       f"(valid: 0..{ckpt.dims.n_layer - 1})")
+    tok = load_tokenizer(cfg.model, cfg.tokenizer)
+    text = tokenize_file(tok, cfg.text_file)
+    ids = test_sample(text, cfg.seq_len)
+    prefix = ckpt.prefix_hashes(depth)
+    provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
+    kept_arrays, kept_modes = _previous(cfg, provenance, ids) if cfg.resume else ({}, {})
+    todo = [r for r in recipes if r.name not in kept_modes]
+    bank = WeightBank(ckpt)
+    calib = _calibrate(cfg, tok, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
+    provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
+        {"error": str(calib)} if calib is not None else None)
+
+    arrays_by_mode: dict[str, dict[str, np.ndarray]] = {}
+    modes: dict[str, dict] = {}
+    for recipe in recipes:
+        if recipe.name in kept_modes:
+            modes[recipe.name] = {**kept_modes[recipe.name], "resumed": True}
+            arrays_by_mode[recipe.name] = {parse_array_key(k)[1]: v for k, v in kept_arrays.items()
+                                           if parse_array_key(k)[0] == recipe.name}
+            emit(f"mode {recipe.name}: kept from {cfg.output_file} (--resume)")
+            continue
+        start = time.perf_counter()
+        base = {"title": recipe.title, "recipe": recipe.knobs()}
+        try:
+            arrays, tensors = _run_mode(recipe, bank, calib, ids, points, depth, cfg.basis)
+            modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
+                                  "tensors": tensors}
+            arrays_by_mode[recipe.name] = arrays
+        except Exception as e:  # a failing mode is recorded, the others go on
+            modes[recipe.name] = {"status": "error", **base, "error": f"{type(e).__name__}: {e}",
+                                  "traceback": traceback.format_exc()}
+            print(f"error: mode {recipe.name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
+    _check_quantized_differ(recipes, modes, arrays_by_mode, cfg.reference)
+    return _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, ckpt, emit)
+
+
+def _calibrate(cfg: RunConfig, tok, bank: WeightBank, prefix: list[str], depth: int, emit):
+    calib_text = tokenize_file(tok, cfg.calib_file)
+    windows = calibration_windows(calib_text, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+    try:
+        result = calibrate(bank, windows, cfg.calib, depth, prefix, cfg.cache_dir)
+    except Exception as e:  # the quantized modes fail with this error, float modes still run
+        print(f"error: calibration failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return e
+    result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256)
+    emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
+         f"alpha {cfg.calib.alpha}, layers 0..{depth}, {result.info['seconds']} s)")
+    return result
+
+
+def _check_quantized_differ(recipes, modes, arrays_by_mode, reference: str) -> None:
+    """MODES.md contract 9: a mode that quantizes must not reproduce the float reference bit for bit."""
+    ref = arrays_by_mode.get(reference)
+    if ref is None:
+        return
+    for recipe in recipes:
+        arrays = arrays_by_mode.get(recipe.name)
+        if recipe.name == reference or not recipe.needs_calibration or arrays is None or "resumed" in modes[recipe.name]:
+            continue
+        outputs = [t for t in arrays if t == "output" or t.endswith(".block.out")]
+        if outputs and all(t in ref and np.array_equal(ref[t], arrays[t]) for t in outputs):
+            modes[recipe.name].update(status="error", error=(
+                f"the output is bit-identical to {reference} although the recipe quantizes: "
+                "the quantization did not take effect"))
+            arrays_by_mode.pop(recipe.name)
+
+
+def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, ckpt, emit) -> RunOutcome:
+    failed = [r.name for r in recipes if modes[r.name]["status"] != "ok"]
+    comparison = None
+    if cfg.reference in arrays_by_mode:
+        tensors = {m: list(a) for m, a in arrays_by_mode.items()}
+
+        def comparable(mode: str, tensor: str) -> str | None:
+            b_ref = modes[cfg.reference]["tensors"].get(tensor, {}).get("basis")
+            b_mode = modes[mode]["tensors"].get(tensor, {}).get("basis")
+            return None if b_ref == b_mode else f"basis differs ({b_mode} vs {b_ref})"
+
+        comparison = compare_modes(tensors, lambda m, t: arrays_by_mode[m][t], cfg.reference, comparable)
+        emit(short_comparison(comparison, [t for t in ("input", "output", "residual")]))
+    else:
+        emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
+    model_path = Path(cfg.model)
+    arrays: dict[str, np.ndarray] = {"token_ids": ids.numpy().astype(np.int64),
+                                     "timestamp": np.array(_timestamp()), "model": np.array(model_path.name),
+                                     "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
+    if not cfg.stats_only:
+        for mode, by_tensor in arrays_by_mode.items():
+            arrays.update({array_key(mode, t): v for t, v in by_tensor.items()})
+    aliases = {}
+    if cfg.dedup:
+        arrays, aliases = dedup_arrays(arrays)
+    stats = {"schema_version": SCHEMA_VERSION, "timestamp": str(arrays["timestamp"]), "model": model_path.name,
+             "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
+             "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": aliases,
+             "comparison": comparison, "failed_modes": failed}
+    write_npz(Path(cfg.output_file), arrays, cfg.compress)
+    write_json(stats_path(cfg.output_file), stats)
+    emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
+         + (f"; failed modes: {', '.join(failed)}" if failed else ""))
+    return RunOutcome(stats, arrays, failed)

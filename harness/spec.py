@@ -1,0 +1,163 @@
+"""Names, dtypes and small value types shared by every layer of the harness.
+
+Dimension glossary (used in every docstring as ``name: (dims) dtype``):
+
+    batch    sequences in a forward
+    seqlen   tokens per sequence
+    d_model  width of the residual stream (768 for mamba-130m)
+    d_inner  width of the mixer, expand * d_model (1536)
+    d_state  SSM state size N (16)
+    d_conv   causal conv kernel width K (4)
+    dt_rank  rank of the time-step projection R (ceil(d_model / 16) = 48)
+
+Activations travel between the emulated ops as an ``Act``: either a plain fp32
+tensor (holding fp16-representable values when the mode's ``act_dtype`` is fp16)
+or a ``QTensor`` (int8 codes and one per-tensor fp32 scale; real value = code * scale).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+__all__ = [
+    "INT8_BOUNDS",
+    "Rounding",
+    "QTensor",
+    "Act",
+    "QuantOut",
+    "FloatOut",
+    "OutSpec",
+    "ModelDims",
+    "LayerScales",
+    "SCALE_NAMES",
+    "HookPoint",
+]
+
+# qmin/qmax of every integer format the harness emulates (symmetric int8 only).
+INT8_BOUNDS: tuple[int, int] = (-128, 127)
+
+
+class Rounding(str, enum.Enum):
+    """Tie rule of a float -> integer conversion.
+
+    HALF_EVEN: 2.5 -> 2, 3.5 -> 4, -2.5 -> -2 (torch.round, PTX cvt.rni, Triton rint).
+    HALF_AWAY: 2.5 -> 3, -2.5 -> -3 (C roundf).
+    """
+
+    HALF_EVEN = "half_even"
+    HALF_AWAY = "half_away"
+
+
+@dataclass
+class QTensor:
+    """Per-tensor symmetric int8 activation or weight.
+
+    codes: (any) int8, in [-128, 127]
+    scale: fp32-representable Python float; real value = codes * scale
+    n_clipped: how many values fell outside [-128, 127] before saturation
+        (None where unknown, e.g. a slice of a larger quantized tensor)
+    """
+
+    codes: torch.Tensor
+    scale: float
+    n_clipped: int | None = None
+
+    def __post_init__(self) -> None:
+        assert self.codes.dtype == torch.int8, f"QTensor codes must be int8, got {self.codes.dtype}"
+
+    def dequantize(self) -> torch.Tensor:
+        """(q - 0) * scale in fp32, as every kernel's dequantization does."""
+        return self.codes.to(torch.float32) * torch.tensor(self.scale, dtype=torch.float32)
+
+    def split(self, sizes: list[int], dim: int = -1) -> list["QTensor"]:
+        return [QTensor(c, self.scale) for c in torch.split(self.codes, sizes, dim=dim)]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+
+Act = Union[torch.Tensor, QTensor]
+
+
+@dataclass(frozen=True)
+class QuantOut:
+    """An op's output is quantized: sat8(round(v / scale)) with the given tie rule."""
+
+    scale: float
+    rounding: Rounding
+
+
+@dataclass(frozen=True)
+class FloatOut:
+    """An op's output stays floating point, rounded to ``dtype`` (fp32 or fp16)."""
+
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        assert self.dtype in (torch.float32, torch.float16), f"unsupported float dtype {self.dtype}"
+
+
+OutSpec = Union[QuantOut, FloatOut]
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Sizes of a Mamba-1 model, read once from its config and checked against its tensors."""
+
+    d_model: int
+    d_inner: int
+    d_state: int
+    d_conv: int
+    dt_rank: int
+    n_layer: int
+    vocab_size: int
+    norm_eps: float
+
+
+# Calibrated activation scales of one block (notes §2.4), in the order the data flows.
+SCALE_NAMES: tuple[str, ...] = ("s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H")
+
+
+@dataclass(frozen=True)
+class LayerScales:
+    """Per-tensor activation scales of one block, each an fp32-representable float.
+
+    s_in  norm output = in_proj input          (min-max)
+    s_xz  in_proj output, x and z halves       (min-max); conv input scale
+    s_u   conv+SiLU output = x_proj input = u  (percentile)
+    s_xp  x_proj output: dt, B and C           (min-max); dt_proj input scale
+    s_dt  dt_proj output, before the bias      (min-max)
+    s_h   SSM final state                      (percentile; decoding only)
+    s_H   online Hadamard output = out_proj input (min-max)
+    """
+
+    s_in: float
+    s_xz: float
+    s_u: float
+    s_xp: float
+    s_dt: float
+    s_h: float
+    s_H: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in SCALE_NAMES}
+
+
+class HookPoint(torch.nn.Module):
+    """Identity module marking a capture site; forward hooks on it see the value passing by.
+
+    ``point`` is the site name of ``harness.capture.POINTS`` (e.g. "ssm.u") and
+    ``layer`` the block index, so capture derives names and never types them.
+    """
+
+    def __init__(self, point: str, layer: int) -> None:
+        super().__init__()
+        self.point = point
+        self.layer = layer
+
+    def forward(self, x):  # noqa: D102 - identity
+        return x

@@ -1,0 +1,110 @@
+"""Weights of one block as a recipe needs them: folded and rotated, rounded to fp32/fp16, or int8.
+
+Offline transforms (notes §2.1), each computed in float64 and rounded once to
+the weight dtype:
+
+1. fold the block's RMSNorm weight into in_proj's columns: W_in[:, j] *= w_norm[j];
+2. rotate the residual stream with Had_D (see ops.hadamard): a residual vector x
+   becomes Had_D x, so in_proj becomes W_in Had_D^T (each row transformed),
+   out_proj becomes Had_D W_out Had_E^T (the online Hadamard of the SSM output
+   supplies Had_E), and the embedding rows become Had_D e.
+
+For int8 the fp16 result is quantized per tensor (ops.quant.quantize_weight_fp16),
+and A_log, D and dt_bias (fp32, dt_bias holding its fp16 value) with
+quantize_param_fp32, as Quamba does after loading its fp16 model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .loading import Checkpoint
+from .ops.hadamard import hadamard_transform
+from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
+from .spec import QTensor
+
+__all__ = ["LayerParams", "float_layer", "int8_layer", "WeightBank", "WEIGHT_DTYPES"]
+
+WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+@dataclass
+class LayerParams:
+    """Prepared parameters of one block; float tensors are fp32 holding values of their dtype.
+
+    in_proj: (2 * d_inner, d_model); conv_weight: (d_inner, d_conv); conv_bias: (d_inner,);
+    x_proj: (dt_rank + 2 * d_state, d_inner); dt_proj: (d_inner, dt_rank); dt_bias, D: (d_inner,);
+    A_log: (d_inner, d_state); out_proj: (d_model, d_inner); norm_weight: (d_model,) or None (folded).
+    """
+
+    norm_weight: torch.Tensor | None
+    in_proj: torch.Tensor | QTensor
+    conv_weight: torch.Tensor | QTensor
+    conv_bias: torch.Tensor | QTensor | None
+    x_proj: torch.Tensor | QTensor
+    dt_proj: torch.Tensor | QTensor
+    dt_bias: torch.Tensor | QTensor
+    A_log: torch.Tensor | QTensor
+    D: torch.Tensor | QTensor
+    out_proj: torch.Tensor | QTensor
+
+
+def float_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: torch.dtype) -> LayerParams:
+    """raw: fp32 tensors of the checkpoint (loading.Checkpoint.raw_layer)."""
+    def rnd(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else round_to_dtype(t, dtype)
+
+    in_proj, out_proj, norm_weight = rnd(raw["in_proj"]), rnd(raw["out_proj"]), rnd(raw["norm_weight"])
+    if rotate:
+        folded = rnd(raw["in_proj"].to(torch.float64) * raw["norm_weight"].to(torch.float64))
+        in_proj = rnd(hadamard_transform(folded))                                  # W Had_D^T
+        right = hadamard_transform(out_proj)                                      # W Had_E^T
+        out_proj = rnd(hadamard_transform(right.t()).t())                         # Had_D (W Had_E^T)
+        norm_weight = None
+    return LayerParams(
+        norm_weight=norm_weight, in_proj=in_proj, conv_weight=rnd(raw["conv_weight"]), conv_bias=rnd(raw["conv_bias"]),
+        x_proj=rnd(raw["x_proj"]), dt_proj=rnd(raw["dt_proj"]), dt_bias=rnd(raw["dt_bias"]),
+        A_log=raw["A_log"].to(torch.float32), D=raw["D"].to(torch.float32),  # mamba keeps A_log and D in fp32
+        out_proj=out_proj)
+
+
+def int8_layer(fp16: LayerParams) -> LayerParams:
+    """Per-tensor int8 of an fp16 layer; the norm weight (unrotated models) stays fp16."""
+    return LayerParams(
+        norm_weight=fp16.norm_weight, in_proj=quantize_weight_fp16(fp16.in_proj),
+        conv_weight=quantize_weight_fp16(fp16.conv_weight),
+        conv_bias=None if fp16.conv_bias is None else quantize_weight_fp16(fp16.conv_bias),
+        x_proj=quantize_weight_fp16(fp16.x_proj), dt_proj=quantize_weight_fp16(fp16.dt_proj),
+        dt_bias=quantize_param_fp32(fp16.dt_bias), A_log=quantize_param_fp32(fp16.A_log),
+        D=quantize_param_fp32(fp16.D), out_proj=quantize_weight_fp16(fp16.out_proj))
+
+
+class WeightBank:
+    """Prepares each (layer, weights, rotate) variant once and shares it between modes."""
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self.ckpt = ckpt
+        self._raw: dict[int, dict] = {}
+        self._layers: dict[tuple[int, str, bool], LayerParams] = {}
+
+    def raw(self, layer: int) -> dict[str, torch.Tensor | None]:
+        if layer not in self._raw:
+            self._raw[layer] = self.ckpt.raw_layer(layer)
+        return self._raw[layer]
+
+    def layer(self, layer: int, weights: str, rotate: bool) -> LayerParams:
+        """weights: "fp32", "fp16" or "int8" (int8 is quantized from the fp16 variant)."""
+        key = (layer, weights, rotate)
+        if key not in self._layers:
+            if weights == "int8":
+                self._layers[key] = int8_layer(self.layer(layer, "fp16", rotate))
+            else:
+                self._layers[key] = float_layer(self.raw(layer), rotate, WEIGHT_DTYPES[weights])
+        return self._layers[key]
+
+    def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype) -> torch.Tensor:
+        """ids: (batch, seqlen) int64 -> (batch, seqlen, d_model) fp32 holding `dtype` values."""
+        rows = round_to_dtype(self.ckpt.embedding()[ids].to(torch.float32), dtype)
+        return round_to_dtype(hadamard_transform(rows), dtype) if rotate else rows
+

@@ -1,0 +1,11 @@
+#!/usr/bin/env python3
+"""Capture layer inputs/outputs of every mode into one .npz plus one _stats.json (see README).
+
+    python save_first_layer_io.py --modes fp32 0 2-1 2-4 --seq_len 512
+"""
+import sys
+
+from harness.cli import capture_main
+
+if __name__ == "__main__":
+    sys.exit(capture_main(prog="save_first_layer_io.py"))
