@@ -1,0 +1,71 @@
+"""Shared fixtures: small seeded Mamba checkpoints written by the tests, in both on-disk formats."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(2)
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "models" / "mamba-tiny"
+TOKENIZER = SHIPPED / "tokenizer.json"
+
+
+def make_hf_model(vocab: int = 4096, d_model: int = 24, n_layer: int = 2, d_state: int = 8, seed: int = 0):
+    """A transformers MambaForCausalLM with seeded random weights; norm weights and D are perturbed
+    away from 1 so that norm folding and the D term are really exercised."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MambaConfig(vocab_size=vocab, hidden_size=d_model, num_hidden_layers=n_layer, state_size=d_state,
+                      expand=2, conv_kernel=4)
+    model = MambaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            layer.norm.weight.uniform_(0.5, 1.5)
+            layer.mixer.D.uniform_(0.5, 1.5)
+            layer.mixer.conv1d.bias.normal_(0.0, 0.1)
+    return model
+
+
+def write_hf_dir(path: Path, model) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    shutil.copy(TOKENIZER, path / "tokenizer.json")
+    return path
+
+
+def write_mamba_ssm_dir(path: Path, model) -> Path:
+    """The same weights in mamba_ssm's layout: d_model/n_layer config and pytorch_model.bin."""
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    sd = {k.replace("backbone.embeddings.", "backbone.embedding."): v.clone() for k, v in model.state_dict().items()}
+    torch.save(sd, path / "pytorch_model.bin")
+    (path / "config.json").write_text(json.dumps({
+        "d_model": cfg.hidden_size, "n_layer": cfg.num_hidden_layers, "vocab_size": cfg.vocab_size,
+        "ssm_cfg": {"d_state": cfg.state_size}, "rms_norm": True, "residual_in_fp32": True,
+        "fused_add_norm": True, "pad_vocab_size_multiple": 8}))
+    shutil.copy(TOKENIZER, path / "tokenizer.json")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    return make_hf_model()
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory, hf_model) -> Path:
+    return write_hf_dir(tmp_path_factory.mktemp("hf") / "tiny-hf", hf_model)
+
+
+@pytest.fixture(scope="session")
+def ssm_dir(tmp_path_factory, hf_model) -> Path:
+    return write_mamba_ssm_dir(tmp_path_factory.mktemp("ssm") / "tiny-ssm", hf_model)
