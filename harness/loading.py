@@ -111,15 +111,18 @@ class Checkpoint:
         return self._embedding
 
     def prefix_hashes(self, depth: int) -> list[str]:
-        """sha256 chain: entry i covers the dims, the embedding and blocks 0..i (nothing deeper is read)."""
+        """sha256 chain: entry i covers the dims, the embedding and blocks 0..i (nothing deeper is read).
+
+        Tensors enter under canonical names, so both checkpoint layouts of the same weights hash alike.
+        """
         h = hashlib.sha256(json.dumps(asdict(self.dims), sort_keys=True).encode())
-        _hash_tensor(h, self._embed_key, self.embedding())
+        _hash_tensor(h, "embedding", self.embedding())
         out = []
         for layer in range(depth + 1):
             for name in LAYER_TENSORS:
                 key = self.layer_key(layer, name)
                 if self.has(key):
-                    _hash_tensor(h, key, self.tensor(key))
+                    _hash_tensor(h, f"{layer}.{name}", self.tensor(key))
             out.append(h.copy().hexdigest())
         return out
 

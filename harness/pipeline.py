@@ -76,9 +76,10 @@ class RunConfig:
 
 @dataclass
 class RunOutcome:
-    stats: dict
-    arrays: dict[str, np.ndarray]
+    stats: dict                                   # the _stats.json content
+    by_mode: dict[str, dict[str, np.ndarray]]     # mode -> tensor -> array (before dedup; also with --stats-only)
     failed: list[str]
+    token_ids: np.ndarray                         # (1, seq_len) int64
 
 
 def _timestamp() -> str:
@@ -234,7 +235,8 @@ def _calibrate(cfg: RunConfig, tok, bank: WeightBank, prefix: list[str], depth: 
 def _check_quantized_differ(recipes, modes, arrays_by_mode, reference: str) -> None:
     """MODES.md contract 9: a mode that quantizes must not reproduce the float reference bit for bit."""
     ref = arrays_by_mode.get(reference)
-    if ref is None:
+    ref_recipe = next((r for r in recipes if r.name == reference), None)
+    if ref is None or ref_recipe is None or ref_recipe.needs_calibration:
         return
     for recipe in recipes:
         arrays = arrays_by_mode.get(recipe.name)
@@ -281,4 +283,4 @@ def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, ckpt, emit) ->
     write_json(stats_path(cfg.output_file), stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
          + (f"; failed modes: {', '.join(failed)}" if failed else ""))
-    return RunOutcome(stats, arrays, failed)
+    return RunOutcome(stats, arrays_by_mode, failed, ids.numpy())

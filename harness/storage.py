@@ -148,8 +148,8 @@ def dedup_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], 
     kept: dict[str, np.ndarray] = {}
     aliases: dict[str, str] = {}
     for key, arr in arrays.items():
-        arr = np.ascontiguousarray(arr)
-        sig = (arr.dtype.str, arr.shape, hashlib.sha256(arr.data).digest())
+        arr = np.asarray(arr)
+        sig = (arr.dtype.str, arr.shape, hashlib.sha256(arr.tobytes()).digest())
         if "__" in key and sig in seen:
             aliases[key] = seen[sig]
             continue

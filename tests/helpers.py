@@ -1,0 +1,27 @@
+"""Running the pipeline on test checkpoints with small, fast settings."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harness.calibration import CalibrationSettings
+from harness.pipeline import RunConfig, run
+
+FAST_CALIB = CalibrationSettings(num_samples=16, seqlen=64, alpha=0.9995, batch_size=8, seed=42)
+
+
+def run_modes(model_dir: Path, out_dir: Path, modes: list[str], *, taps: list[str] | None = None,
+              layers: list[int] | None = None, seq_len: int = 64, calib: CalibrationSettings = FAST_CALIB,
+              cache: bool = True, **kw):
+    cfg = RunConfig(model=model_dir, modes=modes, output_file=out_dir / "capture.npz", seq_len=seq_len,
+                    calib=calib, cache_dir=(out_dir / "cache") if cache else None, layers=layers or [0],
+                    taps=taps or [], **kw)
+    return run(cfg, emit=lambda _s: None)
+
+
+def on_grid(values: np.ndarray, scale: float) -> bool:
+    """Every value is code * scale (fp32) for an integer code in [-128, 127]."""
+    codes = np.round(values.astype(np.float64) / scale)
+    back = (codes * np.float32(scale)).astype(np.float32)
+    return bool(np.array_equal(back, values) and codes.min() >= -128 and codes.max() <= 127)

@@ -1,0 +1,89 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from harness.calibration import CalibrationSettings, calibrate, run_observers
+from harness.data import DEFAULT_CALIB_FILE, DataError, calibration_windows, tokenize_file
+from harness.loading import load_tokenizer, open_checkpoint
+from harness.weights import WeightBank
+from conftest import SHIPPED
+from helpers import FAST_CALIB, run_modes
+
+
+@pytest.fixture(scope="module")
+def setup(hf_dir):
+    ckpt = open_checkpoint(hf_dir)
+    windows = calibration_windows(tokenize_file(load_tokenizer(hf_dir), DEFAULT_CALIB_FILE), 12, 48, 42)
+    return ckpt, WeightBank(ckpt), windows
+
+
+def test_cache_hit_gives_bit_identical_arrays(hf_dir, tmp_path):
+    first = run_modes(hf_dir, tmp_path, ["0", "2-4"], taps=["ssm.u"])
+    second = run_modes(hf_dir, tmp_path, ["0", "2-4"], taps=["ssm.u"])
+    (tmp_path / "nocache").mkdir()
+    fresh = run_modes(hf_dir, tmp_path / "nocache", ["0", "2-4"], taps=["ssm.u"], cache=False)
+    assert first.stats["provenance"]["calibration"]["source"] == "computed"
+    assert second.stats["provenance"]["calibration"]["source"] == "reused"
+    assert fresh.stats["provenance"]["calibration"]["source"] == "computed"
+    for mode in ("0", "2-4"):
+        for name, arr in first.by_mode[mode].items():
+            assert np.array_equal(arr, second.by_mode[mode][name]) and np.array_equal(arr, fresh.by_mode[mode][name])
+
+
+def test_corrupted_cache_is_detected_recomputed_and_reported(hf_dir, tmp_path, capsys):
+    first = run_modes(hf_dir, tmp_path, ["0"])
+    path = first.stats["provenance"]["calibration"]["cache_files"][0]
+    data = json.loads(open(path).read())
+    data["scales"]["s_u"] *= 2  # a silent edit: the checksum no longer matches
+    open(path, "w").write(json.dumps(data))
+    again = run_modes(hf_dir, tmp_path, ["0"])
+    info = again.stats["provenance"]["calibration"]
+    assert info["source"] == "recomputed" and "checksum mismatch" in info["reason"]
+    assert "recomputing the calibration" in capsys.readouterr().err
+    assert np.array_equal(first.by_mode["0"]["output"], again.by_mode["0"]["output"])
+    open(path, "w").write("{ truncated")
+    third = run_modes(hf_dir, tmp_path, ["0"])
+    assert third.stats["provenance"]["calibration"]["source"] == "recomputed"
+    assert np.array_equal(first.by_mode["0"]["output"], third.by_mode["0"]["output"])
+
+
+def test_batched_equals_unbatched(setup):
+    ckpt, bank, windows = setup
+    one, _ = run_observers(bank, windows, 1, 0.9995, batch_size=1)
+    many, _ = run_observers(bank, windows, 1, 0.9995, batch_size=12)
+    for a, b in zip(one, many):
+        for name, value in a.as_dict().items():
+            assert value == pytest.approx(b.as_dict()[name], rel=1e-6, abs=0), name
+
+
+def test_layer_cache_is_shared_between_depths(setup, tmp_path):
+    ckpt, bank, windows = setup
+    deep = calibrate(bank, windows, FAST_CALIB, 1, ckpt.prefix_hashes(1), tmp_path)
+    shallow = calibrate(bank, windows, FAST_CALIB, 0, ckpt.prefix_hashes(0), tmp_path)
+    assert deep.info["source"] == "computed" and shallow.info["source"] == "reused"
+    assert shallow.scales[0] == deep.scales[0]
+
+
+def test_too_many_samples_says_how_many_are_available(setup):
+    ckpt, bank, windows = setup
+    text = tokenize_file(load_tokenizer(ckpt.path), DEFAULT_CALIB_FILE)
+    available = len(text.ids) // 512
+    with pytest.raises(DataError, match=f"i.e. {available} calibration samples of 512 tokens"):
+        calibration_windows(text, available + 1, 512, 0)
+
+
+def test_shipped_calibration_text_gives_512_distinct_samples():
+    text = tokenize_file(load_tokenizer(SHIPPED), DEFAULT_CALIB_FILE)
+    assert len(text.ids) > 300_000
+    w = calibration_windows(text, 512, 512, 42)
+    assert len({tuple(row.tolist()) for row in w}) == 512
+
+
+def test_settings_are_validated_and_the_seed_orders_samples():
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        CalibrationSettings(alpha=1.5)
+    text = tokenize_file(load_tokenizer(SHIPPED), DEFAULT_CALIB_FILE)
+    assert torch.equal(calibration_windows(text, 3, 8, 1), calibration_windows(text, 3, 8, 1))
+    assert not torch.equal(calibration_windows(text, 3, 8, 1), calibration_windows(text, 3, 8, 2))

@@ -1,0 +1,90 @@
+"""House rules that a grep can prove: import direction, named rounding, no unsafe deserialization."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "harness"
+
+# module -> harness modules it may import (STYLE.md (c), adapted to this package's files)
+ALLOWED = {
+    "spec": set(),
+    "ops.quant": {"spec"},
+    "ops.linear": {"spec", "ops.quant"},
+    "ops.conv1d": {"spec", "ops.quant"},
+    "ops.scan": {"spec", "ops.quant"},
+    "ops.hadamard": set(),
+    "metrics": set(),
+    "storage": set(),
+    "capture": {"spec"},
+    "observers": {"ops.quant"},
+    "modules": {"spec", "ops.conv1d", "ops.hadamard", "ops.linear", "ops.quant", "ops.scan"},
+    "modes": set(),
+    "loading": {"spec"},
+    "data": {"loading"},
+    "weights": {"spec", "loading", "ops.hadamard", "ops.quant"},
+    "build": {"spec", "modes", "modules", "weights", "ops.linear", "ops.scan"},
+    "calibration": {"spec", "build", "modes", "observers", "weights"},
+    "compare": {"metrics"},
+    "report": set(),
+    "pipeline": {"__init__", "spec", "build", "calibration", "capture", "compare", "data", "loading", "metrics", "modes",
+                 "ops.hadamard", "report", "storage", "weights"},
+    "cli": {"calibration", "capture", "compare", "data", "modes", "pipeline", "report", "storage"},
+}
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PKG).with_suffix("").parts)
+
+
+def _harness_imports(path: Path) -> set[str]:
+    name = _module_name(path)
+    package = name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = package[: len(package) - (node.level - 1)]
+            found.add(".".join(base + ([node.module] if node.module else [])))  # "from . import x" -> the package
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness"):
+            found.add(node.module.removeprefix("harness").lstrip(".") or "__init__")
+    return {f or "__init__" for f in found}
+
+
+SOURCES = sorted(p for p in PKG.rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_module_name)
+def test_imports_point_down(path):
+    name = _module_name(path)
+    assert name in ALLOWED, f"{name} is not in the layer table"
+    extra = _harness_imports(path) - ALLOWED[name]
+    assert not extra, f"{name} imports {sorted(extra)}"
+
+
+def test_nothing_imports_cli():
+    for path in SOURCES:
+        if _module_name(path) != "cli":
+            assert "cli" not in _harness_imports(path), path
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_module_name)
+def test_no_unnamed_rounding_outside_ops_quant(path):
+    if _module_name(path) == "ops.quant":
+        return
+    assert not re.search(r"torch\.round\(|\.round\(\)|\.round_\(", path.read_text())
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=_module_name)
+def test_no_unsafe_deserialization(path):
+    text = path.read_text()
+    assert not re.search(r"pickle\.load|allow_pickle=True|weights_only=False", text)
+    for call in re.findall(r"torch\.load\([^)]*\)", text):
+        assert "weights_only=True" in call
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_module_name)
+def test_module_size_and_all(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= 420, f"{path.name} is over the ~400-line limit"
+    assert "__all__" in text

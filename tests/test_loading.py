@@ -1,0 +1,90 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from harness.loading import LAYER_TENSORS, ModelDirError, load_tokenizer, open_checkpoint
+
+
+def test_both_formats_give_the_same_model(hf_dir, ssm_dir):
+    a, b = open_checkpoint(hf_dir), open_checkpoint(ssm_dir)
+    assert (a.format, b.format) == ("transformers", "mamba_ssm")
+    assert a.dims == b.dims and a.dims.d_model == 24 and a.dims.n_layer == 2 and a.dims.dt_rank == 2
+    for layer in range(2):
+        ra, rb = a.raw_layer(layer), b.raw_layer(layer)
+        assert all(torch.equal(ra[k], rb[k]) for k in ra)
+    assert torch.equal(a.embedding(), b.embedding())
+    assert a.prefix_hashes(1) == b.prefix_hashes(1)
+
+
+def test_only_needed_layers_are_read(hf_dir):
+    ckpt = open_checkpoint(hf_dir)
+    ckpt.prefix_hashes(0)
+    ckpt.raw_layer(0)
+    assert not any(k.startswith("backbone.layers.1.") for k in ckpt.tensors_read)
+
+
+def test_missing_directory_names_path_and_contents(tmp_path):
+    with pytest.raises(ModelDirError, match=r"model directory .*nope does not exist; a model directory must contain config.json"):
+        open_checkpoint(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("breakage,message", [
+    ("no_config", "config.json is missing"),
+    ("bad_json", "is not valid JSON"),
+    ("no_weights", "no weight file found"),
+    ("unknown_keys", "has neither transformers keys"),
+    ("wrong_shape", "implies"),
+])
+def test_malformed_directories(hf_dir, tmp_path, breakage, message):
+    d = tmp_path / "m"
+    shutil.copytree(hf_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    if breakage == "no_config":
+        (d / "config.json").unlink()
+    elif breakage == "bad_json":
+        (d / "config.json").write_text("{")
+    elif breakage == "no_weights":
+        (d / "model.safetensors").unlink()
+    elif breakage == "unknown_keys":
+        (d / "config.json").write_text(json.dumps({"foo": 1}))
+    else:
+        cfg["state_size"] = 4
+        (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelDirError, match=message):
+        open_checkpoint(d)
+
+
+def test_missing_tensor_is_named(ssm_dir, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(ssm_dir, d)
+    sd = torch.load(d / "pytorch_model.bin", weights_only=True)
+    del sd["backbone.layers.1.mixer.A_log"]
+    torch.save(sd, d / "pytorch_model.bin")
+    ckpt = open_checkpoint(d)
+    with pytest.raises(ModelDirError, match="backbone.layers.1.mixer.A_log' is missing"):
+        ckpt.raw_layer(1)
+
+
+def test_pickled_objects_are_refused(tmp_path, hf_dir):
+    d = tmp_path / "m"
+    shutil.copytree(hf_dir, d, ignore=shutil.ignore_patterns("model.safetensors"))
+    torch.save({"backbone.embeddings.weight": torch.zeros(2, 2), "evil": object()}, d / "pytorch_model.bin")
+    with pytest.raises(ModelDirError, match="cannot read weights"):
+        open_checkpoint(d)
+
+
+def test_tokenizer_lookup(hf_dir, tmp_path):
+    tok = load_tokenizer(hf_dir)
+    assert tok.eos_id is not None and tok.encode_documents(["To be"])[0]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelDirError, match="pass --tokenizer DIR"):
+        load_tokenizer(empty)
+    assert load_tokenizer(empty, hf_dir).path.name == "tokenizer.json"
+
+
+def test_layer_tensor_table_covers_the_mixer():
+    assert set(LAYER_TENSORS) == {"norm_weight", "in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj",
+                                  "dt_bias", "A_log", "D", "out_proj"}

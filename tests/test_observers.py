@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from harness.observers import MinMaxObserver, PercentileObserver, quantile_high
+
+
+@pytest.mark.parametrize("alpha", [0.9995, 0.99999, 0.9, 0.5, 1.0])
+@pytest.mark.parametrize("n", [1, 7, 1000, 40000])
+def test_quantile_high_is_torch_quantile_bit_exactly(alpha, n):
+    x = torch.randn(3, n, generator=torch.Generator().manual_seed(n)).abs()
+    expected = torch.stack([torch.quantile(row, alpha) for row in x])
+    assert torch.equal(quantile_high(x, alpha), expected)
+
+
+def test_percentile_ema_by_hand():
+    obs = PercentileObserver(alpha=0.5)
+    samples = torch.tensor([[[1.0, 3.0]], [[2.0, 6.0]], [[0.0, 1.0]]])  # quantile(|a|, 0.5) = 2, 4, 0.5
+    obs.observe(samples[:2])
+    obs.observe(samples[2:])
+    w = torch.tensor(2.0)
+    for cur in (4.0, 0.5):
+        w = w + 0.01 * (torch.tensor(cur) - w)
+    assert obs.ema.item() == w.item()
+    assert obs.compute_scale() == float(w / 127)
+    assert obs.state()["samples"] == 3
+
+
+def test_percentile_batched_equals_one_by_one():
+    x = torch.randn(6, 50, 8, generator=torch.Generator().manual_seed(0))
+    a, b = PercentileObserver(0.99), PercentileObserver(0.99)
+    a.observe(x)
+    for i in range(6):
+        b.observe(x[i:i + 1])
+    assert a.ema.item() == b.ema.item()
+
+
+def test_minmax_is_fp16_and_floored():
+    obs = MinMaxObserver()
+    obs.observe(torch.tensor([[0.1, -3.00001]]))
+    obs.observe(torch.tensor([[2.0]]))
+    amax16 = torch.tensor(3.00001).half()
+    assert obs.compute_scale() == float((amax16 / 127).float())
+
+
+def test_observers_refuse_to_compute_before_data():
+    with pytest.raises(RuntimeError, match="seen no data"):
+        MinMaxObserver().compute_scale()
+    with pytest.raises(RuntimeError, match="seen no data"):
+        PercentileObserver(0.99).compute_scale()
+
+
+@pytest.mark.parametrize("alpha", [0.0, -0.1, 1.5])
+def test_alpha_outside_range_is_rejected(alpha):
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        PercentileObserver(alpha)

@@ -1,0 +1,80 @@
+import json
+
+import numpy as np
+import pytest
+
+from harness.storage import (StorageError, array_key, dedup_arrays, load_capture, parse_array_key, stats_path,
+                             write_json, write_npz)
+
+
+def test_keys_round_trip():
+    assert array_key("2-0", "output") == "mode_2-0_output"
+    assert array_key("2-4", "L0.ssm.u") == "mode_2-4__L0.ssm.u"
+    assert parse_array_key("mode_2-4__L0.ssm.u") == ("2-4", "L0.ssm.u")
+    assert parse_array_key("mode_fp32_input") == ("fp32", "input")
+    assert parse_array_key("token_ids") is None
+    assert stats_path("x/first.npz").name == "first_stats.json"
+
+
+def test_npz_loads_without_pickle_and_is_byte_reproducible(tmp_path):
+    arrays = {"mode_0_output": np.arange(6, dtype=np.float32).reshape(1, 2, 3), "model": np.array("m"),
+              "seq_len": np.array(2)}
+    write_npz(tmp_path / "a.npz", arrays)
+    write_npz(tmp_path / "b.npz", arrays)
+    assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+    with np.load(tmp_path / "a.npz", allow_pickle=False) as z:
+        assert np.array_equal(z["mode_0_output"], arrays["mode_0_output"]) and str(z["model"]) == "m"
+
+
+def test_failed_write_leaves_nothing_behind(tmp_path):
+    class Boom:
+        def __array__(self, *a, **k):
+            raise RuntimeError("cannot serialize")
+
+        nbytes = 0
+
+    with pytest.raises(RuntimeError):
+        write_npz(tmp_path / "x.npz", {"a": np.zeros(3), "b": Boom()})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_target_is_a_clear_error(tmp_path):
+    with pytest.raises(StorageError, match="does not exist"):
+        write_npz(tmp_path / "missing" / "x.npz", {"a": np.zeros(1)})
+
+
+def test_dedup_and_alias_resolution(tmp_path):
+    a = np.ones((1, 2), np.float32)
+    arrays = {"mode_0_output": a, "mode_0__L0.out_proj.out": a.copy(), "mode_2-0__L0.ssm.u": a + 1,
+              "mode_2-1__L0.ssm.u": a + 1}
+    kept, aliases = dedup_arrays(arrays)
+    assert aliases == {"mode_0__L0.out_proj.out": "mode_0_output", "mode_2-1__L0.ssm.u": "mode_2-0__L0.ssm.u"}
+    write_npz(tmp_path / "c.npz", kept)
+    write_json(stats_path(tmp_path / "c.npz"), {"schema_version": 1, "aliases": aliases, "modes": {}})
+    cf = load_capture(tmp_path / "c.npz")
+    assert np.array_equal(cf.array("2-1", "L0.ssm.u"), a + 1)
+    assert cf.tensors("0") == ["output", "L0.out_proj.out"]
+
+
+def test_research_tool_file_is_read(tmp_path):
+    np.savez_compressed(tmp_path / "old.npz", timestamp=np.array("2025-11-10"), model=np.array("quamba-130m-w8a8"),
+                        seq_len=np.array(512), mode_fp32_input=np.zeros((1, 4, 8), np.float32),
+                        mode_fp32_output=np.ones((1, 4, 8), np.float32), **{"mode_2-0_output": np.ones((1, 4, 8), np.float32)})
+    cf = load_capture(tmp_path / "old.npz")
+    assert cf.manifest is None and set(cf.modes()) == {"fp32", "2-0"}
+
+
+def test_corrupted_and_unknown_versions_are_rejected(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(StorageError, match="not a readable .npz"):
+        load_capture(bad)
+    write_npz(tmp_path / "v.npz", {"mode_0_output": np.zeros(2, np.float32)})
+    stats_path(tmp_path / "v.npz").write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(StorageError, match="schema_version 99 is not supported; supported: 0, 1"):
+        load_capture(tmp_path / "v.npz")
+
+
+def test_json_writes_non_finite_as_strings(tmp_path):
+    write_json(tmp_path / "s.json", {"a": float("inf"), "b": [float("nan"), -float("inf"), 1.5]})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"a": "inf", "b": ["nan", "-inf", 1.5]}
