@@ -14,34 +14,22 @@ from pathlib import Path
 __all__ = ["main", "capture_main", "compare_main", "build_capture_parser", "build_compare_parser"]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _checked(convert, ok, expected: str):
+    """An argparse type: convert the text, then require ok(value); errors say what was expected."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {value}")
+        return value
+    return parse
 
 
-def _alpha(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
-def _layer(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a block index (0, 1, ...), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a block index (0, 1, ...), got {value}")
-    return value
+_positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+_alpha = _checked(float, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+_layer = _checked(int, lambda v: v >= 0, "a block index (0, 1, ...)")
 
 
 def _opt(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:

@@ -248,7 +248,8 @@ class Tokenizer:
                             if tok.token_to_id(t) is not None), None)
 
     def encode_documents(self, docs: list[str]) -> list[list[int]]:
-        return [enc.ids for enc in self.tok.encode_batch(docs, add_special_tokens=False)]
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets: faster, same ids
+        return [enc.ids for enc in encode(docs, add_special_tokens=False)]
 
 
 def load_tokenizer(model_dir: Path, tokenizer_dir: Path | None = None) -> Tokenizer:

@@ -87,6 +87,7 @@ class WeightBank:
         self.ckpt = ckpt
         self._raw: dict[int, dict] = {}
         self._layers: dict[tuple[int, str, bool], LayerParams] = {}
+        self._embedded: dict[tuple[bool, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def raw(self, layer: int) -> dict[str, torch.Tensor | None]:
         if layer not in self._raw:
@@ -104,7 +105,15 @@ class WeightBank:
         return self._layers[key]
 
     def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype) -> torch.Tensor:
-        """ids: (batch, seqlen) int64 -> (batch, seqlen, d_model) fp32 holding `dtype` values."""
+        """ids: (batch, seqlen) int64 -> (batch, seqlen, d_model) fp32 holding `dtype` values.
+
+        The last result per (rotate, dtype) is kept, so modes sharing an embedding compute it once.
+        """
+        last = self._embedded.get((rotate, dtype))
+        if last is not None and torch.equal(last[0], ids):
+            return last[1]
         rows = round_to_dtype(self.ckpt.embedding()[ids].to(torch.float32), dtype)
-        return round_to_dtype(hadamard_transform(rows), dtype) if rotate else rows
+        out = round_to_dtype(hadamard_transform(rows), dtype) if rotate else rows
+        self._embedded[(rotate, dtype)] = (ids.clone(), out)
+        return out
 

@@ -160,6 +160,16 @@ def _base_matrix(b: int) -> torch.Tensor:
     return torch.tensor([[1.0 if s == "+" else -1.0 for s in row] for row in _BASE_SIGNS[b]], dtype=torch.float64)
 
 
+def _sylvester(m: int) -> torch.Tensor:
+    idx = torch.arange(m)
+    bits = torch.bitwise_and(idx[:, None], idx[None, :])
+    parity = torch.zeros_like(bits)
+    while bool(bits.any()):
+        parity ^= bits & 1
+        bits = bits >> 1
+    return 1.0 - 2.0 * parity.to(torch.float64)
+
+
 def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool = False) -> torch.Tensor:
     """Had_n @ v for every vector v along the last dim (Had_n.T @ v with transpose=True).
 
@@ -169,16 +179,18 @@ def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool
     n = x.shape[-1]
     b, m = hadamard_factors(n)
     lead = x.shape[:-1]
-    y = x.to(torch.float64).reshape(*lead, b, m)
+    y = x.to(torch.float64, copy=True).reshape(-1, b, m)  # a copy: the passes write into it
+    buf = torch.empty_like(y)
     h = 1
-    while h < m:  # Sylvester butterflies, one bit of the position index per pass
-        y = y.reshape(*lead, b, m // (2 * h), 2, h)
-        y = torch.stack((y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]), dim=-2)
+    while h < m:  # Sylvester butterflies, one bit of the position index per pass, ping-ponging two buffers
+        src, dst = y.view(-1, b, m // (2 * h), 2, h), buf.view(-1, b, m // (2 * h), 2, h)
+        torch.add(src[..., 0, :], src[..., 1, :], out=dst[..., 0, :])
+        torch.sub(src[..., 0, :], src[..., 1, :], out=dst[..., 1, :])
+        y, buf = buf, y
         h *= 2
-    y = y.reshape(*lead, b, m)
     if b > 1:
         base = _base_matrix(b)
-        y = torch.einsum("cd,...dj->...cj", base.t() if transpose else base, y)
+        y = (base.t() if transpose else base) @ y   # out[c, j] = sum_d H[c, d] y[d, j]
     y = y.reshape(*lead, n)
     return y * (1.0 / math.sqrt(n)) if normalized else y
 
@@ -186,11 +198,4 @@ def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool
 def hadamard_matrix(n: int) -> torch.Tensor:
     """Oracle: the explicit (n, n) float64 matrix Had_n = (H_b kron S_M) / sqrt(n)."""
     b, m = hadamard_factors(n)
-    idx = torch.arange(m)
-    bits = torch.bitwise_and(idx[:, None], idx[None, :])
-    parity = torch.zeros_like(bits)
-    while bool(bits.any()):
-        parity ^= bits & 1
-        bits = bits >> 1
-    sylvester = 1.0 - 2.0 * parity.to(torch.float64)
-    return torch.kron(_base_matrix(b), sylvester) / math.sqrt(n)
+    return torch.kron(_base_matrix(b), _sylvester(m)) / math.sqrt(n)

@@ -12,9 +12,11 @@ For an int8 output, q = sat8(RNE(v)) (PTX cvt.rni.sat). For a float output
 (out_proj; in_proj in mode 3) s_out is 1, so the ratio is s_x itself, and v is
 rounded to the output dtype (fp16 in W8A8B16O16).
 
-The accumulator is computed as a float64 matmul of the int8 codes: every
-partial sum is an integer below K * 128 * 128 < 2**53, so it is exact, and equal
-to the int32 result of the kernel (whose saturation is never reached).
+The accumulator equals the kernel's int32 result (whose saturation is never
+reached). It is computed as fp32 matmuls over blocks of K <= 1024, where every
+partial sum is an integer of magnitude <= 1024 * 128 * 128 = 2**24 and therefore
+exact in fp32 whatever the summation order, and the block sums are added in
+float64 (exact below 2**53).
 """
 from __future__ import annotations
 
@@ -33,12 +35,22 @@ class Epilogue(str, enum.Enum):
     WEIGHT_THEN_RATIO = "weight_then_ratio"
 
 
+_EXACT_K = 1024  # 1024 * 128 * 128 = 2**24: the largest K whose fp32 partial sums stay exact
+
+
 def int8_gemm(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
     """acc = x @ w.T, exact.
 
     x_codes: (..., k) int8; w_codes: (n, k) int8 -> (..., n) float64 holding integers.
     """
-    return x_codes.to(torch.float64) @ w_codes.to(torch.float64).t()
+    if torch.get_float32_matmul_precision() != "highest":  # reduced-precision fp32 GEMMs would not be exact
+        return x_codes.to(torch.float64) @ w_codes.to(torch.float64).t()
+    xf, wf = x_codes.to(torch.float32), w_codes.to(torch.float32)
+    acc = None
+    for start in range(0, xf.shape[-1], _EXACT_K):
+        block = (xf[..., start:start + _EXACT_K] @ wf[:, start:start + _EXACT_K].t()).to(torch.float64)
+        acc = block if acc is None else acc + block
+    return acc
 
 
 def _epilogue(acc: torch.Tensor, s_x: float, s_w: float, s_out: float, order: Epilogue) -> torch.Tensor:

@@ -34,7 +34,7 @@ from .quant import dequantize, fma_f32, round_to_dtype
 
 __all__ = ["ScanOrder", "selective_scan", "selective_scan_ref", "softplus_thresholded"]
 
-_CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per (chunk, batch, d_state, d_inner) buffer
+_CHUNK_ELEMENTS = 1 << 20  # 4 MB of fp32 per (chunk, batch, d_state, d_inner) buffer: stays in cache
 
 
 class ScanOrder(str, enum.Enum):
@@ -55,9 +55,8 @@ def _delta(delta: QTensor | torch.Tensor, delta_bias: torch.Tensor, order: ScanO
     return softplus_thresholded(pre)
 
 
-def _recurrence(dA: torch.Tensor, dBu: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """h_t = dA_t * h_{t-1} + dBu_t for t in the chunk; dA, dBu: (chunk, batch, d_state, d_inner)."""
-    states = torch.empty_like(dBu)
+def _recurrence(dA: torch.Tensor, dBu: torch.Tensor, h: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """h_t = dA_t * h_{t-1} + dBu_t for t in the chunk, written into `states`; all (chunk, batch, d_state, d_inner)."""
     for t in range(dBu.shape[0]):
         torch.mul(dA[t], h, out=states[t])
         states[t].add_(dBu[t])
@@ -69,9 +68,11 @@ def _output(states: torch.Tensor, C: torch.Tensor, u: torch.Tensor, D: torch.Ten
     """Contract the state with C; states: (chunk, batch, d_state, d_inner), C: (chunk, batch, d_state)."""
     d_state = states.shape[2]
     if order is ScanOrder.KERNEL:
+        # y = fma(h_n, C_n, y) in turn: float64 products of fp32 numbers are exact, one rounding per step
+        states64, C64 = states.to(torch.float64), C.to(torch.float64)
         y = D * u
         for n in range(d_state):
-            y = fma_f32(states[:, :, n], C[:, :, n, None], y)
+            y = fma_f32(states64[:, :, n], C64[:, :, n, None], y)
         return y
     y = states[:, :, 0] * C[:, :, 0, None]
     for n in range(1, d_state):
@@ -105,24 +106,28 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
     d_state = At.shape[0]
     chunk = max(1, min(seqlen, _CHUNK_ELEMENTS // max(1, batch * d_state * d_inner)))
     h = torch.zeros(batch, d_state, d_inner, dtype=torch.float32)
-    ys = []
+    y = torch.empty(batch, seqlen, d_inner, dtype=torch.float32)
+    # three (chunk, batch, d_state, d_inner) buffers reused by every chunk; in-place ops, same arithmetic
+    buffers = torch.empty(3, chunk, batch, d_state, d_inner, dtype=torch.float32)
     for t0 in range(0, seqlen, chunk):
         # fmt: off
         sl = slice(t0, min(seqlen, t0 + chunk))
+        n = sl.stop - sl.start
+        dA, dBu, states = buffers[0, :n], buffers[1, :n], buffers[2, :n]
         dt_c = dt[:, sl].transpose(0, 1)                                   # (chunk, batch, d_inner)
         u_c = u[:, sl].transpose(0, 1)
         B_c = Bf[:, sl].transpose(0, 1)                                    # (chunk, batch, d_state)
         C_c = Cf[:, sl].transpose(0, 1)
-        dA = torch.exp(dt_c[:, :, None, :] * At)                           # (chunk, batch, d_state, d_inner)
+        torch.mul(dt_c[:, :, None, :], At, out=dA).exp_()                  # exp(delta * A)
         if order is ScanOrder.KERNEL:
-            dBu = B_c[..., None] * (dt_c * u_c)[:, :, None, :]
+            torch.mul(B_c[..., None], (dt_c * u_c)[:, :, None, :], out=dBu)  # B * (delta * u)
         else:
-            dBu = (dt_c[:, :, None, :] * B_c[..., None]) * u_c[:, :, None, :]
-        states = _recurrence(dA, dBu, h)
-        h = states[-1]
-        ys.append(_output(states, C_c, u_c, Df, order).transpose(0, 1))    # (batch, chunk, d_inner)
+            torch.mul(dt_c[:, :, None, :], B_c[..., None], out=dBu).mul_(u_c[:, :, None, :])  # (delta * B) * u
+        states = _recurrence(dA, dBu, h, states)
+        h = states[-1].clone()
+        y[:, sl] = _output(states, C_c, u_c, Df, order).transpose(0, 1)   # (batch, chunk, d_inner)
         # fmt: on
-    y = _gate(torch.cat(ys, dim=1), z, order)
+    y = _gate(y, z, order)
     return round_to_dtype(y, out.dtype), h.transpose(1, 2).contiguous()
 
 
