@@ -68,13 +68,13 @@ def _child_harness(a: dict) -> dict:
 
 
 def _prepare(a: dict):
-    from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, test_sample, tokenize_file
+    from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, test_sample
     from harness.loading import load_tokenizer, open_checkpoint
 
     ckpt = open_checkpoint(a["model"])
     tok = load_tokenizer(a["model"])
-    windows = calibration_windows(tokenize_file(tok, DEFAULT_CALIB_FILE), a["calib_samples"], a["calib_seqlen"], 42)
-    ids = test_sample(tokenize_file(tok, DEFAULT_TEXT_FILE), a["seq_len"])
+    windows = calibration_windows(tok, DEFAULT_CALIB_FILE, a["calib_samples"], a["calib_seqlen"], 42).ids
+    ids = test_sample(tok, DEFAULT_TEXT_FILE, a["seq_len"]).ids
     return ckpt, windows, ids
 
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -29,12 +30,13 @@ class DataError(ValueError):
 
 @dataclass
 class TokenText:
-    """A tokenized text file: the joined id stream and where it came from."""
+    """Token ids drawn from a text file, and where they came from."""
 
     path: Path
     sha256: str
-    n_documents: int
-    ids: torch.Tensor  # (n_tokens,) int64
+    n_documents: int      # documents in the file
+    documents_used: int   # documents tokenized to get `ids`
+    ids: torch.Tensor     # (batch, seqlen) int64
 
 
 def read_documents(path: Path) -> list[str]:
@@ -58,38 +60,60 @@ def read_documents(path: Path) -> list[str]:
     return docs
 
 
-def tokenize_file(tokenizer: Tokenizer, path: Path) -> TokenText:
-    path = Path(path)
-    docs = read_documents(path)
-    ids: list[int] = []
-    for doc_ids in tokenizer.encode_documents(docs):
-        ids.extend(doc_ids)
-        if tokenizer.eos_id is not None:
-            ids.append(tokenizer.eos_id)
-    return TokenText(path, hashlib.sha256(path.read_bytes()).hexdigest(), len(docs), torch.tensor(ids, dtype=torch.int64))
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def test_sample(text: TokenText, seq_len: int) -> torch.Tensor:
-    """The first seq_len tokens: (1, seq_len) int64."""
+def _token_stream(tokenizer: Tokenizer, docs: list[str]) -> Iterator[list[int]]:
+    """Each document's ids followed by the end-of-text id; tokenized two documents at a time, lazily."""
+    for start in range(0, len(docs), 2):
+        for ids in tokenizer.encode_documents(docs[start:start + 2]):
+            yield ids + ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
+
+
+def tokenize_file(tokenizer: Tokenizer, path: Path) -> torch.Tensor:
+    """All documents of a file as one id stream: (n_tokens,) int64."""
+    return torch.tensor([i for ids in _token_stream(tokenizer, read_documents(path)) for i in ids], dtype=torch.int64)
+
+
+def test_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
+    """The first seq_len tokens of the concatenated documents, ids (1, seq_len)."""
     if seq_len <= 0:
         raise DataError(f"--seq_len must be a positive number of tokens, got {seq_len}")
-    if len(text.ids) < seq_len:
-        raise DataError(f"{text.path} gives only {len(text.ids)} tokens with this tokenizer, fewer than "
-                        f"--seq_len {seq_len}; use a shorter --seq_len or a longer --text_file")
-    return text.ids[:seq_len].unsqueeze(0)
+    docs = read_documents(path)
+    ids: list[int] = []
+    used = 0
+    for doc_ids in _token_stream(tokenizer, docs):
+        ids += doc_ids
+        used += 1
+        if len(ids) >= seq_len:
+            return TokenText(Path(path), _file_sha256(path), len(docs), used,
+                             torch.tensor(ids[:seq_len], dtype=torch.int64).unsqueeze(0))
+    raise DataError(f"{path} gives only {len(ids)} tokens with this tokenizer, fewer than --seq_len {seq_len}; "
+                    f"use a shorter --seq_len or a longer --text_file")
 
 
-def calibration_windows(text: TokenText, num: int, seqlen: int, seed: int) -> torch.Tensor:
-    """`num` distinct non-overlapping windows of `seqlen` tokens, drawn in a seeded order: (num, seqlen) int64.
+def calibration_windows(tokenizer: Tokenizer, path: Path, num: int, seqlen: int, seed: int) -> TokenText:
+    """`num` calibration samples of `seqlen` tokens: ids (num, seqlen).
 
-    Like Quamba's shuffled calibration set (seed 42), but of equal length so samples batch.
+    Documents are visited in an order shuffled with `seed` (as Quamba shuffles its
+    calibration documents with seed 42); each is cut into consecutive windows of
+    `seqlen` tokens (its shorter tail is dropped) until `num` windows are collected.
+    Only the documents needed are tokenized. Windows never span two documents.
     """
     if num <= 0 or seqlen <= 0:
         raise DataError(f"--calib_data_num and --calib_seqlen must be positive, got {num} and {seqlen}")
-    available = len(text.ids) // seqlen
-    if num > available:
-        raise DataError(f"{text.path} gives {len(text.ids)} tokens, i.e. {available} calibration samples of "
-                        f"{seqlen} tokens; --calib_data_num {num} is too many (use at most {available}, "
-                        f"a shorter --calib_seqlen, or a longer --calib_file)")
-    order = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:num]
-    return text.ids[: available * seqlen].view(available, seqlen)[order]
+    docs = read_documents(path)
+    order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
+    windows: list[list[int]] = []
+    used = 0
+    for doc_ids in _token_stream(tokenizer, [docs[i] for i in order]):
+        used += 1
+        doc_ids = doc_ids[:-1] if tokenizer.eos_id is not None else doc_ids
+        windows += [doc_ids[k:k + seqlen] for k in range(0, len(doc_ids) - seqlen + 1, seqlen)]
+        if len(windows) >= num:
+            return TokenText(Path(path), _file_sha256(path), len(docs), used,
+                             torch.tensor(windows[:num], dtype=torch.int64))
+    raise DataError(f"{path} gives {len(windows)} calibration samples of {seqlen} tokens "
+                    f"({len(docs)} documents); --calib_data_num {num} is too many (use at most {len(windows)}, "
+                    f"a shorter --calib_seqlen, or a longer --calib_file)")

@@ -9,23 +9,29 @@ Two layouts are read:
 * mamba_ssm (``state-spaces/mamba-130m``): config.json with ``d_model``, ``n_layer``,
   ``ssm_cfg``; tensors ``backbone.embedding.weight`` ...; weights in pytorch_model.bin.
 
-Tensors are read lazily, one at a time: safetensors through ``safe_open``,
-``.bin`` files through ``torch.load(weights_only=True, mmap=True)``, so only the
-layers that are used are ever read from disk.
+Tensors are read lazily: safetensors files are memory-mapped and each tensor is a
+zero-copy view of its bytes (``MappedSafetensors``), ``.bin`` files are read with
+``torch.load(weights_only=True, mmap=True)``; either way only the pages of the
+tensors that are used (the embedding rows of the sample, the blocks up to the
+deepest captured one) are ever read from disk.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import mmap
+import struct
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
 
 from .spec import ModelDims
 
-__all__ = ["ModelDirError", "Checkpoint", "open_checkpoint", "load_tokenizer", "Tokenizer", "file_sha256",
+__all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer", "file_sha256",
            "LAYER_TENSORS", "MODEL_DIR_CONTENTS"]
 
 MODEL_DIR_CONTENTS = ("a model directory must contain config.json (transformers Mamba keys hidden_size, "
@@ -90,7 +96,10 @@ class Checkpoint:
             self._handles[file] = _open_weights(file)
         self.tensors_read.add(key)
         handle = self._handles[file]
-        return handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
+        try:
+            return handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
+        except (ValueError, RuntimeError, KeyError, TypeError) as e:  # truncated file, bad header entry
+            raise ModelDirError(f"{file}: cannot read tensor {key!r} ({type(e).__name__}: {e})") from None
 
     def layer_key(self, layer: int, name: str) -> str:
         return f"backbone.layers.{layer}.{LAYER_TENSORS[name]}"
@@ -130,11 +139,44 @@ class Checkpoint:
         return str(self.embedding().dtype).replace("torch.", "")
 
 
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+class MappedSafetensors:
+    """A .safetensors file as zero-copy tensors over a private (copy-on-write) memory map.
+
+    Format: 8-byte little-endian header length, a JSON header {key: {dtype, shape,
+    data_offsets: [begin, end]}}, then the raw little-endian bytes.
+    """
+
+    def __init__(self, file: Path) -> None:
+        self._file = open(file, "rb")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
+        (n,) = struct.unpack("<Q", self._map[:8])
+        if n > len(self._map) - 8:
+            raise ValueError(f"header length {n} exceeds the file size")
+        header = json.loads(self._map[8:8 + n].decode("utf-8"))
+        header.pop("__metadata__", None)
+        self._base, self._header = 8 + n, header
+
+    def keys(self) -> list[str]:
+        return list(self._header)
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        info = self._header[key]
+        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+        flat = torch.frombuffer(self._map, dtype=dtype, count=count, offset=self._base + begin)
+        return flat.reshape(info["shape"])
+
+
 def _open_weights(file: Path):
     if file.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        return safe_open(str(file), framework="pt", device="cpu")
+        return MappedSafetensors(file)
     try:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
@@ -254,9 +296,6 @@ class Tokenizer:
 
 def load_tokenizer(model_dir: Path, tokenizer_dir: Path | None = None) -> Tokenizer:
     """tokenizer.json (or vocab.json + merges.txt, byte-level BPE) from tokenizer_dir or the model directory."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-
     where = Path(tokenizer_dir) if tokenizer_dir is not None else Path(model_dir)
     if not where.is_dir():
         raise ModelDirError(f"tokenizer directory {where} does not exist; it must contain tokenizer.json "

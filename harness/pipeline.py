@@ -27,7 +27,7 @@ from .build import build_backbone
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
 from .compare import compare_modes
-from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, test_sample, tokenize_file
+from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, test_sample
 from .loading import ModelDirError, load_tokenizer, open_checkpoint
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
@@ -140,7 +140,7 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: 
         "tokenizer": {"path": str(tok.path), "sha256": hashlib.sha256(Path(tok.path).read_bytes()).hexdigest(),
                       "eos_id": tok.eos_id},
         "sample": {"text_file": str(text.path), "sha256": text.sha256, "documents": text.n_documents,
-                   "tokens": int(ids.shape[1]), "token_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()},
+                   "documents_used": text.documents_used, "tokens": int(ids.shape[1]), "token_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()},
         "seed": cfg.calib.seed, "basis": cfg.basis, "layers": cfg.layers, "taps": cfg.taps, "points": points,
     }
 
@@ -182,14 +182,16 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
                        f"(valid: 0..{ckpt.dims.n_layer - 1})")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
-    text = tokenize_file(tok, cfg.text_file)
-    ids = test_sample(text, cfg.seq_len)
+    text = test_sample(tok, cfg.text_file, cfg.seq_len)
+    calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen,
+                                     cfg.calib.seed) if any(r.needs_calibration for r in recipes) else None
     prefix = ckpt.prefix_hashes(depth)
+    ids = text.ids
     provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
     kept_arrays, kept_modes = _previous(cfg, provenance, ids) if cfg.resume else ({}, {})
     todo = [r for r in recipes if r.name not in kept_modes]
     bank = WeightBank(ckpt)
-    calib = _calibrate(cfg, tok, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
+    calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
     provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
         {"error": str(calib)} if calib is not None else None)
 
@@ -218,15 +220,14 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     return _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, ckpt, emit)
 
 
-def _calibrate(cfg: RunConfig, tok, bank: WeightBank, prefix: list[str], depth: int, emit):
-    calib_text = tokenize_file(tok, cfg.calib_file)
-    windows = calibration_windows(calib_text, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit):
     try:
-        result = calibrate(bank, windows, cfg.calib, depth, prefix, cfg.cache_dir)
+        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
         print(f"error: calibration failed: {type(e).__name__}: {e}", file=sys.stderr)
         return e
-    result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256)
+    result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256,
+                       calib_documents_used=calib_text.documents_used)
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"alpha {cfg.calib.alpha}, layers 0..{depth}, {result.info['seconds']} s)")
     return result

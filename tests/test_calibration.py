@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.calibration import CalibrationSettings, calibrate, run_observers
-from harness.data import DEFAULT_CALIB_FILE, DataError, calibration_windows, tokenize_file
+from harness.data import DEFAULT_CALIB_FILE, DataError, calibration_windows, read_documents, tokenize_file
 from harness.loading import load_tokenizer, open_checkpoint
 from harness.weights import WeightBank
 from conftest import SHIPPED
@@ -15,7 +15,7 @@ from helpers import FAST_CALIB, run_modes
 @pytest.fixture(scope="module")
 def setup(hf_dir):
     ckpt = open_checkpoint(hf_dir)
-    windows = calibration_windows(tokenize_file(load_tokenizer(hf_dir), DEFAULT_CALIB_FILE), 12, 48, 42)
+    windows = calibration_windows(load_tokenizer(hf_dir), DEFAULT_CALIB_FILE, 12, 48, 42).ids
     return ckpt, WeightBank(ckpt), windows
 
 
@@ -68,22 +68,32 @@ def test_layer_cache_is_shared_between_depths(setup, tmp_path):
 
 def test_too_many_samples_says_how_many_are_available(setup):
     ckpt, bank, windows = setup
-    text = tokenize_file(load_tokenizer(ckpt.path), DEFAULT_CALIB_FILE)
-    available = len(text.ids) // 512
-    with pytest.raises(DataError, match=f"i.e. {available} calibration samples of 512 tokens"):
-        calibration_windows(text, available + 1, 512, 0)
+    tok = load_tokenizer(ckpt.path)
+    per_doc = [len(ids) // 512 for ids in tok.encode_documents(read_documents(DEFAULT_CALIB_FILE))]
+    with pytest.raises(DataError, match=f"gives {sum(per_doc)} calibration samples of 512 tokens"):
+        calibration_windows(tok, DEFAULT_CALIB_FILE, sum(per_doc) + 1, 512, 0)
+
+
+def test_windows_are_cut_from_shuffled_documents():
+    tok = load_tokenizer(SHIPPED)
+    docs = read_documents(DEFAULT_CALIB_FILE)
+    w = calibration_windows(tok, DEFAULT_CALIB_FILE, 3, 64, 7)
+    first = docs[torch.randperm(len(docs), generator=torch.Generator().manual_seed(7))[0]]
+    ids = tok.encode_documents([first])[0]
+    assert torch.equal(w.ids, torch.tensor([ids[0:64], ids[64:128], ids[128:192]]))
+    assert w.documents_used == 1
 
 
 def test_shipped_calibration_text_gives_512_distinct_samples():
-    text = tokenize_file(load_tokenizer(SHIPPED), DEFAULT_CALIB_FILE)
-    assert len(text.ids) > 300_000
-    w = calibration_windows(text, 512, 512, 42)
+    tok = load_tokenizer(SHIPPED)
+    assert len(tokenize_file(tok, DEFAULT_CALIB_FILE)) > 300_000
+    w = calibration_windows(tok, DEFAULT_CALIB_FILE, 512, 512, 42).ids
     assert len({tuple(row.tolist()) for row in w}) == 512
 
 
 def test_settings_are_validated_and_the_seed_orders_samples():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         CalibrationSettings(alpha=1.5)
-    text = tokenize_file(load_tokenizer(SHIPPED), DEFAULT_CALIB_FILE)
-    assert torch.equal(calibration_windows(text, 3, 8, 1), calibration_windows(text, 3, 8, 1))
-    assert not torch.equal(calibration_windows(text, 3, 8, 1), calibration_windows(text, 3, 8, 2))
+    tok = load_tokenizer(SHIPPED)
+    a, b, c = (calibration_windows(tok, DEFAULT_CALIB_FILE, 3, 8, s).ids for s in (1, 1, 2))
+    assert torch.equal(a, b) and not torch.equal(a, c)

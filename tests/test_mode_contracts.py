@@ -9,7 +9,7 @@ from conftest import make_hf_model, write_hf_dir
 from harness.build import build_backbone
 from harness.calibration import calibrate
 from harness.capture import capture
-from harness.data import DEFAULT_CALIB_FILE, calibration_windows, tokenize_file
+from harness.data import DEFAULT_CALIB_FILE, calibration_windows
 from harness.loading import load_tokenizer, open_checkpoint
 from harness.modes import get_mode
 from harness.ops.quant import quantize
@@ -127,7 +127,7 @@ def test_mode3_conv_input_scale_follows_the_input(model_dir):
     ckpt = open_checkpoint(model_dir)
     bank = WeightBank(ckpt)
     tok = load_tokenizer(model_dir)
-    windows = calibration_windows(tokenize_file(tok, DEFAULT_CALIB_FILE), 4, 32, 0)
+    windows = calibration_windows(tok, DEFAULT_CALIB_FILE, 4, 32, 0).ids
     cal = calibrate(bank, windows, FAST_CALIB, 0, ckpt.prefix_hashes(0), None)
     model = build_backbone(get_mode("3"), bank, cal.scales, 0)
     scales = []

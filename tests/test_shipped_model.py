@@ -21,7 +21,7 @@ def test_it_has_learned():
     from transformers import MambaForCausalLM
 
     model = MambaForCausalLM.from_pretrained(SHIPPED).eval()
-    ids = tokenize_file(load_tokenizer(SHIPPED), DEFAULT_TEXT_FILE).ids[: 4 * 256].view(4, 256)
+    ids = tokenize_file(load_tokenizer(SHIPPED), DEFAULT_TEXT_FILE)[: 4 * 256].view(4, 256)
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss.item()
     report = json.loads((SHIPPED / "training_report.json").read_text())

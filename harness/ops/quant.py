@@ -69,6 +69,9 @@ def round_with(x: torch.Tensor, rounding: Rounding) -> torch.Tensor:
 
 def saturate_int8(r: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Clamp already-rounded values to [-128, 127]; returns (int8 codes, how many were clipped)."""
+    lo, hi = torch.aminmax(r)
+    if lo >= _QMIN and hi <= _QMAX:  # the usual case: one pass to check, nothing to clip
+        return r.to(torch.int8), 0
     n_clipped = int(((r < _QMIN) | (r > _QMAX)).sum())
     return r.clamp(_QMIN, _QMAX).to(torch.int8), n_clipped
 
