@@ -13,7 +13,8 @@ d_state 16, expand 2, vocab 50280), all eight modes, layer-0 capture, seq 512:
   (c) floor    one calibration pass over layer 0 plus one bare layer-0 forward per mode.
 
 Each measurement runs in its own process (peak memory = that process's max RSS,
-torch included); the three alternate run by run, and medians are reported. Also:
+torch included); the naive runs come first, then (a) and (c) alternate; medians
+are reported. Also:
 the scan against transformers' reference loop, the default 512 x 512 calibration
 cold and cached, the shipped model's main job, and a mamba-1.4b-shaped fp16
 checkpoint of which only layer 0 may be read. Results go to benchmarks/results.json.
@@ -68,13 +69,13 @@ def _child_harness(a: dict) -> dict:
 
 
 def _prepare(a: dict):
-    from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, test_sample
+    from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
     from harness.loading import load_tokenizer, open_checkpoint
 
     ckpt = open_checkpoint(a["model"])
     tok = load_tokenizer(a["model"])
     windows = calibration_windows(tok, DEFAULT_CALIB_FILE, a["calib_samples"], a["calib_seqlen"], 42).ids
-    ids = test_sample(tok, DEFAULT_TEXT_FILE, a["seq_len"]).ids
+    ids = read_sample(tok, DEFAULT_TEXT_FILE, a["seq_len"]).ids
     return ckpt, windows, ids
 
 
@@ -166,14 +167,18 @@ def _side_by_side(model: Path, work: Path, args) -> dict:
     common = {"model": str(model), "modes": MODES, "seq_len": args.seq_len, "calib_samples": args.calib_samples,
               "calib_seqlen": args.calib_seqlen}
     runs: dict[str, list[dict]] = {"harness": [], "naive": [], "floor": []}
+    # The naive runs go first: a process that just used several GB leaves the machine
+    # slower for a while, and (a) and (c) should be measured under the same conditions,
+    # so they alternate after it.
+    for i in range(args.naive_runs):
+        runs["naive"].append(_spawn("naive", common))
+        print(f"  naive run {i + 1}/{args.naive_runs}: {runs['naive'][-1]['seconds']:.2f} s", flush=True)
     for i in range(args.runs):
         cache = work / f"cache-{i}"  # a cold calibration cache for every harness run
         runs["harness"].append(_spawn("harness", {**common, "out": str(work), "cache": str(cache)}))
-        if i < args.naive_runs:
-            runs["naive"].append(_spawn("naive", common))
         runs["floor"].append(_spawn("floor", common))
-        print(f"  run {i + 1}/{args.runs}: " + ", ".join(
-            f"{k} {v[-1]['seconds']:.2f} s" for k, v in runs.items() if len(v) > i), flush=True)
+        print(f"  run {i + 1}/{args.runs}: harness {runs['harness'][-1]['seconds']:.2f} s, "
+              f"floor {runs['floor'][-1]['seconds']:.2f} s", flush=True)
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
     peak = {k: max(r["peak_mb"] for r in v) for k, v in runs.items()}
     return {"runs": runs, "median_s": med, "peak_mb": peak}
@@ -196,6 +201,7 @@ def _big_checkpoint(work: Path, args) -> dict:
     path = work / "mamba-1.4b-shaped"
     t = time.perf_counter()
     write_random_checkpoint(path, "mamba-1.4b", dtype=torch.float16)
+    os.sync()
     size_mb = (path / "model.safetensors").stat().st_size / 2**20
     print(f"  wrote {size_mb:.0f} MiB in {time.perf_counter() - t:.0f} s", flush=True)
     try:
@@ -249,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         shape = "mamba-130m"
         model = write_random_checkpoint(work / shape, shape)
+        os.sync()  # no write-back of the fresh checkpoint during the measurements
         print(f"side by side on a {shape}-shaped checkpoint: seq {args.seq_len}, calibration "
               f"{args.calib_samples} x {args.calib_seqlen}, {len(MODES)} modes, {args.runs} runs", flush=True)
         res["side_by_side"] = _side_by_side(model, work, args)

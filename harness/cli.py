@@ -76,7 +76,7 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "calib_file", type=Path, default=DEFAULT_CALIB_FILE, help="calibration text (default: the shipped one)")
     _opt(g, "percentile_alpha", type=_alpha, default=0.9995, help="percentile of the s_u and s_h observers (default: 0.9995)")
     _opt(g, "calib_batch_size", type=_positive_int, default=8, help="calibration samples per forward (default: 8)")
-    _opt(g, "seed", type=int, default=42, help="seed of the calibration sample order (default: 42)")
+    _opt(g, "seed", type=int, default=42, help="seed of the order of calibration documents (default: 42)")
     _opt(g, "cache_dir", type=Path, default=None,
          help="calibration cache (default: $QUAMBA_HARNESS_CACHE or ~/.cache/quamba-harness)")
     _opt(g, "no_cache", action="store_true", help="neither read nor write the calibration cache")

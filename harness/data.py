@@ -16,7 +16,7 @@ import torch
 
 from .loading import Tokenizer
 
-__all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "test_sample", "calibration_windows",
+__all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
            "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "shakespeare"
@@ -76,7 +76,7 @@ def tokenize_file(tokenizer: Tokenizer, path: Path) -> torch.Tensor:
     return torch.tensor([i for ids in _token_stream(tokenizer, read_documents(path)) for i in ids], dtype=torch.int64)
 
 
-def test_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
+def read_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
     """The first seq_len tokens of the concatenated documents, ids (1, seq_len)."""
     if seq_len <= 0:
         raise DataError(f"--seq_len must be a positive number of tokens, got {seq_len}")

@@ -81,11 +81,14 @@ class Checkpoint:
         self.format = "?"
         self.dims: ModelDims | None = None
         self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
-        self.tensors_read: set[str] = set()
+        self.tensors_read: dict[str, int] = {}  # key -> bytes, for every tensor read so far
         self._embedding: torch.Tensor | None = None
 
     def has(self, key: str) -> bool:
         return key in self._key_file
+
+    def keys(self) -> list[str]:
+        return list(self._key_file)
 
     def tensor(self, key: str) -> torch.Tensor:
         """One tensor in its stored dtype, read from its file."""
@@ -94,12 +97,20 @@ class Checkpoint:
         file = self._key_file[key]
         if file not in self._handles:
             self._handles[file] = _open_weights(file)
-        self.tensors_read.add(key)
         handle = self._handles[file]
         try:
-            return handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
+            t = handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
         except (ValueError, RuntimeError, KeyError, TypeError) as e:  # truncated file, bad header entry
             raise ModelDirError(f"{file}: cannot read tensor {key!r} ({type(e).__name__}: {e})") from None
+        self.tensors_read[key] = t.numel() * t.element_size()
+        return t
+
+    def read_summary(self) -> dict:
+        """Which tensors were read, their bytes, and the size of the weight files, for provenance."""
+        files = {f for f in self._key_file.values()}
+        return {"count": len(self.tensors_read), "bytes": sum(self.tensors_read.values()),
+                "checkpoint_bytes": sum(f.stat().st_size for f in files if f.exists()),
+                "keys": sorted(self.tensors_read)}
 
     def layer_key(self, layer: int, name: str) -> str:
         return f"backbone.layers.{layer}.{LAYER_TENSORS[name]}"

@@ -9,6 +9,7 @@ Capture sites are ``HookPoint``s inside ``EmuMambaBlock`` (see capture.POINTS).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -136,7 +137,7 @@ class EmuHadamard(nn.Module):
         if isinstance(self.out, QuantOut):
             n = y.shape[-1]
             t = hadamard_transform(y, normalized=False).to(torch.float32)
-            factor = torch.tensor(f32((1.0 / n ** 0.5) / self.out.scale), dtype=torch.float32)
+            factor = torch.tensor(f32((1.0 / math.sqrt(n)) / self.out.scale), dtype=torch.float32)
             return quantize_prescaled(t * factor, self.out.scale, self.out.rounding)
         return to_output(hadamard_transform(y), self.out)
 

@@ -27,7 +27,7 @@ from .build import build_backbone
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
 from .compare import compare_modes
-from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, test_sample
+from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, read_sample
 from .loading import ModelDirError, load_tokenizer, open_checkpoint
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
@@ -171,6 +171,8 @@ def _previous(cfg: RunConfig, provenance: dict, ids: torch.Tensor) -> tuple[dict
 
 def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     recipes = resolve_modes(cfg.modes, cfg.modes_file)
+    if cfg.basis not in ("original", "rotated"):
+        raise RunError(f"unknown basis {cfg.basis!r}; valid: original, rotated")
     if not cfg.layers or min(cfg.layers) < 0:
         raise RunError(f"--layers must be non-negative block indices, got {cfg.layers}")
     points = select_points(sorted(set(cfg.layers)), cfg.taps)
@@ -182,7 +184,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
                        f"(valid: 0..{ckpt.dims.n_layer - 1})")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
-    text = test_sample(tok, cfg.text_file, cfg.seq_len)
+    text = read_sample(tok, cfg.text_file, cfg.seq_len)
     calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen,
                                      cfg.calib.seed) if any(r.needs_calibration for r in recipes) else None
     prefix = ckpt.prefix_hashes(depth)
@@ -217,7 +219,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
             print(f"error: mode {recipe.name} failed: {type(e).__name__}: {e}", file=sys.stderr)
         emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
     _check_quantized_differ(recipes, modes, arrays_by_mode, cfg.reference)
-    return _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, ckpt, emit)
+    provenance["model"]["tensors_read"] = ckpt.read_summary()
+    return _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit)
 
 
 def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit):
@@ -251,7 +254,7 @@ def _check_quantized_differ(recipes, modes, arrays_by_mode, reference: str) -> N
             arrays_by_mode.pop(recipe.name)
 
 
-def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, ckpt, emit) -> RunOutcome:
+def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit) -> RunOutcome:
     failed = [r.name for r in recipes if modes[r.name]["status"] != "ok"]
     comparison = None
     if cfg.reference in arrays_by_mode:
@@ -263,7 +266,8 @@ def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, ckpt, emit) ->
             return None if b_ref == b_mode else f"basis differs ({b_mode} vs {b_ref})"
 
         comparison = compare_modes(tensors, lambda m, t: arrays_by_mode[m][t], cfg.reference, comparable)
-        emit(short_comparison(comparison, [t for t in ("input", "output", "residual")]))
+        block_io = [t for t in arrays_by_mode[cfg.reference] if t in ("input", "output", "residual") or ".block." in t]
+        emit(short_comparison(comparison, block_io))
     else:
         emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
     model_path = Path(cfg.model)

@@ -23,6 +23,7 @@ def test_only_needed_layers_are_read(hf_dir):
     ckpt.prefix_hashes(0)
     ckpt.raw_layer(0)
     assert not any(k.startswith("backbone.layers.1.") for k in ckpt.tensors_read)
+    assert ckpt.read_summary()["count"] == len(ckpt.tensors_read)
 
 
 def test_missing_directory_names_path_and_contents(tmp_path):

@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from harness.modules import ConvInput, EmuConv1d, EmuHadamard, EmuMambaBlock, UInput
+from harness.ops.hadamard import hadamard_matrix
+from harness.ops.quant import round_half_away
+from harness.spec import FloatOut, QTensor, QuantOut, Rounding
+
+
+def test_online_hadamard_int8_matches_the_explicit_matrix():
+    y = (torch.randn(2, 5, 48, generator=torch.Generator().manual_seed(0)) * 3).half().float()
+    s_H = 0.021
+    q = EmuHadamard(QuantOut(s_H, Rounding.HALF_AWAY))(y)
+    t = (y.double() @ (hadamard_matrix(48) * 48 ** 0.5).t()).float()  # unnormalized sums, one rounding
+    factor = torch.tensor((1 / 48 ** 0.5) / s_H, dtype=torch.float32)
+    expected = round_half_away(t * factor).clamp(-128, 127).to(torch.int8)
+    assert torch.equal(q.codes, expected) and q.scale == s_H
+    f = EmuHadamard(FloatOut(torch.float32))(y)
+    torch.testing.assert_close(f.double(), y.double() @ hadamard_matrix(48).t(), rtol=1e-6, atol=1e-7)
+
+
+def test_online_hadamard_saturates():
+    y = torch.full((1, 1, 12), 100.0)
+    q = EmuHadamard(QuantOut(0.01, Rounding.HALF_AWAY))(y)
+    assert set(q.codes.flatten().tolist()) == {127, -128} and q.n_clipped == 12
+
+
+def test_dynamic_conv_input_scale():
+    conv = EmuConv1d(QTensor(torch.ones(4, 4, dtype=torch.int8), 0.1), None, ConvInput("dynamic"), FloatOut(torch.float32))
+    x = torch.tensor([[[0.5, -2.54, 1.0, 0.0]]])
+    q = conv.quantize_input(x)
+    amax = float(torch.tensor(2.54))  # the fp32 max of the tensor, as a Python float
+    assert q.scale == float(torch.tensor(amax / 127.0, dtype=torch.float32))
+    assert q.codes.tolist() == [[[25, -127, 50, 0]]]
+    assert conv.quantize_input(torch.zeros(1, 1, 4)).scale == 1.0
+
+
+def test_static_conv_input_keeps_matching_codes_and_quantizes_floats():
+    conv = EmuConv1d(QTensor(torch.ones(2, 4, dtype=torch.int8), 0.1), None, ConvInput("static", 0.5), FloatOut(torch.float32))
+    codes = QTensor(torch.tensor([[[3, -4]]], dtype=torch.int8), 0.5)
+    assert conv.quantize_input(codes) is codes
+    assert conv.quantize_input(torch.tensor([[[0.75, -1.25]]])).codes.tolist() == [[[2, -2]]]  # RNE of 1.5, -2.5
+
+
+def test_grid_round_trip_must_be_lossless():
+    block = EmuMambaBlock.__new__(EmuMambaBlock)
+    torch.nn.Module.__init__(block)
+    block.layer, block.u_input = 0, UInput("grid", 0.1, True)
+    u = QTensor(torch.tensor([-128, 0, 127], dtype=torch.int8), 0.1)
+    assert torch.equal(block._ssm_u(u).codes, u.codes)
+    block.u_input = UInput("grid", 0.3, True)  # a different scale: the round trip changes codes
+    with pytest.raises(RuntimeError, match="must be lossless"):
+        block._ssm_u(u)
