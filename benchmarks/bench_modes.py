@@ -64,8 +64,9 @@ def _child_harness(a: dict) -> dict:
     start = time.perf_counter()
     outcome = run(cfg, emit=lambda _s: None)
     assert not outcome.failed, outcome.failed
-    return {"seconds": time.perf_counter() - start,
-            "calibration": outcome.stats["provenance"]["calibration"]["source"]}
+    read = outcome.stats["provenance"]["model"]["tensors_read"]
+    return {"seconds": time.perf_counter() - start, "calibration": outcome.stats["provenance"]["calibration"]["source"],
+            "bytes_read": read["bytes"], "tensors_read": read["count"]}
 
 
 def _prepare(a: dict):
@@ -209,7 +210,8 @@ def _big_checkpoint(work: Path, args) -> dict:
                                "calib_seqlen": 512, "out": str(work), "cache": str(work / "cache-big")})
     finally:
         shutil.rmtree(path)
-    return {"checkpoint_mb": size_mb, "peak_mb": r["peak_mb"], "seconds": r["seconds"]}
+    return {"checkpoint_mb": size_mb, "peak_mb": r["peak_mb"], "seconds": r["seconds"],
+            "read_mb": r["bytes_read"] / 2**20, "tensors_read": r["tensors_read"]}
 
 
 def _table(res: dict) -> str:
@@ -225,8 +227,8 @@ def _table(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small shapes, one run (CI smoke)")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--naive-runs", type=int, default=None, help="runs of the slow naive procedure (default: --runs)")
+    p.add_argument("--runs", type=int, default=5, help="runs of (a) and (c) (default: 5)")
+    p.add_argument("--naive-runs", type=int, default=3, help="runs of the slow naive procedure (default: 3)")
     p.add_argument("--calib-samples", type=int, default=8)
     p.add_argument("--calib-seqlen", type=int, default=512)
     p.add_argument("--seq-len", type=int, default=512)
@@ -239,9 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**out, "peak_mb": _peak_mb()}))
         return 0
     if args.quick:
-        args.runs, args.calib_samples, args.calib_seqlen, args.seq_len = 1, 2, 128, 128
+        args.runs, args.naive_runs, args.calib_samples, args.calib_seqlen, args.seq_len = 1, 1, 2, 128, 128
         args.skip_big = args.skip_default_calib = True
-    args.naive_runs = args.runs if args.naive_runs is None else args.naive_runs
 
     import torch
 
@@ -257,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         model = write_random_checkpoint(work / shape, shape)
         os.sync()  # no write-back of the fresh checkpoint during the measurements
         print(f"side by side on a {shape}-shaped checkpoint: seq {args.seq_len}, calibration "
-              f"{args.calib_samples} x {args.calib_seqlen}, {len(MODES)} modes, {args.runs} runs", flush=True)
+              f"{args.calib_samples} x {args.calib_seqlen}, {len(MODES)} modes, {args.naive_runs} naive runs, "
+              f"{args.runs} runs of (a) and (c)", flush=True)
         res["side_by_side"] = _side_by_side(model, work, args)
         med = res["side_by_side"]["median_s"]
         res["speedup_vs_naive"] = med["naive"] / med["harness"]
@@ -290,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
               f"shipped model, essential preset, cold: {res['tiny_essential_cold_s']:.1f} s")
     if "big_1.4b" in res:
         b = res["big_1.4b"]
-        print(f"1.4b-shaped fp16 checkpoint of {b['checkpoint_mb']:.0f} MiB: layer-0 capture peak {b['peak_mb']:.0f} MB")
+        print(f"1.4b-shaped fp16 checkpoint of {b['checkpoint_mb']:.0f} MiB: layer-0 capture read {b['read_mb']:.0f} MiB "
+              f"({b['tensors_read']} tensors), peak {b['peak_mb']:.0f} MB")
     out = Path(__file__).resolve().parent / "results.json"
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(f"\nwrote {out}")

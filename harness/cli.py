@@ -161,7 +161,7 @@ def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_compare_parser(prog).parse_args(argv)
-    from .compare import CompareError, compare_modes, fail_if_violations
+    from .compare import CompareError, compare_modes, fail_if_violations, same_basis
     from .report import comparison_tables
     from .storage import StorageError, json_safe, load_capture
 
@@ -169,11 +169,7 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
         cf = load_capture(args.file)
         tensors = {m: [t for t in cf.tensors(m) if args.tensors is None or t in args.tensors]
                    for m in cf.modes() if args.modes is None or m in args.modes or m == args.reference}
-        meta_basis = lambda m, t: cf.tensor_meta(m, t).get("basis")  # noqa: E731
-        comparable = None
-        if cf.manifest:
-            comparable = lambda m, t: (None if meta_basis(m, t) == meta_basis(args.reference, t)  # noqa: E731
-                                       else f"basis differs ({meta_basis(m, t)} vs {meta_basis(args.reference, t)})")
+        comparable = same_basis(lambda m, t: cf.tensor_meta(m, t).get("basis"), args.reference) if cf.manifest else None
         comparison = compare_modes(tensors, cf.array, args.reference, comparable)
         hits = fail_if_violations(args.fail_if, comparison) if args.fail_if else []
     except (StorageError, CompareError) as e:

@@ -19,7 +19,7 @@ import numpy as np
 
 from .metrics import METRIC_NAMES, error_metrics
 
-__all__ = ["CompareError", "compare_modes", "identical_groups", "fail_if_violations", "input_tensor_for"]
+__all__ = ["CompareError", "compare_modes", "same_basis", "identical_groups", "fail_if_violations", "input_tensor_for"]
 
 ArrayGetter = Callable[[str, str], np.ndarray]
 
@@ -68,6 +68,14 @@ def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference:
         out["modes"][mode] = rows
     out["identical_groups"] = identical_groups(tensors, get)
     return out
+
+
+def same_basis(basis_of: Callable[[str, str], str | None], reference: str) -> Callable[[str, str], str | None]:
+    """A `comparable` rule for compare_modes: skip pairs whose recorded bases differ."""
+    def check(mode: str, tensor: str) -> str | None:
+        mine, ref = basis_of(mode, tensor), basis_of(reference, tensor)
+        return None if mine == ref else f"basis differs ({mine} vs {ref})"
+    return check
 
 
 def identical_groups(tensors: Mapping[str, list[str]], get: ArrayGetter) -> list[list[str]]:

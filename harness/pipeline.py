@@ -13,6 +13,7 @@ import platform
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -26,7 +27,7 @@ from . import __version__
 from .build import build_backbone
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
-from .compare import compare_modes
+from .compare import compare_modes, same_basis
 from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, read_sample
 from .loading import ModelDirError, load_tokenizer, open_checkpoint
 from .metrics import tensor_stats
@@ -184,10 +185,12 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
                        f"(valid: 0..{ckpt.dims.n_layer - 1})")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
-    text = read_sample(tok, cfg.text_file, cfg.seq_len)
-    calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen,
-                                     cfg.calib.seed) if any(r.needs_calibration for r in recipes) else None
-    prefix = ckpt.prefix_hashes(depth)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # hashing (GIL released) overlaps with tokenizing
+        hashing = pool.submit(ckpt.prefix_hashes, depth)
+        text = read_sample(tok, cfg.text_file, cfg.seq_len)
+        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen,
+                                         cfg.calib.seed) if any(r.needs_calibration for r in recipes) else None
+        prefix = hashing.result()
     ids = text.ids
     provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
     kept_arrays, kept_modes = _previous(cfg, provenance, ids) if cfg.resume else ({}, {})
@@ -260,11 +263,7 @@ def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit) -> RunOu
     if cfg.reference in arrays_by_mode:
         tensors = {m: list(a) for m, a in arrays_by_mode.items()}
 
-        def comparable(mode: str, tensor: str) -> str | None:
-            b_ref = modes[cfg.reference]["tensors"].get(tensor, {}).get("basis")
-            b_mode = modes[mode]["tensors"].get(tensor, {}).get("basis")
-            return None if b_ref == b_mode else f"basis differs ({b_mode} vs {b_ref})"
-
+        comparable = same_basis(lambda m, t: modes[m]["tensors"].get(t, {}).get("basis"), cfg.reference)
         comparison = compare_modes(tensors, lambda m, t: arrays_by_mode[m][t], cfg.reference, comparable)
         block_io = [t for t in arrays_by_mode[cfg.reference] if t in ("input", "output", "residual") or ".block." in t]
         emit(short_comparison(comparison, block_io))
