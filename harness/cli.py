@@ -163,10 +163,13 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_compare_parser(prog).parse_args(argv)
     from .compare import CompareError, compare_modes, fail_if_violations, same_basis
     from .report import comparison_tables
-    from .storage import StorageError, json_safe, load_capture
+    from .storage import StorageError, json_safe, load_capture, stats_path
 
     try:
         cf = load_capture(args.file)
+        if (cf.manifest or {}).get("stats_only"):
+            raise StorageError(f"{args.file} was written with --stats-only and holds no arrays; "
+                               f"its statistics and comparison are in {stats_path(args.file)}")
         tensors = {m: [t for t in cf.tensors(m) if args.tensors is None or t in args.tensors]
                    for m in cf.modes() if args.modes is None or m in args.modes or m == args.reference}
         comparable = same_basis(lambda m, t: cf.tensor_meta(m, t).get("basis"), args.reference) if cf.manifest else None

@@ -146,7 +146,7 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: 
     }
 
 
-def _previous(cfg: RunConfig, provenance: dict, ids: torch.Tensor) -> tuple[dict, dict]:
+def _previous(cfg: RunConfig, provenance: dict, calib_text) -> tuple[dict, dict]:
     """(arrays by key, mode stats) of the modes that already succeeded in the file being resumed."""
     spath = stats_path(cfg.output_file)
     if not (Path(cfg.output_file).is_file() and spath.is_file()):
@@ -160,6 +160,11 @@ def _previous(cfg: RunConfig, provenance: dict, ids: torch.Tensor) -> tuple[dict
         if new != was:
             raise RunError(f"--resume: {cfg.output_file} was made with a different {what}; "
                            f"use another --output_file or drop --resume")
+    old_calib = old_prov.get("calibration") or {}
+    if calib_text is not None and "settings" in old_calib and (
+            old_calib["settings"] != asdict(cfg.calib) or old_calib.get("calib_file_sha256") != calib_text.sha256):
+        raise RunError(f"--resume: {cfg.output_file} was calibrated with other settings or text; "
+                       f"use another --output_file or drop --resume")
     cf = load_capture(Path(cfg.output_file))
     arrays, modes = {}, {}
     for mode, entry in old.get("modes", {}).items():
@@ -193,7 +198,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         prefix = hashing.result()
     ids = text.ids
     provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
-    kept_arrays, kept_modes = _previous(cfg, provenance, ids) if cfg.resume else ({}, {})
+    kept_arrays, kept_modes = _previous(cfg, provenance, calib_text) if cfg.resume else ({}, {})
     todo = [r for r in recipes if r.name not in kept_modes]
     bank = WeightBank(ckpt)
     calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None

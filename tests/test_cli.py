@@ -3,7 +3,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,6 +118,10 @@ def test_resume_and_stats_only(hf_dir, tmp_path):
         assert "mode_0_output" not in z and "token_ids" in z
     stats = json.loads((tmp_path / "s_stats.json").read_text())
     assert stats["comparison"]["modes"]["0"]["output"]["mse"] > 0
+    c = _run([tmp_path / "s.npz"], tmp_path, script="compare_with_fp.py")
+    assert c.returncode == 2 and "written with --stats-only" in c.stderr
+    other_calib = _run(["--model", hf_dir, "--modes", "fp32", "0", "--resume", "--percentile_alpha", "0.99", *FAST], tmp_path)
+    assert other_calib.returncode == 2 and "calibrated with other settings" in other_calib.stderr
 
 
 def test_comparator_reads_research_files_and_rejects_corrupted_ones(tmp_path):
