@@ -205,6 +205,8 @@ class MappedSafetensors:
         dtype = _SAFETENSORS_DTYPES[info["dtype"]]
         begin, end = info["data_offsets"]
         count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+        if count == 0:
+            return torch.empty(info["shape"], dtype=dtype)
         flat = torch.frombuffer(self._map, dtype=dtype, count=count, offset=self._base + begin)
         return flat.reshape(info["shape"])
 
