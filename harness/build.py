@@ -20,16 +20,13 @@ from .modules import ConvInput, EmuBackbone, EmuConv1d, EmuHadamard, EmuLinear, 
     EmuSelectiveScan, UInput
 from .ops.linear import Epilogue
 from .ops.scan import ScanOrder
-from .spec import FloatOut, LayerScales, ModelDims, OutSpec, QuantOut, Rounding
+from .spec import FLOAT_DTYPES, FloatOut, LayerScales, ModelDims, OutSpec, QuantOut, Rounding
 from .weights import LayerParams, WeightBank
 
 __all__ = ["build_block", "build_backbone", "act_dtype"]
 
-_ACT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-
-
 def act_dtype(recipe: ModeRecipe) -> torch.dtype:
-    return _ACT_DTYPES[recipe.act_dtype]
+    return FLOAT_DTYPES[recipe.act_dtype]
 
 
 def _out(quantized: bool, scales: LayerScales | None, name: str, rounding: Rounding, act: FloatOut) -> OutSpec:

@@ -142,8 +142,8 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
     keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings)
     info: dict = {"settings": asdict(settings), "keys": keys, "tokens": int(windows.numel())}
     problems = []
-    if cache_dir is not None:
-        paths = [Path(cache_dir) / f"calib-{k[:40]}.json" for k in keys]
+    paths = [Path(cache_dir) / f"calib-{k[:40]}.json" for k in keys] if cache_dir is not None else []
+    if paths:
         cached = []
         for layer, (path, key) in enumerate(zip(paths, keys)):
             if not path.exists():
@@ -164,11 +164,11 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
                 observers=states)
     if problems:
         info["reason"] = "; ".join(problems)
-    if cache_dir is not None:
+    if paths:
         try:
-            for layer, (key, s, st) in enumerate(zip(keys, scales, states)):
-                _write_cached(Path(cache_dir) / f"calib-{key[:40]}.json", key, layer, s, st, settings)
-            info["cache_files"] = [str(Path(cache_dir) / f"calib-{k[:40]}.json") for k in keys]
+            for layer, (path, key, s, st) in enumerate(zip(paths, keys, scales, states)):
+                _write_cached(path, key, layer, s, st, settings)
+            info["cache_files"] = [str(p) for p in paths]
         except OSError as e:
             print(f"warning: cannot write the calibration cache in {cache_dir} ({e.strerror}); "
                   "the scales of this run are not cached", file=sys.stderr)

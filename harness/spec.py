@@ -23,6 +23,7 @@ from typing import Union
 import torch
 
 __all__ = [
+    "FLOAT_DTYPES",
     "INT8_BOUNDS",
     "Rounding",
     "QTensor",
@@ -35,6 +36,9 @@ __all__ = [
     "SCALE_NAMES",
     "HookPoint",
 ]
+
+# knob value ("fp32", "fp16") -> float dtype, for the weights and act_dtype knobs
+FLOAT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16}
 
 # qmin/qmax of every integer format the harness emulates (symmetric int8 only).
 INT8_BOUNDS: tuple[int, int] = (-128, 127)

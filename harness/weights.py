@@ -22,11 +22,9 @@ import torch
 from .loading import Checkpoint
 from .ops.hadamard import hadamard_transform
 from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
-from .spec import QTensor
+from .spec import FLOAT_DTYPES, QTensor
 
-__all__ = ["LayerParams", "float_layer", "int8_layer", "WeightBank", "WEIGHT_DTYPES"]
-
-WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+__all__ = ["LayerParams", "float_layer", "int8_layer", "WeightBank"]
 
 
 @dataclass
@@ -101,7 +99,7 @@ class WeightBank:
             if weights == "int8":
                 self._layers[key] = int8_layer(self.layer(layer, "fp16", rotate))
             else:
-                self._layers[key] = float_layer(self.raw(layer), rotate, WEIGHT_DTYPES[weights])
+                self._layers[key] = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
         return self._layers[key]
 
     def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype) -> torch.Tensor:
