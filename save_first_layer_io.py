@@ -3,9 +3,21 @@
 
     python save_first_layer_io.py --modes fp32 0 2-1 2-4 --seq_len 512
 """
+import signal
 import sys
 
-from harness.cli import capture_main
+
+
+def _quiet_exit(signum, _frame):
+    """Until the harness installs its own handlers: Ctrl-C or SIGTERM during the imports, no traceback."""
+    print(f"interrupted by {signal.Signals(signum).name} while starting: nothing was written", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
+signal.signal(signal.SIGINT, _quiet_exit)
+signal.signal(signal.SIGTERM, _quiet_exit)
+
+from harness.cli import capture_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(capture_main(prog="save_first_layer_io.py"))

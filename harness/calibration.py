@@ -5,12 +5,15 @@ to the layer), the calibration tokens and the settings, and every mode reuses
 them. Each layer's scales are cached in their own file under a key that chains
 those inputs, so a run that needs layers 0..d reads exactly d + 1 files and
 never the weights of deeper layers. A cache file that fails its checksum or
-does not parse is reported and recomputed, never used.
+does not parse, or whose scales are not finite and positive, is reported and
+recomputed, never used; computed scales that are not finite and positive are an
+error (the quantized modes fail with it) and are never written to the cache.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .build import build_backbone
+from .guard import fault_point
 from .modes import CALIBRATION_RECIPE
 from .observers import MinMaxObserver, PercentileObserver
 from .spec import SCALE_NAMES, HookPoint, LayerScales
@@ -89,6 +93,7 @@ def run_observers(bank: WeightBank, windows: torch.Tensor, depth: int, alpha: fl
                 handles.append(module.register_forward_hook(lambda _m, _i, out, obs=obs: obs.observe(out)))
         for batch in windows.split(batch_size):
             model(batch)
+            fault_point("calibration")
     finally:
         for handle in handles:
             handle.remove()
@@ -121,9 +126,18 @@ def _read_cached(path: Path, key: str) -> LayerScales:
     if data.get("key") != key:
         raise ValueError("key mismatch")
     try:
-        return LayerScales(**{n: float(data["scales"][n]) for n in SCALE_NAMES})
+        scales = LayerScales(**{n: float(data["scales"][n]) for n in SCALE_NAMES})
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"bad scales ({e})") from None
+    bad = _bad_scales(scales)
+    if bad:
+        raise ValueError(f"scales that are not finite and positive: {bad}")
+    return scales
+
+
+def _bad_scales(scales: LayerScales) -> str:
+    """'s_xz=inf, s_u=0.0' for every scale that is NaN, infinite, zero or negative ('' if none)."""
+    return ", ".join(f"{n}={v}" for n, v in scales.as_dict().items() if not (math.isfinite(v) and v > 0))
 
 
 def _write_cached(path: Path, key: str, layer: int, scales: LayerScales, state: dict,
@@ -160,6 +174,11 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
         print(f"warning: {problem}; recomputing the calibration", file=sys.stderr)
     start = time.perf_counter()
     scales, states = run_observers(bank, windows, depth, settings.alpha, settings.batch_size)
+    for layer, layer_scales in enumerate(scales):
+        bad = _bad_scales(layer_scales)
+        if bad:  # never cached, never used
+            raise ValueError(f"calibration gave scales that are not finite and positive in layer {layer}: {bad} "
+                             f"(the fp16 calibration activations overflow or are all zero); nothing was cached")
     info.update(source="recomputed" if problems else "computed", seconds=round(time.perf_counter() - start, 3),
                 observers=states)
     if problems:

@@ -96,6 +96,7 @@ class Captured:
     codes: torch.Tensor | None = None
     scale: float | None = None
     n_clipped: int | None = None
+    dtype: str | None = None  # the float dtype at the capture point (float16, float32), before the fp32 copy
 
     @property
     def quantized(self) -> bool:
@@ -105,7 +106,7 @@ class Captured:
 def _record(x) -> Captured:
     if isinstance(x, QTensor):
         return Captured(x.dequantize().detach().cpu(), x.codes.detach().cpu().clone(), x.scale, x.n_clipped)
-    return Captured(x.detach().to("cpu", torch.float32).clone())
+    return Captured(x.detach().to("cpu", torch.float32).clone(), dtype=str(x.dtype).replace("torch.", ""))
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """Command lines: capture (save_first_layer_io.py), compare (compare_with_fp.py), modes, points.
 
 Exit codes: 0 success; 1 a mode failed (capture) or --fail-if matched (compare);
-2 usage or input errors (argparse, unknown mode, missing model directory, ...).
+2 usage or input errors (argparse, unknown mode, missing model directory, ...);
+130 / 143 interrupted by SIGINT / SIGTERM (one line says what was kept, no traceback).
 Every option is accepted with underscores and with dashes (--seq_len, --seq-len).
 """
 from __future__ import annotations
@@ -27,9 +28,27 @@ def _checked(convert, ok, expected: str):
     return parse
 
 
-_positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+MAX_COUNT = 10**9  # tokens, samples, batch: far beyond any run, small enough to never overflow
+
+
+def _int(text: str) -> int:
+    text = text.strip()
+    if len(text) > 30:
+        raise ValueError(text)
+    return int(text)
+
+
+_count = _checked(_int, lambda v: v > 0, "a positive integer")
+
+
+def _positive_int(text: str) -> int:
+    value = _count(text)
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be a positive integer of at most {MAX_COUNT}, got {value}")
+    return value
 _alpha = _checked(float, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
-_layer = _checked(int, lambda v: v >= 0, "a block index (0, 1, ...)")
+_layer = _checked(_int, lambda v: 0 <= v < 100_000, "a block index (0, 1, ...)")
+_seed = _checked(_int, lambda v: 0 <= v < 2**63, "an integer in 0..2^63-1")
 
 
 def _opt(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
@@ -76,7 +95,7 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "calib_file", type=Path, default=DEFAULT_CALIB_FILE, help="calibration text (default: the shipped one)")
     _opt(g, "percentile_alpha", type=_alpha, default=0.9995, help="percentile of the s_u and s_h observers (default: 0.9995)")
     _opt(g, "calib_batch_size", type=_positive_int, default=8, help="calibration samples per forward (default: 8)")
-    _opt(g, "seed", type=int, default=42, help="seed of the order of calibration documents (default: 42)")
+    _opt(g, "seed", type=_seed, default=42, help="seed of the order of calibration documents (default: 42)")
     _opt(g, "cache_dir", type=Path, default=None,
          help="calibration cache (default: $QUAMBA_HARNESS_CACHE or ~/.cache/quamba-harness)")
     _opt(g, "no_cache", action="store_true", help="neither read nor write the calibration cache")
@@ -94,7 +113,9 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "basis", choices=("original", "rotated"), default="original",
          help="basis of the stored residual-stream tensors (default: original)")
     _opt(g, "stats-only", action="store_true", help="write statistics and comparisons, not the arrays")
-    _opt(g, "resume", action="store_true", help="keep the modes that already succeeded in --output_file")
+    _opt(g, "resume", action="store_true", help="keep every mode already in --output_file, add the new ones")
+    _opt(g, "rerun", nargs="+", default=[], metavar="MODE", help="with --resume: run these modes again although "
+                                                                "the file holds them")
     _opt(g, "compress", action="store_true", help="deflate the .npz (smaller, slower)")
     _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
@@ -128,10 +149,28 @@ def _config_from_args(args: argparse.Namespace):
                                   args.calib_batch_size, args.seed),
         calib_file=args.calib_file, cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
         layers=args.layers, taps=args.taps, basis=args.basis, stats_only=args.stats_only, resume=args.resume,
-        compress=args.compress, dedup=not args.no_dedup, reference=args.reference, argv=sys.argv[:])
+        compress=args.compress, dedup=not args.no_dedup, reference=args.reference, argv=sys.argv[:],
+        rerun=args.rerun)
+
+
+def _interrupted(e) -> int:
+    from .guard import progress
+
+    print(f"interrupted by {e.name} while {progress.phase}: {progress.kept()}", file=sys.stderr)
+    return e.exit_code
 
 
 def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    from .guard import Interrupted, handle_signals
+
+    try:
+        with handle_signals():
+            return _capture(argv, prog)
+    except Interrupted as e:
+        return _interrupted(e)
+
+
+def _capture(argv: list[str] | None, prog: str | None) -> int:
     args = build_capture_parser(prog).parse_args(argv)
     from .pipeline import InputError, run
 
@@ -160,16 +199,39 @@ def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    args = build_compare_parser(prog).parse_args(argv)
-    from .compare import CompareError, compare_modes, fail_if_violations, same_basis
-    from .report import comparison_tables
-    from .storage import StorageError, json_safe, load_capture, stats_path
+    from .guard import Interrupted, handle_signals
 
     try:
+        with handle_signals():
+            return _compare(argv, prog)
+    except Interrupted as e:
+        return _interrupted(e)
+
+
+def _compare(argv: list[str] | None, prog: str | None) -> int:
+    args = build_compare_parser(prog).parse_args(argv)
+    from .compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
+    from .report import comparison_tables
+    from .storage import StorageError, check_output, check_writable, load_capture, pending_path, stats_path, write_json
+
+    out = args.json or args.save_comparison
+    try:
+        if out is not None:
+            check_writable(out)
+            check_output(out, {"the capture file": args.file, "the capture's stats file": stats_path(args.file),
+                               "the capture's pending stats file": pending_path(args.file)})
+        if args.fail_if is not None:
+            fail_if_violations(args.fail_if, {"modes": {}})  # a bad expression is exit 2 before any work
         cf = load_capture(args.file)
         if (cf.manifest or {}).get("stats_only"):
             raise StorageError(f"{args.file} was written with --stats-only and holds no arrays; "
                                f"its statistics and comparison are in {stats_path(args.file)}")
+        for what, asked, present in (("--modes", args.modes, cf.modes()),
+                                     ("--tensors", args.tensors, sorted({t for m in cf.modes() for t in cf.tensors(m)}))):
+            unknown = [x for x in asked or [] if x not in present]
+            if unknown:
+                raise CompareError(f"{what} {' '.join(unknown)} matches nothing in {args.file}; "
+                                   f"present: {', '.join(present) or 'none'}")
         tensors = {m: [t for t in cf.tensors(m) if args.tensors is None or t in args.tensors]
                    for m in cf.modes() if args.modes is None or m in args.modes or m == args.reference}
         comparable = same_basis(lambda m, t: cf.tensor_meta(m, t).get("basis"), args.reference) if cf.manifest else None
@@ -181,12 +243,16 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     titles = {m: e.get("title", "") for m, e in (cf.manifest or {}).get("modes", {}).items()}
     print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
     print(comparison_tables(comparison, titles))
-    out = args.json or args.save_comparison
     if out is not None:
-        out.write_text(json.dumps(json_safe(comparison), indent=2, allow_nan=False) + "\n")
+        write_json(out, comparison)
         print(f"\nwrote {out}")
+    if compared_pairs(comparison) == 0:
+        print(f"\nnothing was compared: no mode shares a comparable tensor with {args.reference}", file=sys.stderr)
+        if args.fail_if:
+            return 1
     if hits:
-        print(f"\n--fail-if {args.fail_if!r} holds for: " + ", ".join(f"{m} {t}" for m, t in hits), file=sys.stderr)
+        print(f"\n--fail-if {args.fail_if!r} holds (or compares a NaN metric) for: "
+              + ", ".join(f"{m} {t}" for m, t in hits), file=sys.stderr)
         return 1
     return 0
 

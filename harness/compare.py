@@ -12,6 +12,7 @@ file); output is the JSON-ready dict written by ``compare_with_fp.py --json``:
 from __future__ import annotations
 
 import ast
+import math
 import re
 from typing import Callable, Mapping
 
@@ -19,7 +20,8 @@ import numpy as np
 
 from .metrics import METRIC_NAMES, error_metrics
 
-__all__ = ["CompareError", "compare_modes", "same_basis", "identical_groups", "fail_if_violations", "input_tensor_for"]
+__all__ = ["CompareError", "compare_modes", "same_basis", "identical_groups", "fail_if_violations", "input_tensor_for",
+           "compared_pairs"]
 
 ArrayGetter = Callable[[str, str], np.ndarray]
 
@@ -60,14 +62,26 @@ def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference:
                 out["skipped"].setdefault(mode, {})[tensor] = reason
                 continue
             row = error_metrics(ref, test)
-            row["identical"] = bool(np.array_equal(ref, test))
+            row["identical"] = _equal(ref, test)
             src = input_tensor_for(tensor)
             if src in ref_names and src in names:
-                row["input_differs"] = not np.array_equal(get(reference, src), get(mode, src))
+                row["input_differs"] = not _equal(get(reference, src), get(mode, src))
             rows[tensor] = row
         out["modes"][mode] = rows
     out["identical_groups"] = identical_groups(tensors, get)
     return out
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-for-bit equal values (NaN at the same places counts as equal)."""
+    if a.shape != b.shape:
+        return False
+    nan_ok = a.dtype.kind in "fc" and b.dtype.kind in "fc"
+    return bool(np.array_equal(a, b, equal_nan=nan_ok))
+
+
+def compared_pairs(comparison: dict) -> int:
+    return sum(len(rows) for rows in comparison["modes"].values())
 
 
 def same_basis(basis_of: Callable[[str, str], str | None], reference: str) -> Callable[[str, str], str | None]:
@@ -85,7 +99,7 @@ def identical_groups(tensors: Mapping[str, list[str]], get: ArrayGetter) -> list
         for group in groups:
             head = group[0]
             shared = [t for t in tensors[mode] if t in tensors[head]]
-            if shared and all(np.array_equal(get(head, t), get(mode, t)) for t in shared):
+            if shared and all(_equal(get(head, t), get(mode, t)) for t in shared):
                 group.append(mode)
                 break
         else:
@@ -96,13 +110,33 @@ def identical_groups(tensors: Mapping[str, list[str]], get: ArrayGetter) -> list
 _ALLOWED_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare,
                   ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq, ast.Name, ast.Load, ast.Constant)
 _VARIABLES = tuple(n for n in METRIC_NAMES if n != "max_abs_index") + ("input_differs", "identical", "mode", "tensor")
+MAX_EXPR_CHARS = 2000
+MAX_EXPR_DEPTH = 32
+
+
+def _depth(node: ast.AST) -> int:
+    stack, deepest = [(node, 1)], 0
+    while stack:
+        n, d = stack.pop()
+        deepest = max(deepest, d)
+        stack += [(c, d + 1) for c in ast.iter_child_nodes(n)]
+    return deepest
 
 
 def _parse_fail_if(expr: str) -> ast.Expression:
+    if not isinstance(expr, str) or not expr.strip():
+        raise CompareError("--fail-if needs an expression, e.g. \"tensor == 'output' and sqnr_db < 20\"")
+    if len(expr) > MAX_EXPR_CHARS:
+        raise CompareError(f"--fail-if expression is {len(expr)} characters long; at most {MAX_EXPR_CHARS} are accepted")
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as e:
         raise CompareError(f"--fail-if {expr!r} is not a valid expression ({e.msg})") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise CompareError(f"--fail-if expression is nested too deeply; at most {MAX_EXPR_DEPTH} levels") from None
+    if _depth(tree) > MAX_EXPR_DEPTH:
+        raise CompareError(f"--fail-if expression is nested too deeply ({_depth(tree)} levels); "
+                           f"at most {MAX_EXPR_DEPTH} levels")
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_NODES):
             raise CompareError(f"--fail-if {expr!r}: {type(node).__name__} is not allowed; use comparisons of "
@@ -112,7 +146,12 @@ def _parse_fail_if(expr: str) -> ast.Expression:
     return tree
 
 
+def _is_nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
 def _eval(node: ast.AST, env: dict):
+    """Three-valued (Kleene) evaluation: a comparison with a NaN operand is None ("unknown")."""
     if isinstance(node, ast.Expression):
         return _eval(node.body, env)
     if isinstance(node, ast.Constant):
@@ -121,23 +160,34 @@ def _eval(node: ast.AST, env: dict):
         return env[node.id]
     if isinstance(node, ast.UnaryOp):
         value = _eval(node.operand, env)
-        return (not value) if isinstance(node.op, ast.Not) else -value
+        if isinstance(node.op, ast.Not):
+            return None if value is None else (not value)
+        return None if value is None else -value
     if isinstance(node, ast.BoolOp):
-        values = (_eval(v, env) for v in node.values)
-        return all(values) if isinstance(node.op, ast.And) else any(values)
+        values = [_eval(v, env) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return False if any(v is not None and not v for v in values) else (None if None in values else True)
+        return True if any(v is not None and v for v in values) else (None if None in values else False)
     left = _eval(node.left, env)
     ops = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
            ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+    result = True
     for op, comparator in zip(node.ops, node.comparators):
         right = _eval(comparator, env)
-        if not ops[type(op)](left, right):
+        if left is None or right is None or _is_nan(left) or _is_nan(right):
+            result = None if result is not False else False
+        elif not ops[type(op)](left, right):
             return False
         left = right
-    return True
+    return result
 
 
 def fail_if_violations(expr: str, comparison: dict) -> list[tuple[str, str]]:
-    """(mode, tensor) pairs for which `expr` is true, e.g. "tensor == 'output' and sqnr_db < 20"."""
+    """(mode, tensor) pairs for which `expr` is true or unknown (it compares a NaN metric).
+
+    A NaN metric is never a pass: a comparison with a NaN operand is "unknown" and
+    and/or/not follow three-valued logic; a pair whose result is unknown fails.
+    """
     tree = _parse_fail_if(expr)
     hits = []
     for mode, rows in comparison["modes"].items():
@@ -145,8 +195,9 @@ def fail_if_violations(expr: str, comparison: dict) -> list[tuple[str, str]]:
             env = {name: row.get(name, False) for name in _VARIABLES}
             env.update(mode=mode, tensor=tensor)
             try:
-                if _eval(tree, env):
-                    hits.append((mode, tensor))
+                result = _eval(tree, env)
             except TypeError as e:
                 raise CompareError(f"--fail-if {expr!r} cannot be evaluated ({e})") from None
+            if result is None or result:
+                hits.append((mode, tensor))
     return hits

@@ -96,6 +96,9 @@ class Checkpoint:
     def keys(self) -> list[str]:
         return list(self._key_file)
 
+    def weight_files(self) -> set[Path]:
+        return set(self._key_file.values())
+
     def tensor(self, key: str) -> torch.Tensor:
         """One tensor in its stored dtype, read from its file."""
         if key not in self._key_file:

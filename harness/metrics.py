@@ -10,7 +10,9 @@ With d = test - ref over all elements, computed in float64:
 
 Edge cases are defined, never None: identical arrays give mse 0, rel_l2 0 and
 sqnr +inf; a zero reference with d != 0 gives rel_l2 nan and sqnr -inf; cosine
-and pearson are nan when an input has zero norm or zero variance.
+and pearson are nan when an input has zero norm or zero variance. When either
+array is empty or holds NaN or Inf, every metric is nan (max_abs_index is the
+first non-finite position). The row's "undefined" maps each nan metric to why.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["METRIC_NAMES", "METRICS", "error_metrics", "tensor_stats", "mse", "mae", "rmse", "max_abs", "rel_l2", "sqnr_db", "cosine",
+__all__ = ["METRIC_NAMES", "METRICS", "error_metrics", "tensor_stats", "overflow_fractions", "mse", "mae", "rmse", "max_abs", "rel_l2", "sqnr_db", "cosine",
            "pearson"]
 
 METRIC_NAMES = ("mse", "mae", "rmse", "max_abs", "max_abs_index", "rel_l2", "sqnr_db", "cosine", "pearson",
@@ -56,7 +58,10 @@ def _sqnr(d: np.ndarray, ref64: np.ndarray) -> float:
     noise, signal = float(np.sum(d * d)), float(np.sum(ref64 * ref64))
     if noise == 0.0:
         return math.inf
-    return -math.inf if signal == 0.0 else 10.0 * math.log10(signal / noise)
+    if signal == 0.0:
+        return -math.inf
+    ratio = signal / noise  # both finite and > 0 here; the quotient may still underflow to 0 or overflow
+    return -math.inf if ratio == 0.0 else (math.inf if math.isinf(ratio) else 10.0 * math.log10(ratio))
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -108,40 +113,101 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 }
 
 
+def _position(mask: np.ndarray) -> list[int]:
+    flat = int(np.argmax(mask.reshape(-1)))
+    return [int(i) for i in np.unravel_index(flat, mask.shape)]
+
+
+def _nonfinite_note(name: str, a: np.ndarray) -> tuple[str, list[int]] | None:
+    if a.dtype.kind != "f":
+        return None
+    bad = ~np.isfinite(a)
+    if not bad.any():
+        return None
+    n_nan = int(np.isnan(a).sum())
+    pos = _position(bad)
+    return f"the {name} holds {n_nan} NaN and {int(bad.sum()) - n_nan} Inf values (first at {tuple(pos)})", pos
+
+
 def error_metrics(ref: np.ndarray, test: np.ndarray) -> dict[str, float | list[int]]:
-    """Every metric of METRIC_NAMES for one (reference, test) pair; d is formed once."""
+    """Every metric of METRIC_NAMES for one (reference, test) pair; d is formed once.
+
+    Also "undefined": {metric: reason} for every metric that is nan.
+    """
+    ref, test = np.asarray(ref), np.asarray(test)
+    if ref.shape != test.shape:
+        raise ValueError(f"shape mismatch: reference {list(ref.shape)} vs test {list(test.shape)}")
+    bad = None
+    if ref.size == 0:
+        bad = ("both arrays are empty", [])
+    else:
+        notes = [n for n in (_nonfinite_note("mode's array", test), _nonfinite_note("reference", ref)) if n]
+        if notes:
+            bad = ("; ".join(n[0] for n in notes), notes[0][1])
+    if bad is not None:
+        row: dict = {name: math.nan for name in METRIC_NAMES}
+        row["max_abs_index"] = bad[1]
+        row["undefined"] = {name: bad[0] for name in METRIC_NAMES if name != "max_abs_index"}
+        return row
     d = _d(ref, test)
     a, b = _flat64(ref), _flat64(test)
     ad = np.abs(d)
     m = float(np.mean(d * d))
     peak, where = _max_abs(ad)
     p50, p90, p99 = np.percentile(ad, [50, 90, 99])
-    return {
+    row = {
         "mse": m, "mae": float(np.mean(ad)), "rmse": math.sqrt(m), "max_abs": peak, "max_abs_index": where,
         "rel_l2": _ratio(float(_norm(d)), float(_norm(a))), "sqnr_db": _sqnr(d.reshape(-1), a),
         "cosine": _cosine(a, b), "pearson": _cosine(a - a.mean(), b - b.mean()),
         "p50": float(p50), "p90": float(p90), "p99": float(p99),
     }
+    reasons = {"rel_l2": "the reference is all zeros (||ref|| = 0) but the mode is not",
+               "cosine": "an array is all zeros (zero norm)", "pearson": "an array is constant (zero variance)"}
+    undefined = {k: why for k, why in reasons.items() if math.isnan(row[k])}
+    if undefined:
+        row["undefined"] = undefined
+    return row
+
+
+def overflow_fractions(values: np.ndarray, dtype: str | None) -> tuple[float, float]:
+    """(upper, lower): fractions of the values above +max / below -max of `dtype`'s finite range.
+
+    `dtype` is the float dtype the tensor had where it was captured (float16, float32, ...);
+    a value there cannot exceed the range, so these count the values that overflowed to +inf / -inf.
+    """
+    if values.size == 0:
+        return 0.0, 0.0
+    limit = float(np.finfo(np.dtype(dtype or values.dtype)).max)
+    return float((values > limit).sum() / values.size), float((values < -limit).sum() / values.size)
 
 
 def tensor_stats(values: np.ndarray, codes: np.ndarray | None = None, scale: float | None = None,
-                 n_clipped: int | None = None) -> dict:
+                 n_clipped: int | None = None, source_dtype: str | None = None) -> dict:
     """Summary of one captured tensor (float64 statistics; std with ddof 0 like numpy's default).
 
     For int8 tensors also: the scale, the fraction of codes at -128 or 127
     (saturated) and, where known, the fraction of values clipped into that range.
+    For float tensors: overflow_upper / overflow_lower (``overflow_fractions`` of the
+    capture dtype `source_dtype`, default the array's dtype).
     """
     v = values.astype(np.float64).reshape(-1)
-    mean = float(v.mean())
+    empty = v.size == 0
+    with np.errstate(all="ignore"):
+        mean = math.nan if empty else float(v.mean())
+        std = math.nan if empty else float(np.sqrt(np.mean((v - mean) ** 2)))
+        l2 = float(np.sqrt(_dot(v, v)))
     nan_count = int(np.isnan(values).sum())
     out = {
         "shape": list(values.shape), "dtype": str(values.dtype), "kind": "int8" if codes is not None else "float",
-        "first_10": v[:10].tolist(), "mean": mean, "std": float(np.sqrt(np.mean((v - mean) ** 2))),
-        "min": float(values.min()), "max": float(values.max()), "l2": float(np.sqrt(_dot(v, v))),
+        "first_10": v[:10].tolist(), "mean": mean, "std": std,
+        "min": math.nan if empty else float(values.min()), "max": math.nan if empty else float(values.max()), "l2": l2,
         "nan_count": nan_count, "inf_count": int(np.isinf(values).sum()), "quantized": codes is not None,
     }
     if codes is not None:
         out["scale"] = scale
         out["saturated_fraction"] = float(((codes == -128) | (codes == 127)).mean())
         out["clipped_fraction"] = None if n_clipped is None else n_clipped / max(1, codes.size)
+    else:
+        out["capture_dtype"] = source_dtype or str(values.dtype)
+        out["overflow_upper"], out["overflow_lower"] = overflow_fractions(values, source_dtype)
     return out

@@ -34,8 +34,10 @@ from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
 from .ops.hadamard import hadamard_transform
 from .report import mode_summary, short_comparison
-from .storage import SCHEMA_VERSION, StorageError, array_key, check_writable, dedup_arrays, load_capture, \
-    parse_array_key, read_json, stats_path, tensor_name, write_json, write_npz
+from .resume import ResumeError, previous_modes, recorded_recipe
+from .guard import LockError, OutputLock, fault_point, progress
+from .storage import SCHEMA_VERSION, StorageError, array_key, check_output, check_writable, dedup_arrays, \
+    load_capture, pending_path, stats_path, tensor_name, write_pair
 from .weights import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
@@ -49,7 +51,7 @@ class RunError(ValueError):
     """Invalid run configuration (e.g. --resume against a different run)."""
 
 
-InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageError)
+InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageError, LockError, ResumeError)
 
 
 @dataclass
@@ -73,6 +75,7 @@ class RunConfig:
     dedup: bool = True
     reference: str = "fp32"
     argv: list[str] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)  # with resume: modes run again although the file holds them
 
 
 @dataclass
@@ -126,7 +129,7 @@ def _run_mode(recipe: ModeRecipe, bank: WeightBank, calib: CalibrationResult | E
         arrays[name] = values.numpy()
         tensors[name] = {"point": point, "basis": _basis_of(recipe, site, basis),
                          **tensor_stats(arrays[name], None if cap.codes is None else cap.codes.numpy(), cap.scale,
-                                        cap.n_clipped)}
+                                        cap.n_clipped, cap.dtype)}
     return arrays, tensors
 
 
@@ -146,50 +149,54 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: 
     }
 
 
-def _previous(cfg: RunConfig, provenance: dict, calib_text) -> tuple[dict, dict]:
-    """(arrays by key, mode stats) of the modes that already succeeded in the file being resumed."""
-    spath = stats_path(cfg.output_file)
-    if not (Path(cfg.output_file).is_file() and spath.is_file()):
-        return {}, {}
-    old = read_json(spath)
-    old_prov = old.get("provenance", {})
-    for what, new, was in (("model", provenance["model"]["hash"], old_prov.get("model", {}).get("hash")),
-                           ("token ids", provenance["sample"]["token_ids_sha256"], old_prov.get("sample", {}).get("token_ids_sha256")),
-                           ("capture points", provenance["points"], old_prov.get("points")),
-                           ("basis", provenance["basis"], old_prov.get("basis"))):
-        if new != was:
-            raise RunError(f"--resume: {cfg.output_file} was made with a different {what}; "
-                           f"use another --output_file or drop --resume")
-    old_calib = old_prov.get("calibration") or {}
-    if calib_text is not None and "settings" in old_calib and (
-            old_calib["settings"] != asdict(cfg.calib) or old_calib.get("calib_file_sha256") != calib_text.sha256):
-        raise RunError(f"--resume: {cfg.output_file} was calibrated with other settings or text; "
-                       f"use another --output_file or drop --resume")
-    cf = load_capture(Path(cfg.output_file))
-    arrays, modes = {}, {}
-    for mode, entry in old.get("modes", {}).items():
-        if entry.get("status") == "ok" and mode in cf.index:
-            modes[mode] = entry
-            for tensor in cf.tensors(mode):
-                arrays[array_key(mode, tensor)] = np.array(cf.array(mode, tensor))
-    return arrays, modes
+def _input_files(cfg: RunConfig, ckpt, tok) -> dict[str, Path | None]:
+    """Every file the run reads, by what it is (an output may never be one of them)."""
+    model = Path(cfg.model)
+    files: dict[str, Path | None] = {"the model's config.json": model / "config.json"}
+    for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        files[f"the model's {name}"] = model / name
+    for n, f in enumerate(sorted({str(f) for f in ckpt.weight_files()})):
+        files[f"a weight file of the model (#{n})"] = Path(f)
+    files["the tokenizer"] = Path(tok.path)
+    files["the tokenizer's merges.txt"] = Path(tok.path).with_name("merges.txt")
+    files.update({"the text file": cfg.text_file, "the calibration file": cfg.calib_file,
+                  "the modes file": cfg.modes_file})
+    return files
 
 
 def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
+    progress.reset(Path(cfg.output_file))
+    progress.phase = "checking the inputs"
     recipes = resolve_modes(cfg.modes, cfg.modes_file)
+    if cfg.rerun:
+        if not cfg.resume:
+            raise RunError("--rerun only applies with --resume (without it every mode is run anyway)")
+        rerun = resolve_modes(cfg.rerun, cfg.modes_file)
+        recipes += [r for r in rerun if r.name not in {x.name for x in recipes}]
     if cfg.basis not in ("original", "rotated"):
         raise RunError(f"unknown basis {cfg.basis!r}; valid: original, rotated")
     if not cfg.layers or min(cfg.layers) < 0:
         raise RunError(f"--layers must be non-negative block indices, got {cfg.layers}")
     points = select_points(sorted(set(cfg.layers)), cfg.taps)
     depth = max(parse_point(p)[0] for p in points)
-    check_writable(Path(cfg.output_file))
-    check_writable(stats_path(cfg.output_file))
+    out = Path(cfg.output_file)
+    for path in (out, stats_path(out), pending_path(out)):
+        check_writable(path)
     ckpt = open_checkpoint(cfg.model)
     if depth >= ckpt.dims.n_layer:
         raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
                        f"(valid: 0..{ckpt.dims.n_layer - 1})")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
+    inputs = _input_files(cfg, ckpt, tok)
+    for path in (out, stats_path(out), pending_path(out)):
+        check_output(path, inputs)
+    with OutputLock(out):
+        return _run_locked(cfg, recipes, points, depth, ckpt, tok, emit)
+
+
+def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, ckpt, tok,
+                emit: Callable[[str], None]) -> RunOutcome:
+    progress.phase = "reading the text"
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing (GIL released) overlaps with tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         text = read_sample(tok, cfg.text_file, cfg.seq_len)
@@ -197,23 +204,46 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
                                          cfg.calib.seed) if any(r.needs_calibration for r in recipes) else None
         prefix = hashing.result()
     ids = text.ids
+    check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
+    if calib_text is not None:
+        check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
     provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
-    kept_arrays, kept_modes = _previous(cfg, provenance, calib_text) if cfg.resume else ({}, {})
-    todo = [r for r in recipes if r.name not in kept_modes]
+    kept = previous_modes(cfg, provenance, calib_text) if cfg.resume else {}
+    requested = {r.name for r in recipes}
+    rerun = {r.name for r in resolve_modes(cfg.rerun, cfg.modes_file)} if cfg.rerun else set()
+    todo: list[ModeRecipe] = []
+    for mode, k in kept.items():  # modes of the file that were not asked for but must be re-run
+        if mode not in requested and k.entry.get("status") == "ok" and not k.complete:
+            recipe = recorded_recipe(mode, k.entry)
+            if recipe is not None:
+                todo.append(recipe)
+    for recipe in recipes:
+        k = kept.get(recipe.name)
+        if k is None or recipe.name in rerun or k.entry.get("status") != "ok" or not k.complete:
+            todo.append(recipe)
+    for recipe in todo:
+        k = kept.get(recipe.name)
+        if k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
+            print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
+                  f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
     bank = WeightBank(ckpt)
+    progress.phase = "calibrating"
+    fault_point("before-calibration")
     calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
     provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
         {"error": str(calib)} if calib is not None else None)
 
     arrays_by_mode: dict[str, dict[str, np.ndarray]] = {}
     modes: dict[str, dict] = {}
-    for recipe in recipes:
-        if recipe.name in kept_modes:
-            modes[recipe.name] = {**kept_modes[recipe.name], "resumed": True}
-            arrays_by_mode[recipe.name] = {parse_array_key(k)[1]: v for k, v in kept_arrays.items()
-                                           if parse_array_key(k)[0] == recipe.name}
-            emit(f"mode {recipe.name}: kept from {cfg.output_file} (--resume)")
-            continue
+    todo_names = {r.name for r in todo}
+    for mode, k in kept.items():  # file order first; modes run again take their place
+        if mode not in todo_names:
+            modes[mode] = {**k.entry, "resumed": True}
+            if k.arrays:
+                arrays_by_mode[mode] = k.arrays
+            emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
+    for n, recipe in enumerate(todo):
+        progress.phase = f"running mode {recipe.name}"
         start = time.perf_counter()
         base = {"title": recipe.title, "recipe": recipe.knobs()}
         try:
@@ -221,14 +251,45 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
                                   "tensors": tensors}
             arrays_by_mode[recipe.name] = arrays
+            _check_finite(recipe.name, modes[recipe.name], arrays)
         except Exception as e:  # a failing mode is recorded, the others go on
             modes[recipe.name] = {"status": "error", **base, "error": f"{type(e).__name__}: {e}",
                                   "traceback": traceback.format_exc()}
             print(f"error: mode {recipe.name} failed: {type(e).__name__}: {e}", file=sys.stderr)
         emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
+        if n == 0:
+            fault_point("modes")
+    order = list(kept) + [r.name for r in todo if r.name not in kept]
+    modes = {m: modes[m] for m in order if m in modes}
+    arrays_by_mode = {m: arrays_by_mode[m] for m in order if m in arrays_by_mode}
     _check_quantized_differ(recipes, modes, arrays_by_mode, cfg.reference)
     provenance["model"]["tensors_read"] = ckpt.read_summary()
-    return _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit)
+    return _finish(cfg, list(modes), modes, arrays_by_mode, provenance, ids, emit)
+
+
+def check_token_ids(ids: torch.Tensor, vocab_size: int, tokenizer_path) -> None:
+    """Token ids beyond the embedding: the tokenizer was made for another model."""
+    top = int(ids.max()) if ids.numel() else -1
+    if top >= vocab_size:
+        raise RunError(f"the tokenizer does not match the model: {tokenizer_path} produced token id {top}, "
+                       f"but the model's embedding has {vocab_size} rows (valid ids 0..{vocab_size - 1}); "
+                       f"pass --tokenizer DIR with the model's own tokenizer")
+
+
+def _check_finite(mode: str, entry: dict, arrays: dict[str, np.ndarray]) -> None:
+    """A mode whose tensors hold NaN or Inf fails (its arrays are kept): bad numbers are never a pass."""
+    problems = []
+    for name, arr in arrays.items():
+        meta = entry["tensors"][name]
+        if meta["nan_count"] or meta["inf_count"]:
+            where = np.unravel_index(int(np.argmax(~np.isfinite(arr).reshape(-1))), arr.shape)
+            problems.append(f"{name}: {meta['nan_count']} NaN and {meta['inf_count']} Inf of {arr.size} values, "
+                            f"first at {tuple(int(i) for i in where)}")
+    if problems:
+        entry.update(status="error", error="non-finite values (arrays kept): " + "; ".join(problems),
+                     nonfinite=problems)
+        print(f"error: mode {mode} produced non-finite values (its arrays are kept): {problems[0]}"
+              + (f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""), file=sys.stderr)
 
 
 def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit):
@@ -262,16 +323,19 @@ def _check_quantized_differ(recipes, modes, arrays_by_mode, reference: str) -> N
             arrays_by_mode.pop(recipe.name)
 
 
-def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit) -> RunOutcome:
-    failed = [r.name for r in recipes if modes[r.name]["status"] != "ok"]
+def _finish(cfg, names, modes, arrays_by_mode, provenance, ids, emit) -> RunOutcome:
+    failed = [m for m in names if modes[m]["status"] != "ok"]
     comparison = None
     if cfg.reference in arrays_by_mode:
         tensors = {m: list(a) for m, a in arrays_by_mode.items()}
-
-        comparable = same_basis(lambda m, t: modes[m]["tensors"].get(t, {}).get("basis"), cfg.reference)
-        comparison = compare_modes(tensors, lambda m, t: arrays_by_mode[m][t], cfg.reference, comparable)
-        block_io = [t for t in arrays_by_mode[cfg.reference] if t in ("input", "output", "residual") or ".block." in t]
-        emit(short_comparison(comparison, block_io))
+        comparable = same_basis(lambda m, t: modes[m].get("tensors", {}).get(t, {}).get("basis"), cfg.reference)
+        try:
+            comparison = compare_modes(tensors, lambda m, t: arrays_by_mode[m][t], cfg.reference, comparable)
+            block_io = [t for t in arrays_by_mode[cfg.reference] if t in ("input", "output", "residual") or ".block." in t]
+            emit(short_comparison(comparison, block_io))
+        except Exception as e:  # never lose the arrays over the comparison
+            comparison = {"error": f"{type(e).__name__}: {e}"}
+            print(f"error: the comparison failed ({type(e).__name__}: {e}); the arrays are written", file=sys.stderr)
     else:
         emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
     model_path = Path(cfg.model)
@@ -288,8 +352,8 @@ def _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit) -> RunOu
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
              "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": aliases,
              "comparison": comparison, "failed_modes": failed}
-    write_npz(Path(cfg.output_file), arrays, cfg.compress)
-    write_json(stats_path(cfg.output_file), stats)
+    progress.phase = "writing the files"
+    stats = write_pair(Path(cfg.output_file), arrays, stats, cfg.compress)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
          + (f"; failed modes: {', '.join(failed)}" if failed else ""))
     return RunOutcome(stats, arrays_by_mode, failed, ids.numpy())

@@ -5,7 +5,7 @@ import math
 
 from tabulate import tabulate
 
-__all__ = ["mode_summary", "comparison_tables", "short_comparison", "fmt"]
+__all__ = ["mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes"]
 
 _RULE = "=" * 98
 _TABLE_COLUMNS = ("mse", "mae", "rmse", "max_abs", "rel_l2", "sqnr_db", "cosine", "pearson", "p50", "p90", "p99")
@@ -81,7 +81,21 @@ def comparison_tables(comparison: dict, titles: dict[str, str] | None = None) ->
     for mode, skipped in comparison.get("skipped", {}).items():
         for tensor, reason in skipped.items():
             out.append(f"not compared: {mode} {tensor}: {reason}")
+    out += undefined_notes(comparison)
     return "\n".join(out)
+
+
+def undefined_notes(comparison: dict) -> list[str]:
+    """One line per (mode, tensor) whose metrics are nan: which ones and why."""
+    lines = []
+    for mode, by_tensor in comparison["modes"].items():
+        for tensor, row in by_tensor.items():
+            by_reason: dict[str, list[str]] = {}
+            for metric, why in (row.get("undefined") or {}).items():
+                by_reason.setdefault(why, []).append(metric)
+            for why, metrics in by_reason.items():
+                lines.append(f"nan = undefined: {mode} {tensor}: {', '.join(metrics)}: {why}")
+    return lines
 
 
 def identical_text(comparison: dict) -> str:
@@ -103,4 +117,5 @@ def short_comparison(comparison: dict, tensors: list[str]) -> str:
                              "yes" if row["identical"] else "no"])
     table = tabulate(rows, headers=("mode", "tensor", "MSE", "MAE", "SQNR dB", "max|err|", "identical"),
                      disable_numparse=True)
-    return f"\ncomparison against {comparison['reference']}:\n{table}{identical_text(comparison)}"
+    notes = "".join(f"\n{line}" for line in undefined_notes(comparison))
+    return f"\ncomparison against {comparison['reference']}:\n{table}{identical_text(comparison)}{notes}"

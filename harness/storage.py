@@ -13,7 +13,16 @@ maps the missing key to the stored one and ``load_capture`` resolves it.
 
 Schema versions of the manifest (``schema_version``):
     1  harness 0.1.0: first version.
+    2  adds ``npz`` = {"file", "sha256", "bytes"}: the content hash of the .npz it belongs to.
 Files without a manifest (the research tool's) are read as version 0.
+
+The pair is one unit (``write_pair``): the .npz goes to a temporary file, is fsynced
+and hashed; the manifest (with that hash) goes to ``.<name>_stats.json.pending``;
+then, with SIGINT/SIGTERM deferred, the .npz is renamed into place and the pending
+manifest renamed over ``_stats.json``: that last rename is the commit point. A
+reader (``load_capture``) checks the hash: a match is a complete pair; a mismatch
+with a matching pending manifest (a run killed between the two renames) is the new
+pair, read with the pending manifest; any other mismatch is refused with the reason.
 """
 from __future__ import annotations
 
@@ -22,27 +31,27 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .files import StorageError, atomic_write, check_output, check_writable, file_kind, file_sha256, fsync_dir, \
+    remove_files, temp_file, write_file
+from .guard import deferred_signals, fault_point, progress
+
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
            "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays", "load_capture",
-           "CaptureFile", "check_writable", "json_safe", "METADATA_KEYS"]
+           "CaptureFile", "check_writable", "json_safe", "METADATA_KEYS", "write_pair", "check_output",
+           "pending_path", "file_sha256", "MAX_MANIFEST_BYTES"]
 
-SCHEMA_VERSION = 1
-SUPPORTED_SCHEMA_VERSIONS = (0, 1)
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMA_VERSIONS = (0, 1, 2)
+MAX_MANIFEST_BYTES = 1 << 30
 METADATA_KEYS = ("timestamp", "model", "pretrained_dir", "seq_len")
 _LAYER0_NAMES = {"L0.block.in": "input", "L0.block.out": "output", "L0.block.residual": "residual"}
 _KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+)$")
-
-
-class StorageError(ValueError):
-    """A capture file is missing, corrupted or of an unsupported version."""
 
 
 def tensor_name(point: str) -> str:
@@ -78,33 +87,19 @@ def json_safe(obj):
     return obj
 
 
-def check_writable(path: Path, nbytes: int = 0) -> None:
-    """Fail before any work if `path` cannot be written or its disk lacks `nbytes` (+10%) of space."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise StorageError(f"cannot write {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise StorageError(f"cannot write {path}: directory {parent} is not writable")
-    if path.is_dir():
-        raise StorageError(f"cannot write {path}: it is a directory")
-    free = shutil.disk_usage(parent).free
-    if nbytes and free < nbytes * 1.1:
-        raise StorageError(f"not enough disk space for {path}: about {nbytes / 2**20:.1f} MiB needed, "
-                           f"{free / 2**20:.1f} MiB free in {parent}")
+def _npz_writer(arrays: dict[str, np.ndarray], compress: bool):
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
 
-
-def _atomic(path: Path, write) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    def write(f) -> None:
+        with zipfile.ZipFile(f, "w", compression=method, allowZip64=True) as zf:
+            for n, (key, arr) in enumerate(arrays.items()):
+                info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = method
+                with zf.open(info, "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, np.asanyarray(arr), allow_pickle=False)
+                if n == 0:
+                    fault_point("write-npz")
+    return write
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool = False) -> None:
@@ -114,29 +109,73 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool = False)
     """
     nbytes = sum(np.asarray(a).nbytes for a in arrays.values())
     check_writable(path, nbytes)
-    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    atomic_write(path, _npz_writer(arrays, compress))
 
-    def write(f) -> None:
-        with zipfile.ZipFile(f, "w", compression=method, allowZip64=True) as zf:
-            for key, arr in arrays.items():
-                info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = method
-                with zf.open(info, "w", force_zip64=True) as fh:
-                    np.lib.format.write_array(fh, np.asanyarray(arr), allow_pickle=False)
 
-    _atomic(path, write)
+def _json_bytes(obj: dict) -> bytes:
+    return (json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n").encode("utf-8")
 
 
 def write_json(path: Path, obj: dict) -> None:
-    text = json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n"
-    _atomic(path, lambda f: f.write(text.encode("utf-8")))
+    text = _json_bytes(obj)
+    atomic_write(path, lambda f: f.write(text))
+
+
+def pending_path(npz_path: Path) -> Path:
+    """Where the manifest waits between the two renames of ``write_pair``."""
+    spath = stats_path(npz_path)
+    return spath.with_name(f".{spath.name}.pending")
+
+
+def write_pair(path: Path, arrays: dict[str, np.ndarray], stats: dict, compress: bool = False) -> dict:
+    """Write the .npz and its _stats.json as one unit (see the module docstring); returns the stats written.
+
+    The manifest gets ``npz`` = {"file", "sha256", "bytes"}. On any exception or signal
+    before the commit the previous pair is untouched and no temporary file is left.
+    """
+    path = Path(path)
+    spath, pending = stats_path(path), pending_path(path)
+    nbytes = sum(np.asarray(a).nbytes for a in arrays.values())
+    check_writable(path, nbytes)
+    check_writable(spath)
+    tmp_npz = tmp_stats = None
+    npz_renamed = False
+    try:
+        tmp_npz = temp_file(path)
+        write_file(tmp_npz, _npz_writer(arrays, compress))
+        stats = {**stats, "npz": {"file": path.name, "sha256": file_sha256(tmp_npz),
+                                  "bytes": os.path.getsize(tmp_npz)}}
+        tmp_stats = temp_file(spath)
+        body = _json_bytes(stats)
+        write_file(tmp_stats, lambda f: f.write(body), fault="write-stats")
+        os.replace(tmp_stats, pending)
+        with deferred_signals():
+            os.replace(tmp_npz, path)
+            npz_renamed = True
+            fault_point("between-renames")
+            os.replace(pending, spath)
+            progress.committed = True
+        fsync_dir(path.parent)
+    finally:
+        remove_files(tmp_npz, tmp_stats)
+        if not npz_renamed:
+            remove_files(pending)
+    return stats
 
 
 def read_json(path: Path) -> dict:
+    path = Path(path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StorageError(f"cannot read {path}: {e}") from None
+        st = os.stat(path)
+        kind = file_kind(st.st_mode)
+        if kind is not None:
+            raise StorageError(f"cannot read {path}: it is {kind}, not a JSON file")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise StorageError(f"cannot read {path}: {st.st_size} bytes is more than a stats file can be "
+                               f"({MAX_MANIFEST_BYTES} bytes)")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise StorageError(f"cannot read {path}: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict):
         raise StorageError(f"{path} does not hold a JSON object")
     return data
@@ -175,10 +214,17 @@ class CaptureFile:
         return list(self.index.get(mode, {}))
 
     def array(self, mode: str, tensor: str) -> np.ndarray:
+        """The stored array; a member that is not a numeric array (object, string, corrupted) is a StorageError."""
+        key = self.index.get(mode, {}).get(tensor)
         try:
-            return self.npz[self.index[mode][tensor]]
-        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-            raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} ({e})") from None
+            arr = self.npz[key]
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError, TypeError) as e:
+            raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} "
+                               f"({type(e).__name__}: {e})") from None
+        if arr.dtype.kind not in "fiub":
+            raise StorageError(f"{self.path}: array {key} has dtype {arr.dtype}; capture arrays are numeric "
+                               f"(float, int or bool)")
+        return arr
 
     def tensor_meta(self, mode: str, tensor: str) -> dict:
         if not self.manifest:
@@ -186,22 +232,77 @@ class CaptureFile:
         return self.manifest.get("modes", {}).get(mode, {}).get("tensors", {}).get(tensor, {})
 
 
+def _check_manifest(spath: Path, manifest: dict) -> None:
+    """The fields a reader relies on have the types it expects."""
+    version = manifest.get("schema_version", 0)
+    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise StorageError(f"{spath}: schema_version {version!r} is not supported; "
+                           f"supported: {', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}")
+    modes, aliases = manifest.get("modes", {}), manifest.get("aliases", {})
+    problem = None
+    if not isinstance(modes, dict) or not all(isinstance(e, dict) for e in modes.values()):
+        problem = "'modes' must map mode names to objects"
+    elif not all(isinstance(e.get("tensors", {}), dict) for e in modes.values()):
+        problem = "each mode's 'tensors' must be an object"
+    elif not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        problem = "'aliases' must map array keys to array keys"
+    elif "npz" in manifest and not (isinstance(manifest["npz"], dict) and isinstance(manifest["npz"].get("sha256"), str)):
+        problem = "'npz' must be an object with the .npz's sha256"
+    if problem:
+        raise StorageError(f"{spath} is not a valid stats file: {problem}")
+
+
+def _matching_manifest(path: Path) -> dict | None:
+    """The manifest that belongs to the .npz at `path` (checked by sha256), None if it has none."""
+    spath, pending = stats_path(path), pending_path(path)
+    manifest = read_json(spath) if os.path.lexists(spath) else None
+    if manifest is not None:
+        _check_manifest(spath, manifest)
+    recorded = (manifest or {}).get("npz", {}).get("sha256")
+    if manifest is not None and recorded is None:
+        return manifest  # schema 1: no hash recorded
+    actual = file_sha256(path) if (recorded is not None or os.path.lexists(pending)) else None
+    if recorded is not None and recorded == actual:
+        return manifest
+    if os.path.lexists(pending):  # killed between the two renames: the pending manifest is the new pair's
+        try:
+            candidate = read_json(pending)
+            _check_manifest(pending, candidate)
+        except StorageError:
+            candidate = None
+        if candidate is not None and candidate.get("npz", {}).get("sha256") == actual:
+            return candidate
+    if manifest is None:
+        return None
+    raise StorageError(f"{path} does not match {spath}: the stats file records an .npz with sha256 "
+                       f"{recorded[:16]}..., the file has {actual[:16]}... (one of the two was replaced or "
+                       f"modified outside the harness); re-run the capture, or move {spath.name} away to read "
+                       f"the arrays without statistics")
+
+
 def load_capture(path: Path) -> CaptureFile:
-    """Open a capture .npz (never unpickling) and its _stats.json manifest if there is one."""
+    """Open a capture .npz (never unpickling) and its _stats.json manifest if there is one.
+
+    The manifest must belong to this .npz (its recorded sha256, schema 2); see ``write_pair``.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise StorageError(f"capture file {path} does not exist")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise StorageError(f"capture file {path} does not exist") from None
+    except OSError as e:
+        raise StorageError(f"cannot read capture file {path}: {e.strerror}") from None
+    kind = file_kind(st.st_mode)
+    if kind is not None:
+        raise StorageError(f"capture file {path} is {kind}; give a .npz file")
     try:
         npz = np.load(path, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise ValueError("it holds a single array, not a .npz archive")
         keys = list(npz.keys())
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
         raise StorageError(f"{path} is not a readable .npz file ({type(e).__name__}: {e})") from None
-    manifest = read_json(stats_path(path)) if stats_path(path).is_file() else None
-    if manifest is not None:
-        version = manifest.get("schema_version", 0)
-        if version not in SUPPORTED_SCHEMA_VERSIONS:
-            raise StorageError(f"{stats_path(path)}: schema_version {version!r} is not supported; "
-                               f"supported: {', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}")
+    manifest = _matching_manifest(path)
     aliases = dict((manifest or {}).get("aliases", {}))
     index: dict[str, dict[str, str]] = {}
     for key in keys + [k for k in aliases if k not in keys]:
