@@ -146,8 +146,11 @@ def _write_cached(path: Path, key: str, layer: int, scales: LayerScales, state: 
                "scales": scales.as_dict(), "observers": state, "settings": asdict(settings)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**payload, "checksum": _checksum(payload)}, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({**payload, "checksum": _checksum(payload)}, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    finally:  # an interrupted write leaves no temporary file
+        tmp.unlink(missing_ok=True)
 
 
 def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int,

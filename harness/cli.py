@@ -80,7 +80,7 @@ def _add_mode_options(p: argparse.ArgumentParser) -> None:
          help=f"modes or presets (default: all). Modes: {', '.join(BUILTIN_MODES)}; presets: "
               + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
     _opt(g, "modes_file", type=Path, default=None, help="JSON or TOML file of user-defined modes (see README)")
-    _opt(g, "reference", default="fp32", help="mode the printed comparison is against (default: fp32)")
+    _opt(g, "reference", default=None, help="mode the printed comparison is against (default: fp32)")
 
 
 def _add_data_options(p: argparse.ArgumentParser) -> None:
@@ -149,8 +149,8 @@ def _config_from_args(args: argparse.Namespace):
                                   args.calib_batch_size, args.seed),
         calib_file=args.calib_file, cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
         layers=args.layers, taps=args.taps, basis=args.basis, stats_only=args.stats_only, resume=args.resume,
-        compress=args.compress, dedup=not args.no_dedup, reference=args.reference, argv=sys.argv[:],
-        rerun=args.rerun)
+        compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
+        rerun=args.rerun, reference_required=args.reference is not None)
 
 
 def _interrupted(e) -> int:

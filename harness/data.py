@@ -14,6 +14,7 @@ from typing import Iterator
 
 import torch
 
+from .files import file_kind
 from .loading import Tokenizer
 
 __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
@@ -22,6 +23,7 @@ __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sa
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "shakespeare"
 DEFAULT_TEXT_FILE = DATA_DIR / "heldout.jsonl"
 DEFAULT_CALIB_FILE = DATA_DIR / "calib.jsonl"
+MAX_TEXT_BYTES = 1 << 30  # a text file larger than 1 GiB is refused before it is read
 
 
 class DataError(ValueError):
@@ -40,12 +42,23 @@ class TokenText:
 
 
 def read_documents(path: Path) -> list[str]:
+    """The documents of a text file; a regular UTF-8 file of at most MAX_TEXT_BYTES."""
     path = Path(path)
     try:
+        st = path.stat()
+        kind = file_kind(st.st_mode)
+        if kind is not None:
+            raise DataError(f"text file {path} is {kind}; give a UTF-8 text or JSON-lines file")
+        if st.st_size > MAX_TEXT_BYTES:
+            raise DataError(f"text file {path} has {st.st_size} bytes; at most {MAX_TEXT_BYTES} are read")
         raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"cannot read text file {path}: {e.strerror}") from None
-    text = raw.decode("utf-8", errors="strict") if raw else ""
+    try:
+        text = raw.decode("utf-8", errors="strict") if raw else ""
+    except UnicodeDecodeError as e:
+        raise DataError(f"text file {path} is not UTF-8 (byte {e.start}: {e.reason}); "
+                        f"give a UTF-8 text or JSON-lines file") from None
     if path.suffix.lower() not in (".jsonl", ".json"):
         return [text] if text.strip() else []
     docs = []
@@ -54,9 +67,15 @@ def read_documents(path: Path) -> list[str]:
             continue
         try:
             item = json.loads(line)
-            docs.append(item["text"] if isinstance(item, dict) else str(item))
-        except (json.JSONDecodeError, KeyError) as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise DataError(f"{path}:{n}: not a JSON object with a 'text' field ({e})") from None
+        doc = item.get("text") if isinstance(item, dict) else item
+        if not isinstance(doc, str):
+            what = (f"a 'text' field of type {type(doc).__name__}" if isinstance(item, dict) and "text" in item
+                    else f"a JSON {type(item).__name__} without a 'text' field")
+            raise DataError(f"{path}:{n}: {what}; each line must be a JSON object with a string 'text' field "
+                            '(e.g. {"text": "..."}) or a JSON string')
+        docs.append(doc)
     return docs
 
 

@@ -105,7 +105,7 @@ class Checkpoint:
             raise ModelDirError(f"{self.path}: tensor {key!r} is missing from the checkpoint ({MODEL_DIR_CONTENTS})")
         file = self._key_file[key]
         if file not in self._handles:
-            self._handles[file] = _open_weights(file)
+            self.meta(key)  # opens the file, a clear error when it is corrupted
         handle = self._handles[file]
         try:
             t = handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
@@ -113,6 +113,18 @@ class Checkpoint:
             raise ModelDirError(f"{file}: cannot read tensor {key!r} ({type(e).__name__}: {e})") from None
         self.tensors_read[key] = t.numel() * t.element_size()
         return t
+
+    def meta(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of a tensor from its file's header, without reading its data."""
+        file = self._key_file[key]
+        try:
+            handle = self._handles[file] if file in self._handles else self._handles.setdefault(file, _open_weights(file))
+        except Exception as e:  # corrupted or truncated shard
+            raise ModelDirError(f"{file}: cannot read weights ({type(e).__name__}: {e})") from None
+        try:
+            return handle.meta(key) if isinstance(handle, MappedSafetensors) else (tuple(handle[key].shape), handle[key].dtype)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ModelDirError(f"{file}: bad entry for tensor {key!r} ({type(e).__name__}: {e})") from None
 
     def read_summary(self) -> dict:
         """Which tensors were read, their bytes, and the size of the weight files, for provenance."""
@@ -203,6 +215,18 @@ class MappedSafetensors:
                 remaining -= len(chunk)
                 yield chunk
 
+    def meta(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) from the header; the byte range must fit the file and the shape."""
+        info = self._header[key]
+        if not isinstance(info, dict) or info.get("dtype") not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"unknown dtype {info.get('dtype') if isinstance(info, dict) else info!r}")
+        shape, (begin, end) = tuple(int(n) for n in info["shape"]), info["data_offsets"]
+        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        if not (0 <= begin <= end <= len(self._map) - self._base) or \
+                end - begin != math.prod(shape) * torch.empty((), dtype=dtype).element_size():
+            raise ValueError(f"data_offsets {[begin, end]} do not fit the file or the shape {list(shape)}")
+        return shape, dtype
+
     def get_tensor(self, key: str) -> torch.Tensor:
         info = self._header[key]
         dtype = _SAFETENSORS_DTYPES[info["dtype"]]
@@ -231,9 +255,17 @@ def _weight_index(path: Path) -> tuple[dict[str, Path], dict[Path, object]]:
             continue
         if name.endswith(".index.json"):
             try:
-                weight_map = json.loads(f.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                weight_map = json.loads(f.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
                 raise ModelDirError(f"{f}: not a valid weight index ({e}); it needs a 'weight_map' table") from None
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ModelDirError(f"{f}: 'weight_map' must be a non-empty table of tensor name -> shard file")
+            for key, shard in weight_map.items():
+                if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+                    raise ModelDirError(f"{f}: tensor {key!r} maps to {shard!r}; shard entries must be file names "
+                                        f"inside {path} (e.g. model-00001-of-00002.safetensors)")
+                if not (path / shard).is_file():
+                    raise ModelDirError(f"{f}: shard {shard} (tensor {key!r}) is missing from {path}")
             return {k: path / v for k, v in weight_map.items()}, {}
         try:
             handle = _open_weights(f)
@@ -275,20 +307,44 @@ def _dims_from_config(path: Path, cfg: dict, embed: torch.Tensor) -> tuple[str, 
                         f"nor mamba_ssm keys (d_model, n_layer); {MODEL_DIR_CONTENTS}")
 
 
+def _check_dims(path: Path, d: ModelDims) -> None:
+    sizes = {"d_model": d.d_model, "d_inner": d.d_inner, "d_state": d.d_state, "d_conv": d.d_conv,
+             "dt_rank": d.dt_rank, "n_layer": d.n_layer, "vocab_size": d.vocab_size}
+    bad = [f"{k}={v}" for k, v in sizes.items() if not 0 < v <= 1 << 20]
+    if bad:
+        raise ModelDirError(f"{path}/config.json: sizes must be positive integers up to 2^20, got {', '.join(bad)}")
+    if not (math.isfinite(d.norm_eps) and 0.0 < d.norm_eps < 1.0):
+        raise ModelDirError(f"{path}/config.json: the norm epsilon must be a finite number in (0, 1), "
+                            f"got {d.norm_eps}")
+
+
 def _check_shapes(ckpt: Checkpoint) -> None:
+    """Every tensor of every block (read from the headers, no data) against the sizes config.json implies."""
     d = ckpt.dims
     expected = {
         "in_proj": (2 * d.d_inner, d.d_model), "x_proj": (d.dt_rank + 2 * d.d_state, d.d_inner),
-        "dt_proj": (d.d_inner, d.dt_rank), "A_log": (d.d_inner, d.d_state), "D": (d.d_inner,),
-        "out_proj": (d.d_model, d.d_inner), "norm_weight": (d.d_model,),
+        "dt_proj": (d.d_inner, d.dt_rank), "dt_bias": (d.d_inner,), "A_log": (d.d_inner, d.d_state), "D": (d.d_inner,),
+        "out_proj": (d.d_model, d.d_inner), "norm_weight": (d.d_model,), "conv_bias": (d.d_inner,),
     }
-    for name, shape in expected.items():
-        key = ckpt.layer_key(0, name)
-        got = tuple(ckpt.tensor(key).shape)
-        if got != shape:
-            raise ModelDirError(f"{ckpt.path}: {key} has shape {list(got)}, but config.json implies {list(shape)}")
+    conv = {(d.d_inner, 1, d.d_conv), (d.d_inner, d.d_conv)}
+    for layer in range(d.n_layer):
+        for name in LAYER_TENSORS:
+            key = ckpt.layer_key(layer, name)
+            if not ckpt.has(key):
+                if name in _OPTIONAL:
+                    continue
+                raise ModelDirError(f"{ckpt.path}: tensor {key!r} is missing; config.json says the model has "
+                                    f"{d.n_layer} blocks ({MODEL_DIR_CONTENTS})")
+            got, dtype = ckpt.meta(key)
+            if not dtype.is_floating_point:
+                raise ModelDirError(f"{ckpt.path}: {key} has dtype {dtype}; weights must be floating point")
+            if (got not in conv) if name == "conv_weight" else (got != expected[name]):
+                want = f"{[d.d_inner, 1, d.d_conv]}" if name == "conv_weight" else f"{list(expected[name])}"
+                raise ModelDirError(f"{ckpt.path}: {key} has shape {list(got)}, but config.json implies {want}")
     if ckpt.embedding().shape[1] != d.d_model:
         raise ModelDirError(f"{ckpt.path}: embedding width {ckpt.embedding().shape[1]} != d_model {d.d_model}")
+    if not ckpt.embedding().dtype.is_floating_point:
+        raise ModelDirError(f"{ckpt.path}: the embedding has dtype {ckpt.embedding().dtype}; it must be floating point")
 
 
 def open_checkpoint(path: Path | str) -> Checkpoint:
@@ -299,9 +355,11 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelDirError(f"{path}: config.json is missing; {MODEL_DIR_CONTENTS}")
+    if cfg_file.stat().st_size > 1 << 20:
+        raise ModelDirError(f"{cfg_file} is larger than 1 MiB; it must be the model's JSON configuration")
     try:
-        cfg = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ModelDirError(f"{cfg_file} is not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ModelDirError(f"{cfg_file} must hold a JSON object")
@@ -317,6 +375,7 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         raise
     except (TypeError, ValueError) as e:
         raise ModelDirError(f"{cfg_file}: malformed value ({e})") from None
+    _check_dims(path, ckpt.dims)
     _check_shapes(ckpt)
     return ckpt
 
@@ -341,12 +400,18 @@ def load_tokenizer(model_dir: Path, tokenizer_dir: Path | None = None) -> Tokeni
         raise ModelDirError(f"tokenizer directory {where} does not exist; it must contain tokenizer.json "
                             f"(or vocab.json and merges.txt)")
     if (where / "tokenizer.json").is_file():
+        if (where / "tokenizer.json").stat().st_size > 1 << 30:
+            raise ModelDirError(f"{where / 'tokenizer.json'} is larger than 1 GiB; it cannot be a tokenizer")
         try:
             return Tokenizer(HFTokenizer.from_file(str(where / "tokenizer.json")), where / "tokenizer.json")
         except Exception as e:
             raise ModelDirError(f"{where / 'tokenizer.json'} cannot be read as a tokenizer ({e})") from None
     if (where / "vocab.json").is_file() and (where / "merges.txt").is_file():
-        tok = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
+        try:
+            tok = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
+        except Exception as e:
+            raise ModelDirError(f"{where}: vocab.json and merges.txt cannot be read as a byte-level BPE tokenizer "
+                                f"({e}); vocab.json must map tokens to ids, merges.txt list merges") from None
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         return Tokenizer(tok, where / "vocab.json")

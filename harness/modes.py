@@ -201,12 +201,18 @@ def load_modes_file(path: Path) -> list[ModeRecipe]:
     """
     path = Path(path)
     try:
+        if not path.is_file() and path.exists():
+            raise ModeError(f"modes file {path} is not a regular file; give a JSON or TOML file")
+        if path.exists() and path.stat().st_size > 1 << 20:
+            raise ModeError(f"modes file {path} is larger than 1 MiB; give a JSON or TOML file of mode recipes")
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ModeError(f"cannot read modes file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ModeError(f"modes file {path} is not UTF-8 ({e.reason}); give a JSON or TOML file") from None
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModeError(f"modes file {path} is not valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("modes"), dict) or set(data) - {"modes"}:
         raise ModeError(f"modes file {path} must hold one table 'modes' mapping mode names to knob tables, "
@@ -226,10 +232,12 @@ def _user_recipe(path: Path, name: str, spec: object) -> ModeRecipe:
     bad = [k for k, v in values.items() if not isinstance(v, str)]
     if bad:
         raise ModeError(f"modes file {path}: mode {name!r}: knob values must be strings ({', '.join(bad)})")
-    title = str(spec.get("title", f"user mode from {path.name}"))
+    title = spec.get("title", f"user mode from {path.name}")
+    if not isinstance(title, str):
+        raise ModeError(f"modes file {path}: mode {name!r}: title must be a string, got {type(title).__name__}")
     if "base" in spec:
         base_name = spec["base"]
-        if base_name not in BUILTIN_MODES:
+        if not isinstance(base_name, str) or base_name not in BUILTIN_MODES:
             raise ModeError(f"modes file {path}: mode {name!r}: unknown base {base_name!r}; "
                             f"valid: {', '.join(BUILTIN_MODES)}")
         return replace(BUILTIN_MODES[base_name], name=name, title=title, **values)

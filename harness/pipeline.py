@@ -76,6 +76,7 @@ class RunConfig:
     reference: str = "fp32"
     argv: list[str] = field(default_factory=list)
     rerun: list[str] = field(default_factory=list)  # with resume: modes run again although the file holds them
+    reference_required: bool = False  # --reference was given: it must be one of the run's (or the file's) modes
 
 
 @dataclass
@@ -173,6 +174,9 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
             raise RunError("--rerun only applies with --resume (without it every mode is run anyway)")
         rerun = resolve_modes(cfg.rerun, cfg.modes_file)
         recipes += [r for r in rerun if r.name not in {x.name for x in recipes}]
+    if cfg.reference_required and not cfg.resume and cfg.reference not in {r.name for r in recipes}:
+        raise RunError(f"--reference {cfg.reference!r} is not one of this run's modes "
+                       f"({', '.join(r.name for r in recipes)}); add it to --modes or choose one of them")
     if cfg.basis not in ("original", "rotated"):
         raise RunError(f"unknown basis {cfg.basis!r}; valid: original, rotated")
     if not cfg.layers or min(cfg.layers) < 0:
@@ -210,6 +214,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
     kept = previous_modes(cfg, provenance, calib_text) if cfg.resume else {}
     requested = {r.name for r in recipes}
+    if cfg.reference_required and cfg.reference not in requested | set(kept):
+        raise RunError(f"--reference {cfg.reference!r} is neither one of this run's modes nor in {cfg.output_file} "
+                       f"({', '.join(sorted(requested | set(kept)))}); add it to --modes or choose one of them")
     rerun = {r.name for r in resolve_modes(cfg.rerun, cfg.modes_file)} if cfg.rerun else set()
     todo: list[ModeRecipe] = []
     for mode, k in kept.items():  # modes of the file that were not asked for but must be re-run

@@ -63,9 +63,9 @@ def test_missing_tensor_is_named(ssm_dir, tmp_path):
     sd = torch.load(d / "pytorch_model.bin", weights_only=True)
     del sd["backbone.layers.1.mixer.A_log"]
     torch.save(sd, d / "pytorch_model.bin")
-    ckpt = open_checkpoint(d)
-    with pytest.raises(ModelDirError, match="backbone.layers.1.mixer.A_log' is missing"):
-        ckpt.raw_layer(1)
+    with pytest.raises(ModelDirError, match="backbone.layers.1.mixer.A_log' is missing; config.json says the model "
+                                           "has 2 blocks"):
+        open_checkpoint(d)  # before any work, also for a block deeper than the captured ones
 
 
 def test_pickled_objects_are_refused(tmp_path, hf_dir):
