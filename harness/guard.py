@@ -70,6 +70,10 @@ class Progress:
 progress = Progress()
 
 
+_deferring = False
+_pending: int | None = None
+
+
 @contextmanager
 def handle_signals() -> Iterator[None]:
     """SIGINT/SIGTERM -> Interrupted inside the block (main thread only; elsewhere a no-op)."""
@@ -78,6 +82,10 @@ def handle_signals() -> Iterator[None]:
         return
 
     def raise_interrupted(signum, _frame):
+        global _pending
+        if _deferring:
+            _pending = signum
+            return
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, raise_interrupted) for s in _HANDLED}
@@ -90,12 +98,20 @@ def handle_signals() -> Iterator[None]:
 
 @contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Block SIGINT/SIGTERM inside the block; one that arrived meanwhile is delivered on exit."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    """SIGINT/SIGTERM arriving inside the block raise Interrupted only when it ends.
+
+    (Blocking with pthread_sigmask is not enough: the kernel hands a process-directed
+    signal to any thread that does not block it, torch's worker threads included.)
+    """
+    global _deferring, _pending
+    _deferring, _pending = True, None
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _deferring = False
+        signum, _pending = _pending, None
+        if signum is not None:
+            raise Interrupted(signum)
 
 
 def fault_point(name: str) -> None:

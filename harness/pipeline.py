@@ -233,6 +233,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         if k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
             print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
                   f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
+    if calib_text is None and any(r.needs_calibration for r in todo):  # a kept mode re-run needs it
+        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+        check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
     bank = WeightBank(ckpt)
     progress.phase = "calibrating"
     fault_point("before-calibration")

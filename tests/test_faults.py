@@ -1,0 +1,102 @@
+"""Fault injection: a real capture run is interrupted at each phase with SIGINT and SIGTERM (and SIGKILL between
+the two renames); what is left on disk must be the old pair or the new pair, never a mix, and no temporary file.
+
+The run is a subprocess with QUAMBA_HARNESS_FAULT=<point>:<signal> (harness/guard.py): the process sends itself
+the signal when it reaches the point, so each phase is hit deterministically.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, make_hf_model, write_hf_dir
+from harness.guard import OutputLock
+from harness.storage import load_capture, pending_path, stats_path
+
+FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
+PHASES = ["before-calibration", "calibration", "modes", "write-npz", "write-stats", "between-renames"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A one-block model and an old, complete pair (mode fp32 only) to be overwritten by an fp32 + 0 run."""
+    base = tmp_path_factory.mktemp("faults")
+    model = write_hf_dir(base / "m", make_hf_model(n_layer=1, seed=3))
+    old = base / "old"
+    old.mkdir()
+    r = _capture(model, old, ["fp32"], env={})
+    assert r.returncode == 0, r.stderr
+    return model, old
+
+
+def _capture(model, out_dir, modes, env, cache=None, extra=()):
+    full_env = {**os.environ, "QUAMBA_HARNESS_CACHE": str(cache or out_dir / "cache"), **env}
+    return subprocess.run([sys.executable, str(ROOT / "save_first_layer_io.py"), "--model", str(model), "--modes",
+                           *modes, "--output_file", str(out_dir / "out.npz"), "--quiet", *FAST, *extra],
+                          capture_output=True, text=True, env=full_env, cwd=out_dir, timeout=300)
+
+
+def _leftovers(directory):
+    """Files other than the pair (temporary files, pending manifests, locks), also in the calibration cache."""
+    names = []
+    for root, _dirs, files in os.walk(directory):
+        names += [f for f in files if f not in ("out.npz", "out_stats.json") and not
+                  (f.startswith("calib-") and f.endswith(".json"))]
+    return names
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+@pytest.mark.parametrize("phase", PHASES)
+def test_interrupted_run_leaves_old_or_new_pair_and_no_temporary_file(setup, tmp_path, phase, sig):
+    model, old = setup
+    for name in ("out.npz", "out_stats.json"):
+        shutil.copy(old / name, tmp_path / name)
+    before = (tmp_path / "out.npz").read_bytes(), (tmp_path / "out_stats.json").read_bytes()
+    r = _capture(model, tmp_path, ["fp32", "0"], env={"QUAMBA_HARNESS_FAULT": f"{phase}:{sig}"})
+    signum = getattr(signal, f"SIG{sig}")
+    assert r.returncode == 128 + signum, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted by SIG{sig} while "), r.stderr
+    assert _leftovers(tmp_path) == []
+    cf = load_capture(tmp_path / "out.npz")  # the pair is consistent (sha256 checked)
+    if phase == "between-renames":  # signals are deferred across the two renames: the new pair is complete
+        assert "were written completely" in last
+        assert cf.modes() == ["fp32", "0"] and cf.manifest["modes"]["0"]["status"] == "ok"
+    else:
+        assert "unchanged (the previous pair)" in last
+        assert ((tmp_path / "out.npz").read_bytes(), (tmp_path / "out_stats.json").read_bytes()) == before
+        assert cf.modes() == ["fp32"]
+
+
+def test_sigkill_between_the_renames_is_read_as_the_new_pair(setup, tmp_path):
+    """SIGKILL cannot be handled: the pending manifest stays, and readers complete the pair with it."""
+    model, old = setup
+    for name in ("out.npz", "out_stats.json"):
+        shutil.copy(old / name, tmp_path / name)
+    r = _capture(model, tmp_path, ["fp32", "0"], env={"QUAMBA_HARNESS_FAULT": "between-renames:KILL"})
+    assert r.returncode == -signal.SIGKILL
+    out = tmp_path / "out.npz"
+    assert pending_path(out).exists()  # the new manifest, not yet renamed
+    assert json.loads(stats_path(out).read_text())["modes"].keys() == {"fp32"}  # the old one: a mismatched pair
+    cf = load_capture(out)
+    assert cf.modes() == ["fp32", "0"] and cf.manifest["npz"]["sha256"] != json.loads(
+        stats_path(out).read_text())["npz"]["sha256"]
+    assert np.isfinite(cf.array("0", "output")).all()
+    lock = OutputLock(out)
+    assert lock.path.exists()  # left by the killed run, whose pid is gone: taken over
+    lock.acquire()
+    lock.release()
+    assert not lock.path.exists()
+    # the next run (a resume) reads the pending pair, keeps both modes and commits a clean pair
+    r = _capture(model, tmp_path, ["1"], env={}, extra=["--resume"])
+    assert r.returncode == 0, r.stderr
+    assert load_capture(out).modes() == ["fp32", "0", "1"]
+    r = subprocess.run([sys.executable, str(ROOT / "compare_with_fp.py"), str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and not pending_path(out).exists() and _leftovers(tmp_path) == []
