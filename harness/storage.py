@@ -221,6 +221,8 @@ class CaptureFile:
         except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError, TypeError) as e:
             raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} "
                                f"({type(e).__name__}: {e})") from None
+        if not isinstance(arr, np.ndarray):
+            raise StorageError(f"{self.path}: cannot read array {key}: the member is not a .npy array")
         if arr.dtype.kind not in "fiub":
             raise StorageError(f"{self.path}: array {key} has dtype {arr.dtype}; capture arrays are numeric "
                                f"(float, int or bool)")
