@@ -4,8 +4,8 @@
   BaseException, so ``except Exception`` around a failing mode does not swallow it);
   ``finally`` blocks then remove temporary files and the lock, and the command line
   exits 128 + signal (130, 143) with one line saying what was kept.
-* ``deferred_signals()``: SIGINT/SIGTERM are blocked (delivered on exit) around the
-  two renames that commit an .npz + _stats.json pair, so a signal never splits them.
+* ``deferred_signals()``: a SIGINT/SIGTERM arriving during the two renames that commit
+  an .npz + _stats.json pair is held and raised after them, so a signal never splits them.
 * ``OutputLock``: ``<output>.lock`` created with O_EXCL and holding the pid. A second
   run on the same output refuses; a lock whose pid no longer exists (a run killed
   with SIGKILL) is stale and taken over.
@@ -157,6 +157,8 @@ class OutputLock:
                     self.path.unlink()  # stale: its run no longer exists
                 except FileNotFoundError:
                     pass
+                except OSError as e:
+                    raise LockError(f"cannot take over the lock file {self.path}: {e.strerror}; remove it") from None
                 continue
             except OSError as e:
                 raise LockError(f"cannot create the lock file {self.path}: {e.strerror}") from None

@@ -249,6 +249,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     for mode, k in kept.items():  # file order first; modes run again take their place
         if mode not in todo_names:
             modes[mode] = {**k.entry, "resumed": True}
+            if k.entry.get("status") == "ok" and not k.complete:  # cannot be re-run: never kept as ok
+                modes[mode].update(status="error", error=f"arrays incomplete in the resumed file "
+                                   f"({', '.join(k.missing)}) and its recorded recipe is not valid")
             if k.arrays:
                 arrays_by_mode[mode] = k.arrays
             emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")

@@ -100,3 +100,18 @@ def test_sigkill_between_the_renames_is_read_as_the_new_pair(setup, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "compare_with_fp.py"), str(out)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and not pending_path(out).exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("script", ["save_first_layer_io.py", "compare_with_fp.py"])
+def test_ctrl_c_while_starting_shows_no_traceback(tmp_path, script):
+    import time
+
+    p = subprocess.Popen([sys.executable, str(ROOT / script), str(tmp_path / "x.npz")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(0.5)  # inside the imports (torch alone takes longer)
+    if p.poll() is not None:
+        pytest.skip("the command ended before the signal")
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err and "interrupted by SIGINT while" in err
+    assert list(tmp_path.iterdir()) == []
