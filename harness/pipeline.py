@@ -37,7 +37,7 @@ from .report import mode_summary, short_comparison
 from .resume import ResumeError, previous_modes, recorded_recipe
 from .guard import LockError, OutputLock, fault_point, progress
 from .storage import SCHEMA_VERSION, StorageError, array_key, check_output, check_writable, dedup_arrays, \
-    load_capture, pending_path, stats_path, tensor_name, write_pair
+    pending_path, stats_path, tensor_name, write_pair
 from .weights import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
