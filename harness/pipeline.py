@@ -226,11 +226,13 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                 todo.append(recipe)
     for recipe in recipes:
         k = kept.get(recipe.name)
-        if k is None or recipe.name in rerun or k.entry.get("status") != "ok" or not k.complete:
+        changed = k is not None and k.entry.get("recipe") != recipe.knobs()
+        if k is None or recipe.name in rerun or k.entry.get("status") != "ok" or not k.complete or changed:
             todo.append(recipe)
-    for recipe in todo:
-        k = kept.get(recipe.name)
-        if k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
+        if changed and recipe.name not in rerun:
+            print(f"warning: mode {recipe.name} in {cfg.output_file} was made with another recipe; "
+                  f"running it again", file=sys.stderr)
+        elif k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
             print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
                   f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
     if calib_text is None and any(r.needs_calibration for r in todo):  # a kept mode re-run needs it

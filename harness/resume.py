@@ -1,8 +1,8 @@
 """--resume: what the file being resumed already holds, and whether it is this run's file.
 
 Resuming keeps every mode of the file (also those not asked for), adds the new
-ones, and runs a kept mode again only when asked (--rerun) or when its arrays are
-incomplete (a tensor its stats list is missing, unreadable or of another shape).
+ones, and runs a kept mode again only when asked (--rerun), when it failed or its
+recipe changed (and it is asked for), or when its arrays are incomplete (a tensor its stats list is missing, unreadable or of another shape).
 A file made with another model, token ids, capture points, basis or calibration
 is refused, as is a file whose .npz and stats do not belong together.
 """

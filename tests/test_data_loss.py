@@ -188,3 +188,17 @@ def test_comparator_never_crashes_on_bad_numbers(tmp_path, capsys):
     assert _cli(compare_main, [f, "--modes", "d", "--fail-if", "sqnr_db < -1000"], capsys)[0] == 0
     rc, _, err = _cli(compare_main, [f, "--modes", "c", "--fail-if", "mse > 1"], capsys)
     assert rc == 1 and "nothing was compared" in err  # only a mismatched shape: nothing compared is a failure
+
+
+def test_resume_runs_again_a_mode_whose_recipe_changed(model, tmp_path, capsys):
+    out, modes_file = tmp_path / "c.npz", tmp_path / "m.json"
+    modes_file.write_text(json.dumps({"modes": {"u": {"base": "fp32", "weights": "fp16"}}}))
+    assert _capture(model, out, ["fp32", "u"], capsys, "--modes_file", modes_file)[0] == 0
+    first = np.array(load_capture(out).array("u", "output"))
+    modes_file.write_text(json.dumps({"modes": {"u": {"base": "fp32"}}}))
+    rc, _, err = _capture(model, out, ["u"], capsys, "--modes_file", modes_file, "--resume")
+    assert rc == 0 and "mode u in" in err and "was made with another recipe" in err
+    cf = load_capture(out)
+    assert cf.manifest["modes"]["u"]["recipe"]["weights"] == "fp32" and "resumed" not in cf.manifest["modes"]["u"]
+    assert np.array_equal(cf.array("u", "output"), cf.array("fp32", "output"))
+    assert not np.array_equal(first, cf.array("u", "output"))
