@@ -209,6 +209,10 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _compare(argv: list[str] | None, prog: str | None) -> int:
+    from .guard import progress
+
+    progress.reset()
+    progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
     from .compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
     from .report import comparison_tables

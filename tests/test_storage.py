@@ -78,3 +78,24 @@ def test_corrupted_and_unknown_versions_are_rejected(tmp_path):
 def test_json_writes_non_finite_as_strings(tmp_path):
     write_json(tmp_path / "s.json", {"a": float("inf"), "b": [float("nan"), -float("inf"), 1.5]})
     assert json.loads((tmp_path / "s.json").read_text()) == {"a": "inf", "b": ["nan", "-inf", 1.5]}
+
+
+def test_write_pair_is_all_or_nothing(tmp_path):
+    from harness.storage import write_pair
+
+    out = tmp_path / "p.npz"
+    stats = write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}})
+    assert stats["npz"]["sha256"] == __import__("hashlib").sha256(out.read_bytes()).hexdigest()
+    before = out.read_bytes(), stats_path(out).read_bytes()
+
+    class Boom:
+        def __array__(self, *a, **k):
+            raise RuntimeError("cannot serialize")
+
+        nbytes = 0
+
+    with pytest.raises(RuntimeError):
+        write_pair(out, {"mode_a_output": np.zeros(3, np.float32), "b": Boom()}, {"schema_version": 2, "modes": {}})
+    assert (out.read_bytes(), stats_path(out).read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p_stats.json"]
+    assert np.array_equal(load_capture(out).array("a", "output"), np.ones(3, np.float32))
