@@ -224,6 +224,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             recipe = recorded_recipe(mode, k.entry)
             if recipe is not None:
                 todo.append(recipe)
+                print(f"warning: mode {mode} in {cfg.output_file} has incomplete arrays "
+                      f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
     for recipe in recipes:
         k = kept.get(recipe.name)
         changed = k is not None and k.entry.get("recipe") != recipe.knobs()
