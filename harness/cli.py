@@ -46,6 +46,8 @@ def _positive_int(text: str) -> int:
     if value > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"must be a positive integer of at most {MAX_COUNT}, got {value}")
     return value
+
+
 _alpha = _checked(float, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
 _layer = _checked(_int, lambda v: 0 <= v < 100_000, "a block index (0, 1, ...)")
 _seed = _checked(_int, lambda v: 0 <= v < 2**63, "an integer in 0..2^63-1")
