@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, make_hf_model, write_hf_dir
+from harness.cli import compare_main
 from harness.guard import OutputLock
 from harness.storage import load_capture, pending_path, stats_path
 
@@ -97,9 +98,8 @@ def test_sigkill_between_the_renames_is_read_as_the_new_pair(setup, tmp_path):
     r = _capture(model, tmp_path, ["1"], env={}, extra=["--resume"])
     assert r.returncode == 0, r.stderr
     assert load_capture(out).modes() == ["fp32", "0", "1"]
-    r = subprocess.run([sys.executable, str(ROOT / "compare_with_fp.py"), str(out)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0 and not pending_path(out).exists() and _leftovers(tmp_path) == []
+    assert compare_main([str(out)]) == 0
+    assert not pending_path(out).exists() and _leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("script", ["save_first_layer_io.py", "compare_with_fp.py"])
