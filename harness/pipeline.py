@@ -29,14 +29,14 @@ from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
 from .compare import compare_modes, same_basis
 from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, read_sample
-from .loading import ModelDirError, load_tokenizer, open_checkpoint
+from .loading import ModelDirError, load_tokenizer
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
 from .ops.hadamard import hadamard_transform
+from .quamba_pair import check_pair, checkpoint_calibration, needs_float, open_models
 from .report import mode_summary, short_comparison
 from .storage import SCHEMA_VERSION, StorageError, array_key, check_writable, dedup_arrays, load_capture, \
-    parse_array_key, read_json, stats_path, tensor_name, write_json, write_npz
-from .weights import WeightBank
+    parse_array_key, read_json, research_stats, stats_path, tensor_name, write_json, write_npz
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
 
@@ -55,6 +55,7 @@ InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageEr
 @dataclass
 class RunConfig:
     model: Path = DEFAULT_MODEL
+    mamba_model_path: Path | None = None  # float model paired with a quantized (Quamba) --model
     tokenizer: Path | None = None
     modes: list[str] = field(default_factory=lambda: ["all"])
     modes_file: Path | None = None
@@ -185,23 +186,38 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     depth = max(parse_point(p)[0] for p in points)
     check_writable(Path(cfg.output_file))
     check_writable(stats_path(cfg.output_file))
-    ckpt = open_checkpoint(cfg.model)
+    models = open_models(cfg.model, cfg.mamba_model_path)
+    ckpt = models.primary
+    if models.quamba is None and cfg.mamba_model_path is not None:
+        print(f"warning: --mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it",
+              file=sys.stderr)
     if depth >= ckpt.dims.n_layer:
         raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
                        f"(valid: 0..{ckpt.dims.n_layer - 1})")
-    tok = load_tokenizer(cfg.model, cfg.tokenizer)
+    float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
+    if float_less:
+        raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights or no rotation), but "
+                       f"{cfg.model} is a quantized Quamba checkpoint: pass --mamba_model_path DIR (the float "
+                       f"model it was made from), or run only int8 modes (e.g. --modes quant_only)")
+    tok = _tokenizer(cfg, models)
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing (GIL released) overlaps with tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         text = read_sample(tok, cfg.text_file, cfg.seq_len)
-        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen,
-                                         cfg.calib.seed) if any(r.needs_calibration for r in recipes) else None
+        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
+            if any(r.needs_calibration for r in recipes) and models.quamba is None else None
         prefix = hashing.result()
     ids = text.ids
     provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
     kept_arrays, kept_modes = _previous(cfg, provenance, calib_text) if cfg.resume else ({}, {})
     todo = [r for r in recipes if r.name not in kept_modes]
-    bank = WeightBank(ckpt)
-    calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
+    bank = models.bank
+    if models.quamba is not None:  # the checkpoint's own scales: no calibration
+        calib = checkpoint_calibration(models.quamba, depth) if any(r.needs_calibration for r in todo) else None
+        provenance["model"]["quamba"] = models.quamba.info()
+        if models.float_ckpt is not None:
+            provenance["model"]["pairing"] = _pairing(models, depth)
+    else:
+        calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
     provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
         {"error": str(calib)} if calib is not None else None)
 
@@ -219,7 +235,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         try:
             arrays, tensors = _run_mode(recipe, bank, calib, ids, points, depth, cfg.basis)
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
-                                  "tensors": tensors}
+                                  "tensors": tensors, **research_stats(tensors)}
             arrays_by_mode[recipe.name] = arrays
         except Exception as e:  # a failing mode is recorded, the others go on
             modes[recipe.name] = {"status": "error", **base, "error": f"{type(e).__name__}: {e}",
@@ -228,7 +244,30 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
     _check_quantized_differ(recipes, modes, arrays_by_mode, cfg.reference)
     provenance["model"]["tensors_read"] = ckpt.read_summary()
+    if models.quamba is not None and models.float_ckpt is not None:
+        provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path), "format": models.float_ckpt.format,
+                                              "tensors_read": models.float_ckpt.read_summary()}
     return _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit)
+
+
+def _tokenizer(cfg: RunConfig, models):
+    """--tokenizer, else the model directory, else (Quamba checkpoints carry none) the float model's."""
+    if cfg.tokenizer is not None:
+        return load_tokenizer(cfg.model, cfg.tokenizer)
+    dirs = models.tokenizer_dirs
+    for d in dirs[1:]:
+        if not any((Path(dirs[0]) / n).is_file() for n in ("tokenizer.json", "vocab.json")):
+            return load_tokenizer(d)
+    return load_tokenizer(dirs[0])
+
+
+def _pairing(models, depth: int) -> dict:
+    pairing = check_pair(models, depth)
+    if not pairing["matched"]:
+        print(f"warning: only {pairing['within_one_code']:.2%} of the weight codes of {models.quamba.path} "
+              f"(layers 0..{depth}) lie within one code of {models.float_ckpt.path} quantized as Quamba does "
+              f"(expected >= 99%): the two probably do not belong together", file=sys.stderr)
+    return pairing
 
 
 def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit):

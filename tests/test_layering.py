@@ -26,11 +26,14 @@ ALLOWED = {
     "weights": {"spec", "loading", "ops.hadamard", "ops.quant"},
     "build": {"spec", "modes", "modules", "weights", "ops.linear", "ops.scan"},
     "calibration": {"spec", "build", "modes", "observers", "weights"},
+    "quamba_ckpt": {"spec", "loading", "ops.quant", "weights"},
+    "quamba_pair": {"calibration", "loading", "quamba_ckpt", "weights"},
+    "export": {"calibration", "data", "loading", "ops.quant", "quamba_ckpt", "weights"},
     "compare": {"metrics"},
     "report": set(),
     "pipeline": {"__init__", "spec", "build", "calibration", "capture", "compare", "data", "loading", "metrics", "modes",
-                 "ops.hadamard", "report", "storage", "weights"},
-    "cli": {"calibration", "capture", "compare", "data", "modes", "pipeline", "report", "storage"},
+                 "ops.hadamard", "quamba_pair", "report", "storage"},
+    "cli": {"calibration", "capture", "compare", "data", "export", "modes", "pipeline", "report", "storage"},
 }
 
 
