@@ -166,8 +166,9 @@ def quantize_rows_signed_max_fp16(e: torch.Tensor) -> tuple[torch.Tensor, torch.
     """W8O16Embedding.from_fp16 (Quamba qEmbedding.py:86-89): per row s = f16(max(e) / 127), the row's
     signed max (not max|e|: rows whose minimum is below -max saturate at -128), q = sat8(RNE(f16(e / s))).
 
-    e: (rows, d) fp16 values -> (codes (rows, d) int8, scales (rows,) fp16). A row with max 0 gives
-    0/0: its NaN quotients become code 0 here (the GPU cast of NaN is unspecified).
+    e: (rows, d) fp16 values -> (codes (rows, d) int8, scales (rows,) fp16). A row with max 0 has scale 0:
+    its negative entries saturate at -128 and its zeros (0/0, NaN) become code 0 here (the GPU cast of NaN
+    is unspecified).
     """
     e16 = e.to(torch.float16)
     s = e16.amax(dim=-1, keepdim=True) / _QMAX
