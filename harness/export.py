@@ -78,7 +78,10 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir)
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
-    layers = [bank.layer(i, "int8", True) for i in range(dims.n_layer)]
+    layers = []
+    for i in range(dims.n_layer):
+        layers.append(bank.layer(i, "int8", True))
+        bank.release(i)  # keep only the int8 codes of the blocks already done
     vocab = dims.vocab_size
     rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
     # the rotated fp16 rows the int8 modes embed with (Quamba1: fp16, not quantized)

@@ -128,6 +128,12 @@ class WeightBank:
                 self._layers[key] = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
         return self._layers[key]
 
+    def release(self, layer: int) -> None:
+        """Forget the raw and prepared tensors of one block (a caller walking every layer keeps memory flat)."""
+        self._raw.pop(layer, None)
+        for key in [k for k in self._layers if k[0] == layer]:
+            del self._layers[key]
+
     def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype, weights: str = "fp32") -> torch.Tensor:
         """ids: (batch, seqlen) int64 -> (batch, seqlen, d_model) fp32 holding `dtype` values.
 
