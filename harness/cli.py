@@ -201,6 +201,9 @@ def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
     _opt(p, "tokenizer", type=Path, default=None, help="directory with tokenizer.json (default: the model directory)")
     _opt(p, "quantize_embedding", action="store_true",
          help="store the embedding as W8O16Embedding (Quamba's --quantize_embedding); default: fp16, as Quamba1")
+    _opt(p, "quantize_lm_head", action="store_true",
+         help="store lm_head as W8A8B16O16Linear and norm_f with its output scale (Quamba's --quantize_lm_head; "
+              "one more calibration pass through every layer); default: fp16, as Quamba1")
     g = p.add_argument_group("calibration (as for capture; the calibration cache is shared)")
     _opt(g, "calib_data_num", type=_positive_int, default=512, help="calibration samples (default: 512)")
     _opt(g, "calib_seqlen", type=_positive_int, default=512, help="tokens per calibration sample (default: 512)")
@@ -225,7 +228,7 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
                                                  args.calib_batch_size, args.seed),
                        calib_file=args.calib_file,
                        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
-                       quantize_embedding=args.quantize_embedding)
+                       quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head)
     try:
         export(cfg, emit=(lambda _s: None) if args.quiet else print)
     except INPUT_ERRORS as e:

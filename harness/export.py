@@ -19,7 +19,12 @@ import torch
 from .calibration import CalibrationSettings, calibrate
 from .data import DEFAULT_CALIB_FILE, DataError, calibration_windows
 from .loading import ModelDirError, load_tokenizer, open_checkpoint
-from .ops.quant import quantize_rows_signed_max_fp16
+from .build import build_backbone
+from .modes import CALIBRATION_RECIPE
+from .modules import EmuRMSNorm
+from .observers import MinMaxObserver
+from .ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
+from .spec import FloatOut
 from .quamba_ckpt import is_quamba_dir, write_quamba
 from .weights import WeightBank, lm_head_weight
 
@@ -42,13 +47,25 @@ class ExportConfig:
     calib_file: Path = DEFAULT_CALIB_FILE
     cache_dir: Path | None = None
     quantize_embedding: bool = False
+    quantize_lm_head: bool = False
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0])) if t.shape[0] < rows else t
 
 
-def _config(dims, vocab: int, embedding_layer: str) -> dict:
+def _lm_head_input_scale(bank: WeightBank, windows: torch.Tensor, batch_size: int, depth: int) -> float:
+    """Min-max scale of lm_head's input (modelutils_mamba.py:182-189): the final norm's fp16 output of the
+    calibration model (weight 1: folded into lm_head) over the calibration windows."""
+    model = build_backbone(CALIBRATION_RECIPE, bank, None, depth)
+    norm = EmuRMSNorm(None, bank.dims.norm_eps, FloatOut(torch.float16))
+    observer = MinMaxObserver()
+    for batch in windows.split(batch_size):
+        observer.observe(norm(model(batch)))
+    return observer.compute_scale()
+
+
+def _config(dims, vocab: int, embedding_layer: str, lm_head_layer: str) -> dict:
     """mamba_ssm MambaConfig.__dict__ with Quamba's additions (modelutils_mamba.py:863-870)."""
     ssm = {"d_state": dims.d_state, "d_conv": dims.d_conv, "expand": dims.d_inner // dims.d_model}
     if dims.dt_rank != -(-dims.d_model // 16):
@@ -58,7 +75,7 @@ def _config(dims, vocab: int, embedding_layer: str) -> dict:
             "ssm_cfg": ssm, "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True,
             "fused_add_norm": True, "pad_vocab_size_multiple": _PAD_VOCAB, "tie_embeddings": False,
             "norm_cfg": {"norm": "QRMSNorm"}, "embedding_cfg": {"layer": embedding_layer},
-            "lm_head_cfg": {"layer": "Linear"}}
+            "lm_head_cfg": {"layer": lm_head_layer}}
 
 
 def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
@@ -78,6 +95,7 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir)
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
+    lm_scale = _lm_head_input_scale(bank, windows.ids, cfg.calib.batch_size, depth) if cfg.quantize_lm_head else None
     layers = []
     for i in range(dims.n_layer):
         layers.append(bank.layer(i, "int8", True))
@@ -93,11 +111,14 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     else:
         embedding = {"backbone.embedding.weight": table}
     lm_head = _pad_rows(lm_head_weight(ckpt).to(torch.float16), rows)
-    config = _config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding")
+    if cfg.quantize_lm_head:  # W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785)
+        lm_head = quantize_weight_fp16(lm_head)
+    config = _config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding",
+                     "W8A8B16O16Linear" if cfg.quantize_lm_head else "Linear")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
         tmp.mkdir(parents=True)
-        write_quamba(tmp, dims, config, layers, result.scales, embedding, lm_head)
+        write_quamba(tmp, dims, config, layers, result.scales, embedding, lm_head, lm_scale)
         tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
         for name in TOKENIZER_FILES:
             if (tok_dir / name).is_file():

@@ -335,16 +335,23 @@ def _layer_entries(i: int, p, s: LayerScales, d: ModelDims) -> dict:
 
 
 def write_quamba(out_dir: Path, dims: ModelDims, config: dict, layers: list, scales: list[LayerScales],
-                 embedding: dict, lm_head: torch.Tensor) -> None:
+                 embedding: dict, lm_head: torch.Tensor | QTensor, lm_head_input_scale: float | None = None) -> None:
     """Write config.json and pytorch_model.bin into out_dir (which the caller renames into place).
 
     layers: int8 LayerParams per block (rotated); embedding: {"backbone.embedding.weight": ..., [scales]};
-    lm_head: fp16 (vocab, d_model), norm_f folded and rotated (modelutils_mamba.py:64-70).
+    lm_head: fp16 (vocab, d_model), norm_f folded and rotated (modelutils_mamba.py:64-70), or its int8
+    codes, stored as a W8A8B16O16Linear whose input (norm_f's output) scale is lm_head_input_scale
+    (modelutils_mamba.py:658-662).
     """
     sd: OrderedDict = OrderedDict(embedding)
     for i, (p, s) in enumerate(zip(layers, scales)):
         sd.update(_layer_entries(i, p, s, dims))
     sd["backbone.norm_f.weight"] = torch.ones(dims.d_model, dtype=torch.float16)  # folded (modelutils_mamba.py:69)
-    sd["lm_head.weight"] = lm_head.to(torch.float16)
+    if isinstance(lm_head, QTensor):
+        assert lm_head_input_scale is not None, "a quantized lm_head needs its input scale"
+        sd["backbone.norm_f.output_scale"] = lm_head_input_scale  # QRMSNorm.store_hook (qNorm.py:38-39)
+        sd.update(_linear_entries("lm_head", lm_head, lm_head_input_scale, None))
+    else:
+        sd["lm_head.weight"] = lm_head.to(torch.float16)
     torch.save(sd, out_dir / "pytorch_model.bin")
     (out_dir / "config.json").write_text(json.dumps(config, indent=4))

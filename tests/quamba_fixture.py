@@ -27,7 +27,7 @@ def _f16(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float16))
 
 
-def handmade_state_dict(seed: int = 0, embedding: str = "Embedding") -> dict:
+def handmade_state_dict(seed: int = 0, embedding: str = "Embedding", lm_head: str = "Linear") -> dict:
     g = torch.Generator().manual_seed(seed)
     E, R, N, K = 2 * D_MODEL, math.ceil(D_MODEL / 16), D_STATE, 4
 
@@ -87,23 +87,32 @@ def handmade_state_dict(seed: int = 0, embedding: str = "Embedding") -> dict:
         sd[q + "b"] = torch.tensor([[s_w]], dtype=torch.float32)
         sd[q + "alpha"] = (torch.tensor(s_w, dtype=torch.float32) * s_H).item()
     sd["backbone.norm_f.weight"] = torch.ones(D_MODEL, dtype=torch.float16)
-    sd["lm_head.weight"] = (torch.randn(VOCAB, D_MODEL, generator=g) * 0.5).to(torch.float16)
+    if lm_head == "W8A8B16O16Linear":  # modelutils_mamba.py:658-662: QRMSNorm norm_f + W8A8B16O16Linear lm_head
+        s_lm, s_w = _f16(rand(0.02, 0.05)), _f16(rand(0.005, 0.02))
+        sd["backbone.norm_f.output_scale"] = s_lm
+        sd["lm_head.weight"] = w8a8_weight(VOCAB, D_MODEL)
+        sd["lm_head.a"] = torch.tensor([[s_lm]], dtype=torch.float32)
+        sd["lm_head.b"] = torch.tensor([[s_w]], dtype=torch.float32)
+        sd["lm_head.alpha"] = (torch.tensor(s_w, dtype=torch.float32) * s_lm).item()
+    else:
+        sd["lm_head.weight"] = (torch.randn(VOCAB, D_MODEL, generator=g) * 0.5).to(torch.float16)
     return sd
 
 
-def handmade_config(embedding: str = "Embedding") -> dict:
+def handmade_config(embedding: str = "Embedding", lm_head: str = "Linear") -> dict:
     # MambaConfig fields + modelutils_mamba.py:863-868 (no is_hybrid, no use_cache)
     return {"d_model": D_MODEL, "d_intermediate": 0, "n_layer": N_LAYER, "vocab_size": VOCAB,
             "ssm_cfg": {"d_state": D_STATE, "layer": "W8A8QMamba"}, "attn_layer_idx": [], "attn_cfg": {},
             "rms_norm": True, "residual_in_fp32": True, "fused_add_norm": True, "pad_vocab_size_multiple": 8,
             "tie_embeddings": False, "norm_cfg": {"norm": "QRMSNorm"}, "embedding_cfg": {"layer": embedding},
-            "lm_head_cfg": {"layer": "Linear"}}
+            "lm_head_cfg": {"layer": lm_head}}
 
 
 def write_handmade(path: Path, sd: dict | None = None, config: dict | None = None, seed: int = 0,
-                   embedding: str = "Embedding") -> Path:
+                   embedding: str = "Embedding", lm_head: str = "Linear") -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    torch.save(handmade_state_dict(seed, embedding) if sd is None else sd, path / "pytorch_model.bin")
-    (path / "config.json").write_text(json.dumps(handmade_config(embedding) if config is None else config, indent=4))
+    torch.save(handmade_state_dict(seed, embedding, lm_head) if sd is None else sd, path / "pytorch_model.bin")
+    config = handmade_config(embedding, lm_head) if config is None else config
+    (path / "config.json").write_text(json.dumps(config, indent=4))
     shutil.copy(TOKENIZER, path / "tokenizer.json")
     return path

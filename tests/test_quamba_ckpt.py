@@ -170,8 +170,8 @@ def test_handmade_codes_and_scales_are_used_bit_for_bit(handmade, tmp_path):
 
 
 def test_w8o16_embedding_is_emulated(tmp_path):
-    q = write_handmade(tmp_path / "q8e", embedding="W8O16Embedding")
-    sd = handmade_state_dict(embedding="W8O16Embedding")
+    q = write_handmade(tmp_path / "q8e", embedding="W8O16Embedding", lm_head="W8A8B16O16Linear")
+    sd = handmade_state_dict(embedding="W8O16Embedding", lm_head="W8A8B16O16Linear")
     out = run_modes(q, tmp_path, ["0"], basis="rotated")
     ids = torch.from_numpy(out.token_ids[0])
     rows = (sd["backbone.embedding.weight"][ids].to(torch.float32)
@@ -188,13 +188,27 @@ def test_embedding_row_scale_is_the_signed_max():
     assert codes[1].tolist() == [-128, -128, -128, 0]  # max 0: negatives / 0 saturate, 0 / 0 gives code 0
 
 
-def test_export_with_quantized_embedding(hf_dir, tmp_path):
+def test_export_with_quantized_embedding_and_lm_head(hf_dir, tmp_path):
+    """Quamba's eval.sh recipe (--quantize_embedding --quantize_lm_head): the layout of notes §2.7."""
     out = tmp_path / "q"
     export(ExportConfig(model=hf_dir, output_dir=out, calib=FAST_CALIB, cache_dir=tmp_path / "cache",
-                        quantize_embedding=True), emit=lambda _s: None)
-    sd = _load(out)
-    assert sd["backbone.embedding.weight"].dtype == torch.int8 and sd["backbone.embedding.scales"].shape == (4096,)
-    assert json.loads((out / "config.json").read_text())["embedding_cfg"] == {"layer": "W8O16Embedding"}
+                        quantize_embedding=True, quantize_lm_head=True), emit=lambda _s: None)
+    ours = _load(out)
+    theirs = handmade_state_dict(embedding="W8O16Embedding", lm_head="W8A8B16O16Linear")
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        assert _kind(ours[key]) == _kind(theirs[key]), key
+    assert ours["backbone.embedding.weight"].dtype == torch.int8 and ours["lm_head.weight"].stride() == (1, 24)
+    assert type(ours["backbone.norm_f.output_scale"]) is float and ours["lm_head.a"].item() == ours["backbone.norm_f.output_scale"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["embedding_cfg"] == {"layer": "W8O16Embedding"} and cfg["lm_head_cfg"] == {"layer": "W8A8B16O16Linear"}
+    q = open_quamba(out)
+    rows = q.embedding().to(torch.float32)
+    table = WeightBank(open_checkpoint(hf_dir)).embed(torch.arange(4096)[None], True, torch.float16, "int8")[0]
+    step = ours["backbone.embedding.scales"].to(torch.float32)[:, None]
+    inside = ours["backbone.embedding.weight"] > -128  # the signed-max row scale saturates some negatives
+    assert bool(((rows - table).abs() <= step)[inside].all())  # within one step of the fp16 rows elsewhere
+    assert bool((~inside).any())
     r = run_modes(out, tmp_path, ["0"])
     assert not r.failed
 
