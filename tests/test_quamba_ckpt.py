@@ -322,3 +322,13 @@ def test_version_1_stats_files_are_still_read(tmp_path):
         "0": {"status": "ok", "tensors": {"output": {"point": "L0.block.out"}}}}}))
     cf = load_capture(tmp_path / "v1.npz")
     assert cf.modes() == ["0"] and cf.array("0", "output").shape == (1, 2, 3)
+
+
+def test_tokenizer_comes_from_the_float_model_when_the_checkpoint_has_none(exported, hf_dir, tmp_path):
+    import shutil
+    bare = tmp_path / "bare"
+    shutil.copytree(exported, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink(missing_ok=True)
+    r = run_modes(bare, tmp_path, ["fp32", "0"], mamba_model_path=hf_dir)
+    assert not r.failed and r.stats["provenance"]["tokenizer"]["path"] == str(hf_dir / "tokenizer.json")
