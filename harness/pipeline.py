@@ -37,6 +37,7 @@ from .quamba_pair import check_pair, checkpoint_calibration, needs_float, open_m
 from .report import mode_summary, short_comparison
 from .storage import SCHEMA_VERSION, StorageError, array_key, check_writable, dedup_arrays, load_capture, \
     parse_array_key, read_json, research_stats, stats_path, tensor_name, write_json, write_npz
+from .weights import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
 

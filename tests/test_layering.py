@@ -33,7 +33,7 @@ ALLOWED = {
     "compare": {"metrics"},
     "report": set(),
     "pipeline": {"__init__", "spec", "build", "calibration", "capture", "compare", "data", "loading", "metrics", "modes",
-                 "ops.hadamard", "quamba_pair", "report", "storage"},
+                 "ops.hadamard", "quamba_pair", "report", "storage", "weights"},
     "cli": {"calibration", "capture", "compare", "data", "export", "modes", "pipeline", "report", "storage"},
 }
 
