@@ -7,7 +7,11 @@
 #   ./capture_first_layer.sh fp32 0 2-1 2-4   # any list of modes
 #   ./capture_first_layer.sh essential -- --seq_len 256 --taps all   # options after --
 #
-# Environment: MODEL (model directory), OUTPUT_FILE, SEQ_LEN, PYTHON.
+# Environment: MODEL (model directory, or a name inside PRETRAINED_DIR), PRETRAINED_DIR, MAMBA_MODEL_PATH
+# (the float model of a quantized Quamba MODEL, as in the research script), OUTPUT_FILE, SEQ_LEN, PYTHON.
+#
+#   PRETRAINED_DIR=pretrained_models/Quamba1-pa9999/pa-0.9999 MODEL=quamba-130m-w8a8 \
+#   MAMBA_MODEL_PATH=pretrained_models/mambaOriginalHuggingfaceDownload ./capture_first_layer.sh
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-}"
@@ -22,6 +26,8 @@ while [[ $# -gt 0 && "$1" != "--" ]]; do modes+=("$1"); shift; done
 
 args=(--modes "${modes[@]}")
 [[ -n "${MODEL:-}" ]] && args+=(--model "$MODEL")
+[[ -n "${PRETRAINED_DIR:-}" ]] && args+=(--pretrained_dir "$PRETRAINED_DIR")
+[[ -n "${MAMBA_MODEL_PATH:-}" ]] && args+=(--mamba_model_path "$MAMBA_MODEL_PATH")
 [[ -n "${OUTPUT_FILE:-}" ]] && args+=(--output_file "$OUTPUT_FILE")
 [[ -n "${SEQ_LEN:-}" ]] && args+=(--seq_len "$SEQ_LEN")
 

@@ -70,8 +70,8 @@ def build_backbone(recipe: ModeRecipe, bank: WeightBank, scales: list[LayerScale
     if recipe.needs_calibration and scales is None:
         raise ValueError(f"mode {recipe.name!r} quantizes activations and needs calibrated scales")
     rotate = recipe.rotate == "yes"
-    dims = bank.ckpt.dims
+    dims = bank.dims
     blocks = [build_block(recipe, bank.layer(i, recipe.weights, rotate), scales[i] if scales else None, dims, i)
               for i in range(depth + 1)]
     dtype = act_dtype(recipe)
-    return EmuBackbone(lambda ids: bank.embed(ids, rotate, dtype), blocks)
+    return EmuBackbone(lambda ids: bank.embed(ids, rotate, dtype, recipe.weights), blocks)

@@ -1,4 +1,4 @@
-"""Command lines: capture (save_first_layer_io.py), compare (compare_with_fp.py), modes, points.
+"""Command lines: capture (save_first_layer_io.py), compare (compare_with_fp.py), export, modes, points.
 
 Exit codes: 0 success; 1 a mode failed (capture) or --fail-if matched (compare);
 2 usage or input errors (argparse, unknown mode, missing model directory, ...);
@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["main", "capture_main", "compare_main", "build_capture_parser", "build_compare_parser"]
+__all__ = ["main", "capture_main", "compare_main", "export_main", "build_capture_parser", "build_compare_parser",
+           "build_export_parser"]
 
 
 def _checked(convert, ok, expected: str):
@@ -71,7 +72,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "pretrained_dir", type=Path, default=None, help="directory holding models: the model is PRETRAINED_DIR/MODEL")
     _opt(g, "tokenizer", type=Path, default=None, help="directory with tokenizer.json (default: the model directory)")
     _opt(g, "mamba_model_path", type=Path, default=None,
-         help="research-tool option, accepted and ignored: every mode (mode 1 included) is built from --model")
+         help="the float model of a quantized Quamba --model (DIR or DIR/mamba-<size>): modes fp32 and 1 "
+              "run from it and the pair is checked; ignored with a float --model")
 
 
 def _add_mode_options(p: argparse.ArgumentParser) -> None:
@@ -141,11 +143,8 @@ def _config_from_args(args: argparse.Namespace):
         model = args.pretrained_dir / (args.model or DEFAULT_MODEL.name)
     else:
         model = Path(args.model) if args.model else DEFAULT_MODEL
-    if args.mamba_model_path is not None:
-        print("warning: --mamba_model_path is ignored; mode 1 is built from --model like every other mode",
-              file=sys.stderr)
     return RunConfig(
-        model=model, tokenizer=args.tokenizer, modes=args.modes, modes_file=args.modes_file,
+        model=model, mamba_model_path=args.mamba_model_path, tokenizer=args.tokenizer, modes=args.modes, modes_file=args.modes_file,
         output_file=args.output_file, seq_len=args.seq_len, text_file=args.text_file,
         calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,
                                   args.calib_batch_size, args.seed),
@@ -263,6 +262,65 @@ def _compare(argv: list[str] | None, prog: str | None) -> int:
     return 0
 
 
+def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    from .data import DEFAULT_CALIB_FILE
+
+    p = argparse.ArgumentParser(prog=prog, description="Calibrate every layer of a float Mamba model and write a "
+                                "Quamba1 W8A8 checkpoint (config.json, pytorch_model.bin, tokenizer) as Quamba's "
+                                "save_pretrained does.")
+    _opt(p, "model", type=Path, required=True, help="the float model directory (transformers or mamba_ssm layout)")
+    _opt(p, "output_dir", type=Path, required=True, help="new (or empty) directory to write")
+    _opt(p, "tokenizer", type=Path, default=None, help="directory with tokenizer.json (default: the model directory)")
+    _opt(p, "quantize_embedding", action="store_true",
+         help="store the embedding as W8O16Embedding (Quamba's --quantize_embedding); default: fp16, as Quamba1")
+    _opt(p, "quantize_lm_head", action="store_true",
+         help="store lm_head as W8A8B16O16Linear and norm_f with its output scale (Quamba's --quantize_lm_head; "
+              "one more calibration pass through every layer); default: fp16, as Quamba1")
+    g = p.add_argument_group("calibration (as for capture; the calibration cache is shared)")
+    _opt(g, "calib_data_num", type=_positive_int, default=512, help="calibration samples (default: 512)")
+    _opt(g, "calib_seqlen", type=_positive_int, default=512, help="tokens per calibration sample (default: 512)")
+    _opt(g, "calib_file", type=Path, default=DEFAULT_CALIB_FILE, help="calibration text (default: the shipped one)")
+    _opt(g, "percentile_alpha", type=_alpha, default=0.9995, help="percentile of the s_u and s_h observers")
+    _opt(g, "calib_batch_size", type=_positive_int, default=8, help="calibration samples per forward (default: 8)")
+    _opt(g, "seed", type=int, default=42, help="seed of the order of calibration documents (default: 42)")
+    _opt(g, "cache_dir", type=Path, default=None,
+         help="calibration cache (default: $QUAMBA_HARNESS_CACHE or ~/.cache/quamba-harness)")
+    _opt(g, "no_cache", action="store_true", help="neither read nor write the calibration cache")
+    _opt(p, "quiet", action="store_true", help="print only errors and the output directory")
+    return p
+
+
+def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    from .guard import Interrupted, handle_signals
+
+    try:
+        with handle_signals():
+            return _export(argv, prog)
+    except Interrupted as e:
+        return _interrupted(e)
+
+
+def _export(argv: list[str] | None, prog: str | None) -> int:
+    args = build_export_parser(prog).parse_args(argv)
+    from .calibration import CalibrationSettings, default_cache_dir
+    from .export import INPUT_ERRORS, ExportConfig, export
+
+    cfg = ExportConfig(model=args.model, output_dir=args.output_dir, tokenizer=args.tokenizer,
+                       calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,
+                                                 args.calib_batch_size, args.seed),
+                       calib_file=args.calib_file,
+                       cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
+                       quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head)
+    try:
+        export(cfg, emit=(lambda _s: None) if args.quiet else print)
+    except INPUT_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.quiet:
+        print(args.output_dir)
+    return 0
+
+
 def _modes_main(argv: list[str]) -> int:
     from tabulate import tabulate
 
@@ -284,11 +342,13 @@ def _points_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"capture": capture_main, "compare": compare_main, "modes": _modes_main, "points": _points_main}
+    commands = {"capture": capture_main, "compare": compare_main, "export": export_main, "modes": _modes_main,
+                "points": _points_main}
     if not argv or argv[0] not in commands:
-        print("usage: python -m harness {capture,compare,modes,points} [options]  (--help on each)", file=sys.stderr)
+        print("usage: python -m harness {capture,compare,export,modes,points} [options]  (--help on each)",
+              file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
-    if name in ("capture", "compare"):
+    if name in ("capture", "compare", "export"):
         return commands[name](rest, prog=f"python -m harness {name}")
     return commands[name](rest)

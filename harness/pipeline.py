@@ -29,15 +29,16 @@ from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
 from .compare import compare_modes, same_basis
 from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, read_sample
-from .loading import ModelDirError, load_tokenizer, open_checkpoint
+from .loading import ModelDirError
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
 from .ops.hadamard import hadamard_transform
+from .quamba_pair import checkpoint_calibration, needs_float, open_models
 from .report import mode_summary, short_comparison
 from .resume import ResumeError, previous_modes, recorded_recipe
 from .guard import LockError, OutputLock, fault_point, progress
 from .storage import SCHEMA_VERSION, StorageError, array_key, check_output, check_writable, dedup_arrays, \
-    pending_path, stats_path, tensor_name, write_pair
+    pending_path, research_stats, stats_path, tensor_name, write_pair
 from .weights import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
@@ -57,6 +58,7 @@ InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageEr
 @dataclass
 class RunConfig:
     model: Path = DEFAULT_MODEL
+    mamba_model_path: Path | None = None  # float model paired with a quantized (Quamba) --model
     tokenizer: Path | None = None
     modes: list[str] = field(default_factory=lambda: ["all"])
     modes_file: Path | None = None
@@ -150,14 +152,19 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: 
     }
 
 
-def _input_files(cfg: RunConfig, ckpt, tok) -> dict[str, Path | None]:
+def _input_files(cfg: RunConfig, models, tok) -> dict[str, Path | None]:
     """Every file the run reads, by what it is (an output may never be one of them)."""
-    model = Path(cfg.model)
-    files: dict[str, Path | None] = {"the model's config.json": model / "config.json"}
-    for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        files[f"the model's {name}"] = model / name
-    for n, f in enumerate(sorted({str(f) for f in ckpt.weight_files()})):
-        files[f"a weight file of the model (#{n})"] = Path(f)
+    files: dict[str, Path | None] = {}
+    for what, ckpt in (("the model", models.primary), ("the float model", models.float_ckpt)):
+        if ckpt is None:
+            continue
+        model = Path(ckpt.path)
+        files[f"{what}'s config.json"] = model / "config.json"
+        for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            files[f"{what}'s {name}"] = model / name
+        weight_files = ckpt.weight_files() if hasattr(ckpt, "weight_files") else {model / "pytorch_model.bin"}
+        for n, f in enumerate(sorted({str(f) for f in weight_files})):
+            files[f"a weight file of {what} (#{n})"] = Path(f)
     files["the tokenizer"] = Path(tok.path)
     files["the tokenizer's merges.txt"] = Path(tok.path).with_name("merges.txt")
     files.update({"the text file": cfg.text_file, "the calibration file": cfg.calib_file,
@@ -186,26 +193,36 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
         check_writable(path)
-    ckpt = open_checkpoint(cfg.model)
+    models = open_models(cfg.model, cfg.mamba_model_path)
+    ckpt = models.primary
+    if models.quamba is None and cfg.mamba_model_path is not None:
+        print(f"warning: --mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it",
+              file=sys.stderr)
     if depth >= ckpt.dims.n_layer:
         raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
                        f"(valid: 0..{ckpt.dims.n_layer - 1})")
-    tok = load_tokenizer(cfg.model, cfg.tokenizer)
-    inputs = _input_files(cfg, ckpt, tok)
+    float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
+    if float_less:
+        raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights or no rotation), but "
+                       f"{cfg.model} is a quantized Quamba checkpoint: pass --mamba_model_path DIR (the float "
+                       f"model it was made from), or run only int8 modes (e.g. --modes quant_only)")
+    tok = models.tokenizer(cfg.tokenizer)
+    inputs = _input_files(cfg, models, tok)
     for path in (out, stats_path(out), pending_path(out)):
         check_output(path, inputs)
     with OutputLock(out):
-        return _run_locked(cfg, recipes, points, depth, ckpt, tok, emit)
+        return _run_locked(cfg, recipes, points, depth, models, tok, emit)
 
 
-def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, ckpt, tok,
+def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, models, tok,
                 emit: Callable[[str], None]) -> RunOutcome:
+    ckpt = models.primary
     progress.phase = "reading the text"
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing (GIL released) overlaps with tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         text = read_sample(tok, cfg.text_file, cfg.seq_len)
-        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen,
-                                         cfg.calib.seed) if any(r.needs_calibration for r in recipes) else None
+        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
+            if any(r.needs_calibration for r in recipes) and models.quamba is None else None
         prefix = hashing.result()
     ids = text.ids
     check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
@@ -237,13 +254,19 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         elif k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
             print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
                   f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
-    if calib_text is None and any(r.needs_calibration for r in todo):  # a kept mode re-run needs it
+    if calib_text is None and models.quamba is None and any(r.needs_calibration for r in todo):  # a kept mode re-run needs it
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
-    bank = WeightBank(ckpt)
+    bank = models.bank
     progress.phase = "calibrating"
     fault_point("before-calibration")
-    calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
+    if models.quamba is not None:  # the checkpoint's own scales: no calibration
+        calib = checkpoint_calibration(models.quamba, depth) if any(r.needs_calibration for r in todo) else None
+        provenance["model"]["quamba"] = models.quamba.info()
+        if models.float_ckpt is not None:
+            provenance["model"]["pairing"] = models.pairing(depth)
+    else:
+        calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
     provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
         {"error": str(calib)} if calib is not None else None)
 
@@ -266,7 +289,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         try:
             arrays, tensors = _run_mode(recipe, bank, calib, ids, points, depth, cfg.basis)
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
-                                  "tensors": tensors}
+                                  "tensors": tensors, **research_stats(tensors)}
             arrays_by_mode[recipe.name] = arrays
             _check_finite(recipe.name, modes[recipe.name], arrays)
         except Exception as e:  # a failing mode is recorded, the others go on
@@ -281,6 +304,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     arrays_by_mode = {m: arrays_by_mode[m] for m in order if m in arrays_by_mode}
     _check_quantized_differ(recipes, modes, arrays_by_mode, cfg.reference)
     provenance["model"]["tensors_read"] = ckpt.read_summary()
+    if models.quamba is not None and models.float_ckpt is not None:
+        provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path), "format": models.float_ckpt.format,
+                                              "tensors_read": models.float_ckpt.read_summary()}
     return _finish(cfg, list(modes), modes, arrays_by_mode, provenance, ids, emit)
 
 

@@ -13,7 +13,9 @@ maps the missing key to the stored one and ``load_capture`` resolves it.
 
 Schema versions of the manifest (``schema_version``):
     1  harness 0.1.0: first version.
-    2  adds ``npz`` = {"file", "sha256", "bytes"}: the content hash of the .npz it belongs to.
+    2  adds ``npz`` = {"file", "sha256", "bytes"}: the content hash of the .npz it belongs to;
+       modes.{mode} also holds the research tool's layout: "input" and "output" (layer 0), each with
+       shape, first_10, mean, std, min, max (``research_stats``), beside "tensors".
 Files without a manifest (the research tool's) are read as version 0.
 
 The pair is one unit (``write_pair``): the .npz goes to a temporary file, is fsynced
@@ -44,11 +46,14 @@ from .guard import deferred_signals, fault_point, progress
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
            "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays", "load_capture",
            "CaptureFile", "check_writable", "json_safe", "METADATA_KEYS", "write_pair", "check_output",
-           "pending_path", "file_sha256", "MAX_MANIFEST_BYTES"]
+           "pending_path", "file_sha256", "MAX_MANIFEST_BYTES", "RESEARCH_STAT_KEYS",
+           "research_stats"]
 
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (0, 1, 2)
 MAX_MANIFEST_BYTES = 1 << 30
+# stats["modes"][mode]["input" | "output"] of the research tool's _stats.json (save_first_layer_io.py:322-341)
+RESEARCH_STAT_KEYS = ("shape", "first_10", "mean", "std", "min", "max")
 METADATA_KEYS = ("timestamp", "model", "pretrained_dir", "seq_len")
 _LAYER0_NAMES = {"L0.block.in": "input", "L0.block.out": "output", "L0.block.residual": "residual"}
 _KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+)$")
@@ -68,6 +73,12 @@ def parse_array_key(key: str) -> tuple[str, str] | None:
     if not m:
         return None
     return (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+
+
+def research_stats(tensors: dict[str, dict]) -> dict[str, dict]:
+    """{"input": {...}, "output": {...}}: the research tool's per-mode layout, from the tensors' statistics."""
+    return {name: {k: tensors[name][k] for k in RESEARCH_STAT_KEYS}
+            for name in ("input", "output") if name in tensors}
 
 
 def stats_path(npz_path: Path) -> Path:

@@ -24,7 +24,7 @@ from .ops.hadamard import hadamard_transform
 from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
 from .spec import FLOAT_DTYPES, QTensor
 
-__all__ = ["LayerParams", "float_layer", "int8_layer", "WeightBank"]
+__all__ = ["LayerParams", "float_layer", "int8_layer", "WeightBank", "FloatModelRequired", "lm_head_weight"]
 
 
 @dataclass
@@ -78,40 +78,86 @@ def int8_layer(fp16: LayerParams) -> LayerParams:
         D=quantize_param_fp32(fp16.D), out_proj=quantize_weight_fp16(fp16.out_proj))
 
 
-class WeightBank:
-    """Prepares each (layer, weights, rotate) variant once and shares it between modes."""
+class FloatModelRequired(ValueError):
+    """A recipe needs float weights, but only a quantized checkpoint was given."""
 
-    def __init__(self, ckpt: Checkpoint) -> None:
-        self.ckpt = ckpt
+
+class WeightBank:
+    """Prepares each (layer, weights, rotate) variant once and shares it between modes.
+
+    ckpt: the float checkpoint (None when only a quantized checkpoint is at hand).
+    given: a quantized checkpoint (quamba_ckpt.QuambaCheckpoint) whose int8 codes and scales are
+    used bit for bit as the rotated int8 layers and whose rotated fp16 embedding rows feed int8 recipes:
+    it provides ``dims``, ``int8_layer(i)`` and ``embedding()``.
+    """
+
+    def __init__(self, ckpt: Checkpoint | None, given=None) -> None:
+        assert ckpt is not None or given is not None, "a weight bank needs a checkpoint"
+        self.ckpt, self.given = ckpt, given
         self._raw: dict[int, dict] = {}
         self._layers: dict[tuple[int, str, bool], LayerParams] = {}
-        self._embedded: dict[tuple[bool, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._embedded: dict[tuple[bool, torch.dtype, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def dims(self):
+        return (self.given or self.ckpt).dims
+
+    def _uses_given(self, weights: str, rotate: bool) -> bool:
+        return self.given is not None and weights == "int8" and rotate
+
+    def _float(self, what: str) -> Checkpoint:
+        if self.ckpt is None:
+            raise FloatModelRequired(f"{what} needs the float model; pass --mamba_model_path DIR "
+                                     f"(the quantized checkpoint only holds rotated int8 weights)")
+        return self.ckpt
 
     def raw(self, layer: int) -> dict[str, torch.Tensor | None]:
         if layer not in self._raw:
-            self._raw[layer] = self.ckpt.raw_layer(layer)
+            self._raw[layer] = self._float("float weights").raw_layer(layer)
         return self._raw[layer]
 
     def layer(self, layer: int, weights: str, rotate: bool) -> LayerParams:
-        """weights: "fp32", "fp16" or "int8" (int8 is quantized from the fp16 variant)."""
+        """weights: "fp32", "fp16" or "int8" (int8 is quantized from the fp16 variant, or given)."""
         key = (layer, weights, rotate)
         if key not in self._layers:
-            if weights == "int8":
+            if self._uses_given(weights, rotate):
+                self._layers[key] = self.given.int8_layer(layer)
+            elif weights == "int8":
                 self._layers[key] = int8_layer(self.layer(layer, "fp16", rotate))
             else:
                 self._layers[key] = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
         return self._layers[key]
 
-    def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype) -> torch.Tensor:
+    def release(self, layer: int) -> None:
+        """Forget the raw and prepared tensors of one block (a caller walking every layer keeps memory flat)."""
+        self._raw.pop(layer, None)
+        for key in [k for k in self._layers if k[0] == layer]:
+            del self._layers[key]
+
+    def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype, weights: str = "fp32") -> torch.Tensor:
         """ids: (batch, seqlen) int64 -> (batch, seqlen, d_model) fp32 holding `dtype` values.
 
-        The last result per (rotate, dtype) is kept, so modes sharing an embedding compute it once.
+        int8 rotated recipes read a given checkpoint's (already rotated) rows when there is one.
+        The last result per (rotate, dtype, source) is kept, so modes sharing an embedding compute it once.
         """
-        last = self._embedded.get((rotate, dtype))
+        given = self._uses_given(weights, rotate)
+        last = self._embedded.get((rotate, dtype, given))
         if last is not None and torch.equal(last[0], ids):
             return last[1]
-        rows = round_to_dtype(self.ckpt.embedding()[ids].to(torch.float32), dtype)
-        out = round_to_dtype(hadamard_transform(rows), dtype) if rotate else rows
-        self._embedded[(rotate, dtype)] = (ids.clone(), out)
+        if given:
+            out = round_to_dtype(self.given.embedding()[ids].to(torch.float32), dtype)
+        else:
+            rows = round_to_dtype(self._float("the float embedding").embedding()[ids].to(torch.float32), dtype)
+            out = round_to_dtype(hadamard_transform(rows), dtype) if rotate else rows
+        self._embedded[(rotate, dtype, given)] = (ids.clone(), out)
         return out
 
+
+def lm_head_weight(ckpt: Checkpoint) -> torch.Tensor:
+    """(vocab, d_model) fp16 lm_head as Quamba prepares it (modelutils_mamba.py:64-70): the fp16 model's
+    lm_head (the embedding when tied) times the fp16 final-norm weight, rounded to fp16, then rotated."""
+    w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()
+    w16 = round_to_dtype(w.to(torch.float32), torch.float16)
+    norm = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), torch.float16)
+    folded = round_to_dtype(w16.to(torch.float64) * norm.to(torch.float64), torch.float16)
+    return round_to_dtype(hadamard_transform(folded), torch.float16)

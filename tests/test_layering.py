@@ -28,12 +28,17 @@ ALLOWED = {
     "weights": {"spec", "loading", "ops.hadamard", "ops.quant"},
     "build": {"spec", "modes", "modules", "weights", "ops.linear", "ops.scan"},
     "calibration": {"spec", "build", "guard", "modes", "observers", "weights"},
+    "quamba_ckpt": {"spec", "loading", "ops.quant", "weights"},
+    "quamba_pair": {"calibration", "loading", "quamba_ckpt", "weights"},
+    "export": {"build", "calibration", "data", "loading", "modes", "modules", "observers", "ops.quant", "quamba_ckpt",
+               "spec", "weights"},
     "compare": {"metrics"},
     "report": set(),
     "resume": {"files", "guard", "modes", "storage"},
     "pipeline": {"__init__", "spec", "build", "calibration", "capture", "compare", "data", "loading", "metrics", "modes",
-                 "files", "guard", "ops.hadamard", "report", "resume", "storage", "weights"},
-    "cli": {"calibration", "capture", "compare", "data", "files", "guard", "modes", "pipeline", "report", "storage"},
+                 "files", "guard", "ops.hadamard", "quamba_pair", "report", "resume", "storage", "weights"},
+    "cli": {"calibration", "capture", "compare", "data", "export", "files", "guard", "modes", "pipeline", "report",
+            "storage"},
 }
 
 

@@ -71,7 +71,7 @@ def test_corrupted_and_unknown_versions_are_rejected(tmp_path):
         load_capture(bad)
     write_npz(tmp_path / "v.npz", {"mode_0_output": np.zeros(2, np.float32)})
     stats_path(tmp_path / "v.npz").write_text(json.dumps({"schema_version": 99}))
-    with pytest.raises(StorageError, match="schema_version 99 is not supported; supported: 0, 1"):
+    with pytest.raises(StorageError, match="schema_version 99 is not supported; supported: 0, 1, 2"):
         load_capture(tmp_path / "v.npz")
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "quantize_param_fp32",
     "minmax_scale_fp16",
     "scale_from_amax_fp32",
+    "quantize_rows_signed_max_fp16",
 ]
 
 _QMIN, _QMAX = INT8_BOUNDS
@@ -159,3 +160,18 @@ def quantize_param_fp32(w: torch.Tensor) -> QTensor:
     r = round_half_even(w32 / s)
     assert r.abs().max() <= _QMAX, "absmax quantization produced a code beyond 127"
     return QTensor(r.to(torch.int8), float(s), 0)
+
+
+def quantize_rows_signed_max_fp16(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W8O16Embedding.from_fp16 (Quamba qEmbedding.py:86-89): per row s = f16(max(e) / 127), the row's
+    signed max (not max|e|: rows whose minimum is below -max saturate at -128), q = sat8(RNE(f16(e / s))).
+
+    e: (rows, d) fp16 values -> (codes (rows, d) int8, scales (rows,) fp16). A row with max 0 has scale 0:
+    its negative entries saturate at -128 and its zeros (0/0, NaN) become code 0 here (the GPU cast of NaN
+    is unspecified).
+    """
+    e16 = e.to(torch.float16)
+    s = e16.amax(dim=-1, keepdim=True) / _QMAX
+    r = torch.nan_to_num(round_half_even(e16 / s).to(torch.float32), nan=0.0)
+    codes, _ = saturate_int8(r)
+    return codes, s.flatten()

@@ -1,0 +1,334 @@
+"""Quamba1 W8A8 checkpoints in and out: layout against a hand-written fixture, codes used bit for bit,
+round trip, the float-model pairing, and every bad checkpoint as a clear exit-2 error."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, make_hf_model, write_hf_dir
+from helpers import FAST_CALIB, run_modes
+from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
+
+from harness.calibration import calibrate
+from harness.data import DEFAULT_CALIB_FILE, calibration_windows
+from harness.cli import capture_main, main
+from harness.export import ExportConfig, export
+from harness.loading import load_tokenizer, open_checkpoint
+from harness.ops.quant import quantize_rows_signed_max_fp16
+from harness.quamba_ckpt import open_quamba
+from harness.storage import load_capture
+from harness.weights import WeightBank
+
+QUANT = ["0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
+FAST = ["--seq_len", "32", "--calib_data_num", "16", "--calib_seqlen", "64"]
+
+# d_model 24, d_state 8 -> d_inner 48, dt_rank 2; written out from Quamba's modules (see quamba_fixture.py)
+LAYER_SPEC = {
+    "norm.weight": (torch.float16, (24,)), "norm.output_scale": float,
+    "mixer.in_proj.weight": (torch.int8, (24, 96)), "mixer.x_proj.weight": (torch.int8, (48, 32)),
+    "mixer.dt_proj.weight": (torch.int8, (2, 48)), "mixer.out_proj.weight": (torch.int8, (48, 32)),
+    **{f"mixer.{n}.{k}": (torch.float32, (1, 1)) for n in ("in_proj", "x_proj", "dt_proj", "out_proj") for k in "ab"},
+    **{f"mixer.{n}.alpha": float for n in ("in_proj", "x_proj", "dt_proj", "out_proj")},
+    "mixer.conv1d.weight": (torch.int8, (48, 4)), "mixer.conv1d.bias": (torch.int8, (48,)),
+    **{f"mixer.conv1d.{k}": float for k in ("weight_scale", "bias_scale", "input_scale", "output_scale")},
+    "mixer.selective_scan.dt_bias": (torch.int8, (48,)), "mixer.selective_scan.A_log": (torch.int8, (48, 8)),
+    "mixer.selective_scan.D": (torch.int8, (48,)),
+    **{f"mixer.selective_scan.{k}": (torch.float32, ()) for k in (
+        "dt_bias_scale", "A_scale", "D_scale", "u_scale", "dt_scale", "B_scale", "C_scale", "z_scale", "ssm_state_scale")},
+    "mixer.had.x_H_scale": float,
+}
+TOP_SPEC = {"backbone.embedding.weight": (torch.float16, (4096, 24)), "backbone.norm_f.weight": (torch.float16, (24,)),
+            "lm_head.weight": (torch.float16, (4096, 24))}
+
+
+def _spec(n_layer=2):
+    spec = dict(TOP_SPEC)
+    for i in range(n_layer):
+        spec.update({f"backbone.layers.{i}.{k}": v for k, v in LAYER_SPEC.items()})
+    return spec
+
+
+def _kind(v):
+    return (v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v)
+
+
+def _load(path):
+    return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+
+
+def _capture(args, tmp_path, env=None):
+    full_env = {**os.environ, "QUAMBA_HARNESS_CACHE": str(tmp_path / "cache"), **(env or {})}
+    return subprocess.run([sys.executable, str(ROOT / "save_first_layer_io.py"), *map(str, args)], capture_output=True,
+                          text=True, cwd=tmp_path, env=full_env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def exported(hf_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "quamba-tiny-w8a8"
+    export(ExportConfig(model=hf_dir, output_dir=out, calib=FAST_CALIB, cache_dir=out.parent / "cache"),
+           emit=lambda _s: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def handmade(tmp_path_factory):
+    return write_handmade(tmp_path_factory.mktemp("handmade") / "quamba-hand-w8a8")
+
+
+def test_export_layout_is_quambas(exported, handmade):
+    """Same keys, dtypes, shapes, strides and scalar types as the hand-written file and the spec table."""
+    ours, theirs = _load(exported), _load(handmade)
+    assert set(ours) == set(theirs) == set(_spec())
+    for key, kind in _spec().items():
+        assert _kind(ours[key]) == _kind(theirs[key]) == kind, key
+        if isinstance(ours[key], torch.Tensor):
+            assert ours[key].stride() == theirs[key].stride(), key  # linear weights: transposed views
+    w = ours["backbone.layers.0.mixer.x_proj.weight"]
+    assert w.stride() == (1, 48) and not w[:, 18:].any()  # 2 + 2*8 = 18 outputs padded to 32 with zeros
+    for sd in (ours, theirs):
+        b, c = (sd[f"backbone.layers.1.mixer.selective_scan.{n}_scale"] for n in "BC")
+        assert b.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+    cfg = json.loads((exported / "config.json").read_text())
+    assert {k: cfg[k] for k in ("norm_cfg", "embedding_cfg", "lm_head_cfg", "tie_embeddings")} == \
+        {k: handmade_config()[k] for k in ("norm_cfg", "embedding_cfg", "lm_head_cfg", "tie_embeddings")}
+    assert cfg["ssm_cfg"]["layer"] == "W8A8QMamba" and "is_hybrid" not in cfg and "use_cache" not in cfg
+    assert (exported / "tokenizer.json").is_file()
+
+
+def test_export_scales_are_the_calibrated_ones(exported, hf_dir):
+    """The stored scales are the calibration's, each in the place Quamba stores it (qMambaLayer.py:838-892)."""
+    ckpt = open_checkpoint(hf_dir)
+    windows = calibration_windows(load_tokenizer(hf_dir), DEFAULT_CALIB_FILE, FAST_CALIB.num_samples,
+                                  FAST_CALIB.seqlen, FAST_CALIB.seed)
+    want = calibrate(WeightBank(ckpt), windows.ids, FAST_CALIB, 1, ckpt.prefix_hashes(1), None).scales
+    sd = _load(exported)
+    for i in range(2):
+        p, s = f"backbone.layers.{i}.", want[i]
+        assert sd[p + "norm.output_scale"] == s.s_in and sd[p + "mixer.had.x_H_scale"] == s.s_H
+        assert sd[p + "mixer.conv1d.input_scale"] == s.s_xz and sd[p + "mixer.conv1d.output_scale"] == s.s_u
+        scan = {k: sd[p + f"mixer.selective_scan.{k}"].item() for k in
+                ("u_scale", "dt_scale", "B_scale", "C_scale", "z_scale", "ssm_state_scale")}
+        assert scan == {"u_scale": s.s_u, "dt_scale": s.s_dt, "B_scale": s.s_xp, "C_scale": s.s_xp,
+                        "z_scale": s.s_xz, "ssm_state_scale": s.s_h}
+        assert sd[p + "mixer.in_proj.a"].item() == np.float32(s.s_in / s.s_xz)
+        assert sd[p + "mixer.dt_proj.a"].item() == np.float32(s.s_xp / s.s_dt)   # dt_proj reads s_xp
+        assert sd[p + "mixer.out_proj.a"].item() == s.s_H
+        assert open_quamba(exported).layer_scales(i) == s
+    int8 = WeightBank(ckpt).layer(0, "int8", True)
+    assert sd["backbone.layers.0.mixer.in_proj.b"].item() == int8.in_proj.scale
+    assert torch.equal(sd["backbone.layers.0.mixer.in_proj.weight"].t(), int8.in_proj.codes)
+
+
+def test_round_trip_is_bit_identical(exported, hf_dir, tmp_path):
+    for d in "fqp":
+        (tmp_path / d).mkdir()
+    direct = run_modes(hf_dir, tmp_path / "f", ["fp32", "1", *QUANT], taps=["all"], layers=[0, 1])
+    via = run_modes(exported, tmp_path / "q", QUANT, taps=["all"], layers=[0, 1])
+    paired = run_modes(exported, tmp_path / "p", ["fp32", "1", *QUANT], taps=["all"], layers=[0, 1],
+                       mamba_model_path=hf_dir)
+    assert not direct.failed and not via.failed and not paired.failed
+    for mode in QUANT:
+        assert set(via.by_mode[mode]) == set(direct.by_mode[mode])
+        for tensor, arr in direct.by_mode[mode].items():
+            assert np.array_equal(via.by_mode[mode][tensor], arr), (mode, tensor)
+    for mode in ("fp32", "1", *QUANT):
+        for tensor, arr in direct.by_mode[mode].items():
+            assert np.array_equal(paired.by_mode[mode][tensor], arr), (mode, tensor)
+    assert via.stats["provenance"]["calibration"]["source"] == "checkpoint"
+    pairing = paired.stats["provenance"]["model"]["pairing"]
+    assert pairing["within_one_code"] == 1.0 and pairing["matched"]
+    read = via.stats["provenance"]["model"]["tensors_read"]["keys"]
+    assert read and all(k.startswith(("backbone.embedding", "backbone.layers.0.", "backbone.layers.1.")) for k in read)
+
+
+def test_handmade_codes_and_scales_are_used_bit_for_bit(handmade, tmp_path):
+    sd = handmade_state_dict()
+    out = run_modes(handmade, tmp_path, QUANT, taps=["norm.out", "in_proj.out", "x_proj.out"])
+    assert not out.failed, {m: e.get("error") for m, e in out.stats["modes"].items()}
+    p = "backbone.layers.0."
+    s_in, s_xz = sd[p + "norm.output_scale"], sd[p + "mixer.conv1d.input_scale"]
+    w = sd[p + "mixer.in_proj.weight"].t()[:96].to(torch.float64).numpy()          # [out, in]
+    s_w = sd[p + "mixer.in_proj.b"].item()
+    arrays = out.by_mode["0"]
+    q_n = np.round(arrays["L0.norm.out"].astype(np.float64) / s_in)               # codes of the norm output
+    acc = q_n.reshape(-1, 24) @ w.T                                                # exact integer GEMM
+    t = np.float32(np.float32(s_in / s_xz) * acc.astype(np.float32))               # in_proj epilogue, notes §2.6
+    expect = np.clip(np.rint(np.float32(np.float32(s_w) * t)), -128, 127) * np.float32(s_xz)
+    assert np.array_equal(arrays["L0.in_proj.out"].reshape(-1, 96), expect.astype(np.float32))
+    assert arrays["L0.x_proj.out"].shape[-1] == 2 + 2 * 8                           # padding removed
+    bank = WeightBank(None, given=open_quamba(handmade))
+    layer = bank.layer(1, "int8", True)
+    assert torch.equal(layer.x_proj.codes, sd["backbone.layers.1.mixer.x_proj.weight"].t()[:18])
+    assert torch.equal(layer.A_log.codes, sd["backbone.layers.1.mixer.selective_scan.A_log"])
+    assert layer.conv_bias.scale == sd["backbone.layers.1.mixer.conv1d.bias_scale"]
+    assert out.stats["provenance"]["calibration"]["scales"][0]["s_xp"] == float(sd[p + "mixer.selective_scan.B_scale"])
+    assert out.stats["modes"]["0"]["input"]["shape"] == [1, 64, 24]
+
+
+def test_w8o16_embedding_is_emulated(tmp_path):
+    q = write_handmade(tmp_path / "q8e", embedding="W8O16Embedding", lm_head="W8A8B16O16Linear")
+    sd = handmade_state_dict(embedding="W8O16Embedding", lm_head="W8A8B16O16Linear")
+    out = run_modes(q, tmp_path, ["0"], basis="rotated")
+    ids = torch.from_numpy(out.token_ids[0])
+    rows = (sd["backbone.embedding.weight"][ids].to(torch.float32)
+            * sd["backbone.embedding.scales"][ids].to(torch.float32)[:, None]).to(torch.float16).to(torch.float32)
+    assert np.array_equal(out.by_mode["0"]["input"][0], rows.numpy())
+
+
+def test_embedding_row_scale_is_the_signed_max():
+    e = torch.tensor([[1.0, -2.0, 0.5, 0.25], [-1.0, -0.5, -0.25, 0.0]], dtype=torch.float16)
+    codes, scales = quantize_rows_signed_max_fp16(e)
+    s0 = torch.tensor(1.0, dtype=torch.float16) / 127
+    assert scales.dtype == torch.float16 and scales[0] == s0
+    assert codes[0].tolist() == [127, -128, 64, 32]   # -2 / s = -254 saturates at -128 (signed max, not absmax)
+    assert codes[1].tolist() == [-128, -128, -128, 0]  # max 0: negatives / 0 saturate, 0 / 0 gives code 0
+
+
+def test_export_with_quantized_embedding_and_lm_head(hf_dir, tmp_path):
+    """Quamba's eval.sh recipe (--quantize_embedding --quantize_lm_head): the layout of notes §2.7."""
+    out = tmp_path / "q"
+    export(ExportConfig(model=hf_dir, output_dir=out, calib=FAST_CALIB, cache_dir=tmp_path / "cache",
+                        quantize_embedding=True, quantize_lm_head=True), emit=lambda _s: None)
+    ours = _load(out)
+    theirs = handmade_state_dict(embedding="W8O16Embedding", lm_head="W8A8B16O16Linear")
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        assert _kind(ours[key]) == _kind(theirs[key]), key
+    assert ours["backbone.embedding.weight"].dtype == torch.int8 and ours["lm_head.weight"].stride() == (1, 24)
+    assert type(ours["backbone.norm_f.output_scale"]) is float and ours["lm_head.a"].item() == ours["backbone.norm_f.output_scale"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["embedding_cfg"] == {"layer": "W8O16Embedding"} and cfg["lm_head_cfg"] == {"layer": "W8A8B16O16Linear"}
+    q = open_quamba(out)
+    rows = q.embedding().to(torch.float32)
+    table = WeightBank(open_checkpoint(hf_dir)).embed(torch.arange(4096)[None], True, torch.float16, "int8")[0]
+    step = ours["backbone.embedding.scales"].to(torch.float32)[:, None]
+    inside = ours["backbone.embedding.weight"] > -128  # the signed-max row scale saturates some negatives
+    assert bool(((rows - table).abs() <= step)[inside].all())  # within one step of the fp16 rows elsewhere
+    assert bool((~inside).any())
+    r = run_modes(out, tmp_path, ["0"])
+    assert not r.failed
+
+
+def test_fp32_without_the_float_model_is_a_clear_error(handmade, tmp_path):
+    r = _capture(["--model", handmade, "--modes", "fp32", "0", *FAST], tmp_path)
+    assert r.returncode == 2 and "need the float model" in r.stderr and "--mamba_model_path" in r.stderr
+    assert "Traceback" not in r.stderr and not list(tmp_path.glob("*.npz"))
+
+
+def test_research_command_line_and_shell_variables(exported, hf_dir, tmp_path):
+    r = _capture(["--pretrained_dir", exported.parent, "--model", exported.name, "--mamba_model_path", hf_dir,
+                  "--modes", "fp32", "0", "2-1", *FAST], tmp_path)
+    assert r.returncode == 0, r.stderr
+    stats = json.loads((tmp_path / "first_layer_io_all_modes_stats.json").read_text())
+    assert stats["schema_version"] == 2
+    for mode in ("fp32", "0", "2-1"):  # the research tool's post-analysis layout
+        for t in ("input", "output"):
+            assert set(stats["modes"][mode][t]) == {"shape", "first_10", "mean", "std", "min", "max"}
+            assert stats["modes"][mode][t]["mean"] == stats["modes"][mode]["tensors"][t]["mean"]
+    env = {"PYTHON": sys.executable, "PRETRAINED_DIR": str(exported.parent), "MODEL": exported.name,
+           "MAMBA_MODEL_PATH": str(hf_dir.parent), "OUTPUT_FILE": str(tmp_path / "w.npz"), "SEQ_LEN": "32",
+           "QUAMBA_HARNESS_CACHE": str(tmp_path / "cache")}
+    # MAMBA_MODEL_PATH as the research script has it: the parent; the model is found as <parent>/<name>
+    link = hf_dir.parent / "mamba-tiny"
+    if not link.exists():
+        link.symlink_to(hf_dir)
+    env["MODEL"] = "quamba-tiny-w8a8"
+    s = subprocess.run(["bash", str(ROOT / "capture_first_layer.sh"), "fp32", "0"], capture_output=True, text=True,
+                       env={**os.environ, **env}, cwd=tmp_path, timeout=600)
+    assert s.returncode == 0, s.stderr
+    with np.load(tmp_path / "w.npz") as z:
+        assert {"mode_fp32_output", "mode_0_output"} <= set(z.files)
+
+
+def test_mismatched_pair_warns_and_dims_must_match(exported, tmp_path):
+    other = write_hf_dir(tmp_path / "other", make_hf_model(seed=1))
+    r = _capture(["--model", exported, "--mamba_model_path", other, "--modes", "fp32", "0", *FAST], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "probably do not belong together" in r.stderr
+    pairing = json.loads((tmp_path / "first_layer_io_all_modes_stats.json").read_text())["provenance"]["model"]["pairing"]
+    assert not pairing["matched"] and pairing["within_one_code"] < 0.9
+    wider = write_hf_dir(tmp_path / "wider", make_hf_model(d_model=32))
+    (tmp_path / "w").mkdir()
+    r = _capture(["--model", exported, "--mamba_model_path", wider, "--modes", "fp32", *FAST], tmp_path / "w")
+    assert r.returncode == 2 and "does not belong to" in r.stderr and "d_model 32 vs 24" in r.stderr
+
+
+def _mutate(key, value):
+    def apply(sd, cfg):
+        if value is None:
+            del sd[key]
+        else:
+            sd[key] = value(sd[key])
+    return apply
+
+
+def _config(**changes):
+    def apply(sd, cfg):
+        for k, v in changes.items():
+            if k == "ssm_layer":
+                cfg["ssm_cfg"]["layer"] = v
+            else:
+                cfg[k] = v
+    return apply
+
+
+@pytest.mark.parametrize("change, message", [
+    (_mutate("backbone.layers.1.mixer.conv1d.output_scale", None),
+     "'backbone.layers.1.mixer.conv1d.output_scale' is missing; it must be a Python float"),
+    (_mutate("backbone.layers.0.mixer.x_proj.weight", lambda w: w[:, :18]),
+     "'backbone.layers.0.mixer.x_proj.weight' is a int8 tensor of shape [48, 18], expected a int8 tensor of shape [48, 32]"),
+    (_mutate("backbone.layers.0.mixer.in_proj.weight", lambda w: w.to(torch.float16)),
+     "'backbone.layers.0.mixer.in_proj.weight' is a float16 tensor"),
+    (_mutate("backbone.layers.0.norm.output_scale", lambda v: torch.tensor(v)),
+     "'backbone.layers.0.norm.output_scale' is a float32 tensor of shape [], expected a Python float"),
+    (_mutate("backbone.layers.0.mixer.selective_scan.A_scale", lambda v: float(v)),
+     "'backbone.layers.0.mixer.selective_scan.A_scale' is a float, expected an fp32 0-dim tensor"),
+    (_mutate("backbone.layers.0.mixer.selective_scan.z_scale", lambda v: v * 2),
+     "conv1d.input_scale"),
+    (_config(ssm_layer="W4A8QMamba"), "ssm_cfg.layer 'W4A8QMamba' (4-bit weights) is not supported; supported: Quamba1 W8A8"),
+    (_config(ssm_layer="W8A8QMamba2"), "a Mamba-2 (Quamba2) checkpoint"),
+    (_config(is_hybrid=True), "a hybrid"),
+    (_config(embedding_cfg={"layer": "W4O16Embedding"}), "embedding_cfg.layer 'W4O16Embedding' is not supported"),
+])
+def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, change, message):
+    sd, cfg = handmade_state_dict(), handmade_config()
+    change(sd, cfg)
+    q = write_handmade(tmp_path / "bad", sd=sd, config=cfg)
+    out = tmp_path / "out.npz"
+    assert capture_main(["--model", str(q), "--modes", "0", "--output_file", str(out), "--no_cache", *FAST]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.npz")) and not list(tmp_path.glob("*_stats.json"))
+
+
+def test_export_never_overwrites(hf_dir, tmp_path, capsys):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    assert main(["export", "--model", str(hf_dir), "--output_dir", str(tmp_path / "full"), "--no_cache"]) == 2
+    assert "is not an empty directory" in capsys.readouterr().err
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    assert main(["export", "--model", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "new")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
+
+def test_version_1_stats_files_are_still_read(tmp_path):
+    from harness.storage import stats_path, write_npz
+    write_npz(tmp_path / "v1.npz", {"mode_0_output": np.zeros((1, 2, 3), np.float32)})
+    stats_path(tmp_path / "v1.npz").write_text(json.dumps({"schema_version": 1, "aliases": {}, "modes": {
+        "0": {"status": "ok", "tensors": {"output": {"point": "L0.block.out"}}}}}))
+    cf = load_capture(tmp_path / "v1.npz")
+    assert cf.modes() == ["0"] and cf.array("0", "output").shape == (1, 2, 3)
+
+
+def test_tokenizer_comes_from_the_float_model_when_the_checkpoint_has_none(exported, hf_dir, tmp_path):
+    import shutil
+    bare = tmp_path / "bare"
+    shutil.copytree(exported, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink(missing_ok=True)
+    r = run_modes(bare, tmp_path, ["fp32", "0"], mamba_model_path=hf_dir)
+    assert not r.failed and r.stats["provenance"]["tokenizer"]["path"] == str(hf_dir / "tokenizer.json")
