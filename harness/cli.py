@@ -98,6 +98,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "compress", action="store_true", help="deflate the .npz (smaller, slower)")
     _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
+    _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -142,7 +143,16 @@ def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     if args.quiet:
         print(args.output_file)
+    if args.report and _write_report(args.output_file, args.reference) != 0:
+        return 2
     return 1 if outcome.failed else 0
+
+
+def _write_report(npz: Path, reference: str) -> int:
+    """capture --report: the HTML report of the file just written (harness.htmlreport)."""
+    from .htmlreport.build import report_main
+
+    return report_main([str(npz), "--reference", reference], prog="report")
 
 
 def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -212,11 +222,15 @@ def _points_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"capture": capture_main, "compare": compare_main, "modes": _modes_main, "points": _points_main}
+    from .htmlreport.build import report_main
+
+    commands = {"capture": capture_main, "compare": compare_main, "report": report_main, "modes": _modes_main,
+                "points": _points_main}
     if not argv or argv[0] not in commands:
-        print("usage: python -m harness {capture,compare,modes,points} [options]  (--help on each)", file=sys.stderr)
+        print("usage: python -m harness {capture,compare,report,modes,points} [options]  (--help on each)",
+              file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
-    if name in ("capture", "compare"):
+    if name in ("capture", "compare", "report"):
         return commands[name](rest, prog=f"python -m harness {name}")
     return commands[name](rest)
