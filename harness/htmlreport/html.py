@@ -59,6 +59,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence], left: int = 1, class
           row_classes: Sequence[str] | None = None) -> str:
     """An HTML table; the first `left` columns are left-aligned; cells are escaped (pass str for pre-made text)."""
     head = "".join(f'<th class="l">{esc(h)}</th>' if i < left else f"<th>{esc(h)}</th>" for i, h in enumerate(headers))
+    head = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
     body = []
     for r, row in enumerate(rows):
         cells = []
@@ -70,7 +71,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence], left: int = 1, class
             cells.append(f"<td{attr}>{esc(fmt_value(cell))}</td>")
         rc = f' class="{row_classes[r]}"' if row_classes and row_classes[r] else ""
         body.append(f"<tr{rc}>{''.join(cells)}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f"<table>{head}<tbody>{''.join(body)}</tbody></table>"
 
 
 def facts(pairs: Iterable[tuple[str, object]]) -> str:
@@ -93,7 +94,7 @@ def section(title: str, body: str, anchor: str, note: str = "") -> str:
 
 def _worst(values: list[float | None], higher: bool) -> float | None:
     finite = [v for v in values if isinstance(v, float) and not math.isnan(v)]
-    if len(finite) < 2:
+    if len(finite) < 2 or max(finite) == min(finite):  # nothing stands out
         return None
     return max(finite) if higher else min(finite)
 
