@@ -1,7 +1,7 @@
 """The HTML report: figure functions on small arrays, reports of synthetic, research-tool and real files."""
 from __future__ import annotations
 
-import json
+import os
 import re
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from conftest import ROOT
+from harness.cli import main
 from harness.htmlreport import figures as F
 from harness.htmlreport.build import build_report, report_path, write_report
 from harness.htmlreport.data import load_report_data
@@ -217,12 +217,15 @@ def test_report_draws_layers_isolated_end_to_end_and_samples_when_present(tmp_pa
 
 
 def test_report_of_a_real_run_and_capture_report_flag(hf_dir, tmp_path):
-    out = run_modes(hf_dir, tmp_path, ["fp32", "0", "2-4"], layers=[0, 1], taps=["all"], seq_len=32)
+    out = run_modes(hf_dir, tmp_path, ["fp32", "0", "2-4"], layers=[0, 1], taps=["norm.out", "x_proj.in", "ssm.u"],
+                    seq_len=32)
     npz = tmp_path / "capture.npz"
-    html, names = build_report(npz)
+    chosen = ["output", "L1.block.out", "L0.x_proj.in"]
+    html, names = build_report(npz, tensors=chosen)
     assert_self_contained(html)
-    assert html == build_report(npz)[0]                          # same file, same bytes
-    assert "layers_sqnr" in names and "taps_L0" in names and "tensor_L1.block.out" in names
+    assert html == build_report(npz, tensors=chosen)[0]          # same file, same bytes
+    assert {"layers_sqnr", "taps_L0", "taps_L1", "tensor_L1.block.out", "tensor_L0.x_proj.in"} <= set(names)
+    assert "tensor_L0.norm.out" not in names and "have no figures here (draw them with --tensors)" in html
     stats = out.stats["modes"]["0"]["tensors"]["L0.norm.out"]
     assert f"{stats['scale']:.4g}" in html                        # the scale table
     assert "Bit-identical modes" in html and "Quamba1 W8A8 baseline" in html
@@ -231,32 +234,29 @@ def test_report_of_a_real_run_and_capture_report_flag(hf_dir, tmp_path):
     assert written.is_file()
     assert sorted(p.name for p in figs.iterdir()) == sorted(f"{n}.{e}" for n in ["layers_sqnr", "taps_L0", "taps_L1",
                                                                                  "tensor_output"] for e in ("png", "svg"))
-    stats_only = run_modes(hf_dir, tmp_path / "so", ["fp32", "0"], seq_len=32, stats_only=True) if (tmp_path / "so").mkdir() is None else None
+    (tmp_path / "so").mkdir()
+    stats_only = run_modes(hf_dir, tmp_path / "so", ["fp32", "0"], seq_len=32, stats_only=True)
     so_html, _ = build_report(tmp_path / "so" / "capture.npz")
     assert "--stats-only file" in so_html and "<img" not in so_html and "SQNR dB" in so_html
     assert stats_only.stats["stats_only"]
 
 
-def _cli(args, tmp_path):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=600, env={**__import__("os").environ,
-                                                         "QUAMBA_HARNESS_CACHE": str(tmp_path / "cache")})
-
-
-def test_report_command_line_and_bad_input(hf_dir, tmp_path):
-    r = _cli(["capture", "--model", hf_dir, "--modes", "fp32", "0", "--seq_len", "32", "--calib_data_num", "8",
-              "--calib_seqlen", "32", "--report", "--quiet"], tmp_path)
+def test_report_command_line_and_bad_input(hf_dir, tmp_path, capsys):
+    env = {**os.environ, "QUAMBA_HARNESS_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "harness", "capture", "--model", str(hf_dir), "--modes", "fp32", "0",
+                        "--seq_len", "32", "--calib_data_num", "8", "--calib_seqlen", "32", "--report", "--quiet"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     report = tmp_path / "first_layer_io_all_modes_report.html"
     assert f"wrote report {report.name}" in r.stdout and report.is_file()
-    r2 = _cli(["report", "first_layer_io_all_modes.npz", "-o", "again.html"], tmp_path)
-    assert r2.returncode == 0 and (tmp_path / "again.html").read_bytes() == report.read_bytes()
-    missing = _cli(["report", "nothere.npz"], tmp_path)
-    assert missing.returncode == 2 and "nothere.npz does not exist" in missing.stderr and "Traceback" not in missing.stderr
-    bad_ref = _cli(["report", "first_layer_io_all_modes.npz", "--reference", "2-4", "-o", "x.html"], tmp_path)
-    assert bad_ref.returncode == 2 and "reference mode '2-4' is not in the file" in bad_ref.stderr
+    npz = tmp_path / "first_layer_io_all_modes.npz"
+    assert main(["report", str(npz), "-o", str(tmp_path / "again.html")]) == 0
+    assert (tmp_path / "again.html").read_bytes() == report.read_bytes()
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "nothere.npz")]) == 2
+    assert "nothere.npz does not exist" in capsys.readouterr().err
+    assert main(["report", str(npz), "--reference", "2-4", "-o", str(tmp_path / "x.html")]) == 2
+    assert "reference mode '2-4' is not in the file; modes present: fp32, 0" in capsys.readouterr().err
     assert not (tmp_path / "x.html").exists()
-    no_dir = _cli(["report", "first_layer_io_all_modes.npz", "-o", tmp_path / "no" / "r.html"], tmp_path)
-    assert no_dir.returncode == 2 and "does not exist" in no_dir.stderr
-    assert json.loads((tmp_path / "first_layer_io_all_modes_stats.json").read_text())["schema_version"] >= 1
-    assert (ROOT / "harness" / "htmlreport").is_dir()
+    assert main(["report", str(npz), "-o", str(tmp_path / "no" / "r.html")]) == 2
+    assert f"directory {tmp_path / 'no'} does not exist" in capsys.readouterr().err

@@ -47,7 +47,7 @@ def header_section(d: ReportData) -> str:
     dims = model.get("dims") or {}
     calib = prov.get("calibration") or {}
     parts = [facts([
-        ("file", str(d.path)), ("schema version", s.get("schema_version", 0 if d.research_file else None)),
+        ("file", str(d.path.resolve())), ("schema version", s.get("schema_version", 0 if d.research_file else None)),
         ("model", model.get("path") or s.get("model") or meta.get("model")),
         ("model format / dtype", " / ".join(str(x) for x in (model.get("format"), model.get("stored_dtype")) if x)),
         ("dims", ", ".join(f"{k} {v}" for k, v in dims.items())), ("model sha256", model.get("hash")),
