@@ -232,7 +232,7 @@ def test_report_of_a_real_run_and_capture_report_flag(hf_dir, tmp_path):
     figs = tmp_path / "figs"
     written = write_report(npz, tmp_path / "r.html", tensors=["output"], figures_dir=figs)
     assert written.is_file()
-    assert sorted(p.name for p in figs.iterdir()) == sorted(f"{n}.{e}" for n in ["layers_sqnr", "taps_L0", "taps_L1",
+    assert sorted(p.name for p in figs.iterdir()) == sorted(f"{n}.{e}" for n in ["layers_sqnr", "overflow_per_layer", "taps_L0", "taps_L1",
                                                                                  "tensor_output"] for e in ("png", "svg"))
     (tmp_path / "so").mkdir()
     stats_only = run_modes(hf_dir, tmp_path / "so", ["fp32", "0"], seq_len=32, stats_only=True)

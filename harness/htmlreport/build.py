@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from ..compare import CompareError
 from ..storage import StorageError, check_writable
-from .figures import mode_colors, render
+from .figures import mode_colors, render, style
 from .data import load_report_data
 from .html import esc, page
 from .sections import (Figures, comparison_section, end_to_end_section, header_section, layers_section,
@@ -86,7 +86,8 @@ def write_report(npz_path: Path, out: Path | None = None, reference: str | None 
         if figures_dir.exists() and not figures_dir.is_dir():
             raise StorageError(f"--figures {figures_dir} exists and is not a directory")
         figures_dir.mkdir(parents=True, exist_ok=True)
-    text, _ = build_report(npz_path, reference, tensors, figures_dir)
+    with style():
+        text, _ = build_report(npz_path, reference, tensors, figures_dir)
     _atomic_write(out, text.encode("utf-8"))
     return out
 
@@ -100,7 +101,7 @@ def build_report_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None, help="reference mode (default: the file's, else fp32)")
     p.add_argument("--tensors", nargs="+", default=None, metavar="T",
                    help="tensors that get per-tensor figures: names, 'all', or 'auto' (default: all when there are "
-                        "at most 40, else every layer's block output and every tensor of the first layer)")
+                        "at most 40, else every tensor of the first layer and the block outputs of the first, the last and the 6 layers of lowest SQNR)")
     return p
 
 

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Mapping, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
 
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter, MaxNLocator, NullLocator
 
-__all__ = ["INT8_CLIP", "RC", "render", "tensor_figure", "error_histogram", "value_distribution",
+__all__ = ["INT8_CLIP", "RC", "style", "render", "tensor_figure", "overflow_per_layer_figure", "error_histogram", "value_distribution",
            "error_vs_magnitude", "error_per_token", "error_per_channel", "taps_figure", "layer_sqnr_figure",
            "end_to_end_figure", "samples_figure", "channel_profile", "mode_colors"]
 
@@ -46,17 +48,47 @@ def mode_colors(modes: Sequence[str]) -> dict[str, str]:
     return {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(modes)}
 
 
+_depth = 0
+
+
+@contextmanager
+def style() -> Iterator[None]:
+    """The report's rc settings; re-entrant, so one context can wrap a whole report (rc_context copies
+    every setting on entry and exit, which costs more than drawing a small figure)."""
+    global _depth
+    if _depth:
+        yield
+        return
+    with matplotlib.rc_context(RC):
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
+
+
 def render(fig: Figure, fmt: str = "png") -> bytes:
     """PNG or SVG bytes of `fig`, with metadata that does not change between runs."""
+    for ax in fig.axes:  # about 5 ticks per axis: tick labels are most of the drawing time
+        for axis in (ax.xaxis, ax.yaxis):
+            if isinstance(axis.get_major_locator(), MaxNLocator):
+                axis.get_major_locator().set_params(nbins=5)
     buf = io.BytesIO()
-    with matplotlib.rc_context(RC):
+    with style():
         fig.savefig(buf, format=fmt, metadata=_METADATA[fmt])
     return buf.getvalue()
 
 
+def _log(axis) -> None:
+    """A log axis with plain labels (1e+03) and no minor ticks: mathtext labels and minor ticks
+    cost more than the rest of a panel."""
+    axis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+    axis.set_minor_locator(NullLocator())
+
+
 def _figure(width: float, height: float, **margins) -> Figure:
     """A Figure with fixed margins (a layout engine would cost a second full draw per figure)."""
-    with matplotlib.rc_context(RC):
+    with style():
         fig = Figure(figsize=(width, height))
     fig.subplots_adjust(**{"left": 0.07, "right": 0.97, "top": 0.88, "bottom": 0.12, **margins})
     return fig
@@ -90,6 +122,7 @@ def error_histogram(ax, errors: Mapping[str, np.ndarray], colors: Mapping[str, s
     for mode, d in errors.items():
         _step(ax, d, bins, color=colors[mode], label=mode)
     ax.set_yscale("log")
+    _log(ax.yaxis)
     ax.set_title("error histogram (mode - reference)")
     ax.set_xlabel("error")
     ax.set_ylabel("count (log)")
@@ -122,6 +155,7 @@ def value_distribution(ax, reference: np.ndarray, values: Mapping[str, np.ndarra
         ax.axvline(-clip, color=colors[mode], linestyle="--", linewidth=1)
         ax.axvline(clip, color=colors[mode], linestyle="--", linewidth=1, label=f"{mode} grid " + ", ".join(parts))
     ax.set_yscale("log")
+    _log(ax.yaxis)
     ax.set_title("values and int8 clip lines (±127.5·scale)")
     ax.set_xlabel("value")
     ax.set_ylabel("count (log)")
@@ -247,8 +281,28 @@ def taps_figure(title: str, taps: Mapping[str, Mapping[str, dict]], colors: Mapp
         ax.set_title(name)
         if yscale == "log" and any(v for vals in series.values() for v in vals if v):
             ax.set_yscale("log")
+            _log(ax.yaxis)
     axs[0].legend(loc="upper right", ncols=min(len(modes), 8))
     fig.suptitle(title)
+    return fig
+
+
+def overflow_per_layer_figure(layers: Sequence[int], saturated: Mapping[str, Sequence[float | None]],
+                              clipped: Mapping[str, Sequence[float | None]], colors: Mapping[str, str]) -> Figure | None:
+    """Per layer and mode, the largest saturated and clipped fraction over the layer's int8 taps."""
+    if len(layers) < 2 or not (saturated or clipped):
+        return None
+    fig = _figure(12.5, 3.6, bottom=0.15, top=0.84, wspace=0.22)
+    axs = fig.subplots(1, 2)
+    for ax, series, name in ((axs[0], saturated, "largest saturated fraction over the taps"),
+                             (axs[1], clipped, "largest clipped fraction over the taps")):
+        for mode, vals in series.items():
+            ax.plot(layers, [np.nan if v is None else v for v in vals], marker="o", markersize=3, color=colors[mode],
+                    label=mode)
+        ax.set_title(name)
+        ax.set_xlabel("layer")
+    axs[0].set_ylabel("fraction")
+    axs[0].legend(loc="best", ncols=2)
     return fig
 
 

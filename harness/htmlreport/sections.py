@@ -8,16 +8,18 @@ from typing import Callable
 import numpy as np
 from matplotlib.figure import Figure
 
-from .figures import end_to_end_figure, layer_sqnr_figure, render, samples_figure, taps_figure, tensor_figure
+from .figures import (end_to_end_figure, layer_sqnr_figure, overflow_per_layer_figure, render,
+                      samples_figure, taps_figure, tensor_figure)
 from .data import BLOCK_SITES, ReportData, as_float, layer_and_site
 from .html import comparison_table, esc, facts, fmt_value, image, section, table
 
-__all__ = ["Figures", "header_section", "comparison_section", "layers_section", "end_to_end_section",
+__all__ = ["Figures", "focus_layers", "header_section", "comparison_section", "layers_section", "end_to_end_section",
            "samples_section", "taps_section", "tensor_section", "select_tensors", "AUTO_ALL_LIMIT"]
 
-# With up to this many tensors every one gets its figure; beyond it (e.g. 24 layers x all taps) the
-# block outputs of every layer and all tensors of the first captured layer do (--tensors chooses others).
+# With up to this many tensors every one gets its figure; beyond it (e.g. 24 layers x all taps) every
+# tensor of the first captured layer and the block outputs of the focus layers do (--tensors chooses others).
 AUTO_ALL_LIMIT = 40
+FOCUS_LAYERS = 6
 
 
 @dataclass
@@ -166,16 +168,40 @@ def samples_section(d: ReportData, figs: Figures, colors: dict) -> str:
                    f"Mean over {esc(n) if n else 'the'} samples with 95 % confidence intervals.")
 
 
+def focus_layers(d: ReportData) -> list[int]:
+    """Layers that get detailed figures: all of up to 8; else the first, the last and the 6 with the
+    lowest SQNR of any mode (the per-layer charts and the tables cover every layer)."""
+    layers, acc, _ = d.layer_sqnr()
+    every = d.layers()
+    if len(every) <= FOCUS_LAYERS + 2:
+        return every
+
+    def worst(k: int) -> float:
+        vals = [v[k] for v in acc.values() if v[k] is not None]
+        return min(vals) if vals else float("inf")
+    ranked = sorted(range(len(layers)), key=lambda k: (worst(k), layers[k]))[:FOCUS_LAYERS]
+    return sorted({every[0], every[-1], *[layers[k] for k in ranked]})
+
+
 def taps_section(d: ReportData, figs: Figures, colors: dict) -> str:
     taps = d.taps_by_layer()
     parts = []
+    layers = list(taps)
+    sat = {m: [max((g.get(m, {}).get("saturated_fraction") or 0.0 for g in taps[i].values()), default=None)
+               for i in layers] for m in d.modes if any(m in g for i in layers for g in taps[i].values())}
+    clip = {m: [max((g.get(m, {}).get("clipped_fraction") or 0.0 for g in taps[i].values()), default=None)
+                for i in layers] for m in sat}
+    parts.append(figs.embed("overflow_per_layer", overflow_per_layer_figure(layers, sat, clip, colors),
+                            "saturation and overflow per layer"))
+    focus = focus_layers(d)
     for layer, by_tap in taps.items():
-        fig = taps_figure(f"layer {layer}: int8 tensors per tap", by_tap, colors)
-        parts.append(figs.embed(f"taps_L{layer}", fig, f"saturation, overflow and scales of layer {layer}"))
+        if layer in focus:
+            fig = taps_figure(f"layer {layer}: int8 tensors per tap", by_tap, colors)
+            parts.append(figs.embed(f"taps_L{layer}", fig, f"saturation, overflow and scales of layer {layer}"))
         rows = [[tap, *[by_mode.get(m, {}).get("scale") for m in d.modes]] for tap, by_mode in by_tap.items()]
         parts.append(f"<details><summary>layer {layer}: scales</summary>"
                      + table(["tap", *[f"scale {m}" for m in d.modes]], rows) + "</details>")
-    if not parts:
+    if not "".join(parts):
         return ""
     return section("Saturation, overflow and scales", "".join(parts), "taps",
                    "Per int8 tensor and mode: the fraction of codes at the ends of the grid (&minus;128, 127), the "
@@ -188,8 +214,9 @@ def select_tensors(d: ReportData, wanted: list[str] | None) -> list[str]:
         return names if wanted == ["all"] else [t for t in names if t in wanted]
     if len(names) <= AUTO_ALL_LIMIT:
         return names
-    first = min(d.layers(), default=None)
-    return [t for t in names if layer_and_site(t)[0] == first or layer_and_site(t)[1] in ("block.out", "block.isolated")]
+    first, focus = min(d.layers(), default=None), focus_layers(d)
+    return [t for t in names if layer_and_site(t)[0] == first
+            or (layer_and_site(t)[0] in focus and layer_and_site(t)[1] in ("block.out", "block.isolated"))]
 
 
 def tensor_section(d: ReportData, figs: Figures, colors: dict, tensors: list[str]) -> str:
