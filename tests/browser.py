@@ -1,6 +1,7 @@
 """Open an HTML file in headless Chromium (Debian's package, driven by playwright) and report what happened.
 
-    python tests/browser.py REPORT.html SCREENSHOT.png      # also how docs/report.png is made
+    python tests/browser.py REPORT.html SCREENSHOT.png [WIDTH HEIGHT]
+    python tests/browser.py first_layer_io_all_modes_report.html docs/report.png 1100 1700   # docs/report.png
 
 playwright's own browser downloads are never used: the system's /usr/bin/chromium is launched
 with everything that would reach the network (updates, sync, background requests) turned off,
@@ -60,5 +61,9 @@ def inspect(html: Path, screenshot: Path, width: int = 1280, height: int = 1000)
 
 
 if __name__ == "__main__":
-    result = inspect(Path(sys.argv[1]), Path(sys.argv[2]))
-    print({k: v for k, v in result.items() if k != "screenshot"})
+    size = [int(x) for x in sys.argv[3:5]] or [1280, 1000]
+    result = inspect(Path(sys.argv[1]), Path(sys.argv[2]), *size)
+    from PIL import Image  # 256 colours keep the README's screenshot small
+
+    Image.open(sys.argv[2]).convert("RGB").quantize(256).save(sys.argv[2], optimize=True)
+    print({k: v for k, v in result.items() if k != "screenshot"}, Path(sys.argv[2]).stat().st_size, "bytes")

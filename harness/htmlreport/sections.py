@@ -49,21 +49,22 @@ def header_section(d: ReportData) -> str:
     dims = model.get("dims") or {}
     calib = prov.get("calibration") or {}
     parts = [facts([
-        ("file", str(d.path.resolve())), ("schema version", s.get("schema_version", 0 if d.research_file else None)),
         ("model", model.get("path") or s.get("model") or meta.get("model")),
+        ("tokens", sample.get("tokens") or s.get("seq_len") or meta.get("seq_len")), ("reference", d.reference),
+        ("timestamp", s.get("timestamp") or meta.get("timestamp")),
+    ]), "<details><summary>provenance</summary>" + facts([
+        ("file", str(d.path.resolve())), ("schema version", s.get("schema_version", 0 if d.research_file else None)),
         ("model format / dtype", " / ".join(str(x) for x in (model.get("format"), model.get("stored_dtype")) if x)),
         ("dims", ", ".join(f"{k} {v}" for k, v in dims.items())), ("model sha256", model.get("hash")),
-        ("sample", sample.get("text_file")), ("tokens", sample.get("tokens") or s.get("seq_len") or meta.get("seq_len")),
-        ("token ids sha256", sample.get("token_ids_sha256")), ("reference", d.reference),
+        ("sample", sample.get("text_file")), ("token ids sha256", sample.get("token_ids_sha256")),
         ("layers / taps", f"{prov.get('layers')} / {prov.get('taps')}" if prov.get("layers") is not None else None),
         ("calibration", ", ".join(f"{k} {v}" for k, v in (calib.get("settings") or {}).items())
          + (f" ({calib.get('source')})" if calib.get("source") else "") if calib else None),
-        ("timestamp", s.get("timestamp") or meta.get("timestamp")),
         ("command", " ".join(map(str, s.get("command") or [])) or None),
         ("versions", ", ".join(f"{k} {prov[k]}" for k in ("harness_version", "torch", "transformers", "numpy", "python")
                                if prov.get(k))),
         ("platform / device", " / ".join(str(prov[k]) for k in ("platform", "device") if prov.get(k))),
-    ])]
+    ]) + "</details>"]
     if d.research_file:
         parts.append('<p class="note">A research-tool file: arrays only, no manifest, so no recipes, scales or '
                      'provenance beyond its metadata keys.</p>')
