@@ -36,6 +36,7 @@ chromium:
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_modes.py
+	$(PY) benchmarks/bench_report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .harness_cache first_layer_io_all_modes.npz first_layer_io_all_modes_stats.json \
