@@ -76,6 +76,8 @@ def test_error_per_token_and_per_channel_reduce_the_right_axes():
     prof = F.channel_profile(d)
     assert np.argmax(prof) == 3 and prof[0] == pytest.approx(np.sqrt(4 / 6))
     assert F.channel_profile(np.ones((1, 2, 1000)), max_columns=100).shape == (100,)
+    stacked = np.stack([d, d])                # a leading sample axis pools like the batch axis
+    assert F.channel_profile(stacked) == pytest.approx(prof)
     ax2 = Figure().add_subplot()
     assert F.error_per_channel(ax2, {"0": d, "2-4": d * 2}) and [t.get_text() for t in ax2.get_yticklabels()] == ["0", "2-4"]
 

@@ -8,9 +8,10 @@ display; ``render`` turns one into PNG or SVG bytes with fixed metadata (no
 date, no software version, a fixed SVG id salt), so the same data always gives
 the same bytes.
 
-Arrays are errors d = mode - reference as float64, shaped [batch, A, B]: A is the
+Arrays are errors d = mode - reference as float64, shaped [..., A, B]: A is the
 token axis and B the channel axis, except for the final SSM state (A channel,
-B state); `axes` names them.
+B state); `axes` names them. Leading axes (batch, and samples where a file has
+several) are pooled.
 """
 from __future__ import annotations
 
@@ -186,14 +187,14 @@ def error_vs_magnitude(ax, reference: np.ndarray, errors: Mapping[str, np.ndarra
 
 
 def _rms(d: np.ndarray, keep: int) -> np.ndarray:
-    d = np.asarray(d, dtype=np.float64)
-    d = d.reshape((1,) * (3 - d.ndim) + d.shape) if d.ndim < 3 else d.reshape(d.shape[0], d.shape[1], -1)
+    d = np.asarray(d, dtype=np.float64)  # the last two axes are (token, channel); any leading ones (batch,
+    d = d.reshape((1,) * (3 - d.ndim) + d.shape) if d.ndim < 3 else d.reshape(-1, *d.shape[-2:])  # samples) merge
     axes = tuple(i for i in range(3) if i != keep)
     return np.sqrt(np.mean(d * d, axis=axes))
 
 
 def error_per_token(ax, errors: Mapping[str, np.ndarray], colors: Mapping[str, str], axis_name: str = "token") -> bool:
-    """RMS error per position of axis 1 (the token), over batch and channels; one line per mode."""
+    """RMS error per token (the second-to-last axis), over the other axes; one line per mode."""
     if not errors:
         return False
     for mode, d in errors.items():
