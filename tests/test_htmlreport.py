@@ -11,6 +11,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from harness.cli import main
+from harness.compare import CompareError
 from harness.htmlreport import figures as F
 from harness.htmlreport.build import build_report, report_path, write_report
 from harness.htmlreport.data import load_report_data
@@ -169,6 +170,12 @@ def test_report_of_a_research_tool_file(tmp_path):
     d = load_report_data(tmp_path / "old.npz")
     assert d.comparison["modes"]["2-1"]["output"]["rel_l2"] == pytest.approx(0.01, rel=1e-4)
     assert "Saturation" not in html and "Error per layer" not in html   # no stats, one layer: no such sections
+    # capture --report of a run without its reference mode: a report without the comparison, not an error
+    np.savez(tmp_path / "noref.npz", **{"mode_2-1_output": ref, "mode_0_output": ref * 1.01})
+    noref = write_report(tmp_path / "noref.npz", reference="fp32", require_reference=False).read_text()
+    assert "No comparison: the reference mode fp32" in noref
+    with pytest.raises(CompareError, match="reference mode 'fp32' is not in the file; modes present: 2-1, 0"):
+        write_report(tmp_path / "noref.npz", reference="fp32")
 
 
 def _synthetic_file(tmp_path):

@@ -51,9 +51,9 @@ def _figure_sink(folder: Path):
 
 
 def build_report(npz_path: Path, reference: str | None = None, tensors: list[str] | None = None,
-                 figures_dir: Path | None = None) -> tuple[str, list[str]]:
+                 figures_dir: Path | None = None, require_reference: bool = True) -> tuple[str, list[str]]:
     """(HTML text, figure names) of the report of one capture file."""
-    d = load_report_data(npz_path, reference)
+    d = load_report_data(npz_path, reference, require_reference)
     figs = Figures(_figure_sink(figures_dir) if figures_dir is not None else None)
     colors = mode_colors(list(dict.fromkeys([d.reference, *d.modes])))
     chosen = select_tensors(d, tensors) if d.has_arrays() else []
@@ -77,7 +77,8 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
 
 
 def write_report(npz_path: Path, out: Path | None = None, reference: str | None = None,
-                 tensors: list[str] | None = None, figures_dir: Path | None = None) -> Path:
+                 tensors: list[str] | None = None, figures_dir: Path | None = None,
+                 require_reference: bool = True) -> Path:
     """Write the report next to the .npz (or to `out`), atomically; returns its path."""
     out = Path(out) if out is not None else report_path(npz_path)
     check_writable(out)
@@ -87,7 +88,7 @@ def write_report(npz_path: Path, out: Path | None = None, reference: str | None 
             raise StorageError(f"--figures {figures_dir} exists and is not a directory")
         figures_dir.mkdir(parents=True, exist_ok=True)
     with style():
-        text, _ = build_report(npz_path, reference, tensors, figures_dir)
+        text, _ = build_report(npz_path, reference, tensors, figures_dir, require_reference)
     _atomic_write(out, text.encode("utf-8"))
     return out
 

@@ -214,10 +214,11 @@ def _reference(cf: CaptureFile, stats: dict, asked: str | None) -> str:
     return "fp32" if "fp32" in modes or not modes else modes[0]
 
 
-def load_report_data(path: Path, reference: str | None = None) -> ReportData:
+def load_report_data(path: Path, reference: str | None = None, require_reference: bool = True) -> ReportData:
     """Open a capture (our files or the research tool's) and gather what the report shows.
 
-    Raises storage.StorageError for unreadable files and compare.CompareError for an unknown reference.
+    Raises storage.StorageError for unreadable files and, with require_reference, compare.CompareError
+    for a reference the file lacks (without it, the report simply has no comparison).
     """
     cf = load_capture(Path(path))
     stats = _restore_floats(cf.manifest or {})
@@ -226,7 +227,9 @@ def load_report_data(path: Path, reference: str | None = None) -> ReportData:
     failed = _failed(stats)
     ok_modes = [m for m in modes if m not in failed]
     comparison = stats.get("comparison") if (stats.get("comparison") or {}).get("reference") == ref else None
-    if comparison is None and cf.index:
+    if comparison is None and not require_reference and ref not in cf.index:
+        pass
+    elif comparison is None and cf.index:
         tensors = {m: cf.tensors(m) for m in cf.modes()}
         comparable = same_basis(lambda m, t: cf.tensor_meta(m, t).get("basis"), ref) if cf.manifest else None
         comparison = compare_modes(tensors, cf.array, ref, comparable)
