@@ -302,6 +302,8 @@ def overflow_per_layer_figure(layers: Sequence[int], saturated: Mapping[str, Seq
                     label=mode)
         ax.set_title(name)
         ax.set_xlabel("layer")
+        if len(layers) <= 32:
+            ax.set_xticks(list(layers))
     axs[0].set_ylabel("fraction")
     axs[0].legend(loc="best", ncols=2)
     return fig
