@@ -269,3 +269,37 @@ def test_report_command_line_and_bad_input(hf_dir, tmp_path, capsys):
     assert not (tmp_path / "x.html").exists()
     assert main(["report", str(npz), "-o", str(tmp_path / "no" / "r.html")]) == 2
     assert f"directory {tmp_path / 'no'} does not exist" in capsys.readouterr().err
+
+
+def test_overflow_per_layer_figure_plots_the_largest_fraction_per_layer():
+    fig = F.overflow_per_layer_figure([0, 1, 2], {"0": [0.1, None, 0.3]}, {"0": [0.0, 0.2, 0.1]}, COLORS)
+    sat, clip = fig.axes
+    assert list(sat.lines[0].get_ydata())[::2] == [0.1, 0.3] and np.isnan(sat.lines[0].get_ydata()[1])
+    assert list(clip.lines[0].get_ydata()) == [0.0, 0.2, 0.1] and list(sat.get_xticks()) == [0, 1, 2]
+    assert F.overflow_per_layer_figure([0], {"0": [0.1]}, {}, COLORS) is None
+
+
+def test_auto_selection_of_a_big_file_keeps_first_layer_and_worst_layers(tmp_path):
+    from harness.htmlreport.sections import focus_layers, select_tensors
+
+    arrays, noise = {}, {5: 0.5, 9: 0.3}          # layers 5 and 9 are the worst
+    for layer in range(12):
+        for point in ("block.out", "norm.out", "ssm.u", "block.residual"):
+            name = {"block.out": "output", "block.residual": "residual"}.get(point) if layer == 0 else None
+            name = name or f"L{layer}.{point}"
+            ref = RNG.standard_normal((1, 4, 3)).astype(np.float32)
+            key = (lambda m: f"mode_{m}_{name}" if "." not in name else f"mode_{m}__{name}")
+            arrays[key("fp32")] = ref
+            arrays[key("0")] = ref + np.float32(noise.get(layer, 0.01 + 0.001 * layer)) * RNG.standard_normal(
+                (1, 4, 3)).astype(np.float32)
+    write_npz(tmp_path / "big.npz", arrays)
+    d = load_report_data(tmp_path / "big.npz")
+    assert len(d.tensors()) == 48 > 40
+    focus = focus_layers(d)
+    assert {0, 11, 5, 9} <= set(focus) and len(focus) == 8
+    chosen = select_tensors(d, None)
+    assert [t for t in chosen if t in ("output", "residual") or t.startswith("L0.")] == \
+        [t for t in d.tensors() if t in ("output", "residual") or t.startswith("L0.")]     # all of the first layer
+    assert "L5.block.out" in chosen and "L5.norm.out" not in chosen
+    assert {t for t in chosen if t.endswith("block.out")} == {f"L{i}.block.out" for i in focus if i}
+    assert select_tensors(d, ["all"]) == d.tensors() and select_tensors(d, ["L3.ssm.u"]) == ["L3.ssm.u"]
