@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean chromium
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -19,14 +19,25 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	./capture_first_layer.sh essential
+	./capture_first_layer.sh essential -- --report
 	$(PY) compare_with_fp.py first_layer_io_all_modes.npz
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q
+
+# The HTML report's browser test needs Debian's chromium; install it when missing (root + apt-get),
+# otherwise say why the test will be skipped.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium for the HTML report's browser test"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "note: chromium is missing and cannot be installed here (needs root and apt-get); the browser test will be skipped"; fi; }
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_modes.py
+	$(PY) benchmarks/bench_report.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .harness_cache first_layer_io_all_modes.npz first_layer_io_all_modes_stats.json
+	rm -rf $(VENV) .pytest_cache .harness_cache first_layer_io_all_modes.npz first_layer_io_all_modes_stats.json \
+		first_layer_io_all_modes_report.html

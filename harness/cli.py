@@ -123,6 +123,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "compress", action="store_true", help="deflate the .npz (smaller, slower)")
     _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
+    _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -182,7 +183,24 @@ def _capture(argv: list[str] | None, prog: str | None) -> int:
         return 2
     if args.quiet:
         print(args.output_file)
+    if args.report and _write_report(args.output_file, args.reference) != 0:
+        return 2
     return 1 if outcome.failed else 0
+
+
+def _write_report(npz: Path, reference: str) -> int:
+    """capture --report: the HTML report of the file just written (harness.htmlreport); without the
+    reference mode (not run, or failed) the report has no comparison, as the capture's output."""
+    from .htmlreport.build import write_report
+    from .storage import StorageError
+
+    try:
+        out = write_report(npz, reference=reference, require_reference=False)
+    except StorageError as e:
+        print(f"error: report: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote report {out}")
+    return 0
 
 
 def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -340,15 +358,27 @@ def _points_main(argv: list[str]) -> int:
     return 0
 
 
+def _report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """The report command; matplotlib is imported only when a report is asked for."""
+    from .guard import Interrupted, handle_signals
+    from .htmlreport.build import report_main
+
+    try:
+        with handle_signals():
+            return report_main(argv, prog=prog)
+    except Interrupted as e:
+        return _interrupted(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"capture": capture_main, "compare": compare_main, "export": export_main, "modes": _modes_main,
-                "points": _points_main}
+    commands = {"capture": capture_main, "compare": compare_main, "export": export_main, "report": _report_main,
+                "modes": _modes_main, "points": _points_main}
     if not argv or argv[0] not in commands:
-        print("usage: python -m harness {capture,compare,export,modes,points} [options]  (--help on each)",
+        print("usage: python -m harness {capture,compare,export,report,modes,points} [options]  (--help on each)",
               file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
-    if name in ("capture", "compare", "export"):
+    if name in ("capture", "compare", "export", "report"):
         return commands[name](rest, prog=f"python -m harness {name}")
     return commands[name](rest)
