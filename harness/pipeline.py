@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .build import build_backbone
+from .build import build_backbone, hadamard_kernel_support
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
 from .compare import compare_modes, same_basis
@@ -104,9 +104,10 @@ def _basis_of(recipe: ModeRecipe, point: str, basis: str) -> str | None:
     return basis if point in RESIDUAL_BASIS else "rotated"
 
 
-def _run_mode(recipe: ModeRecipe, bank: WeightBank, calib: CalibrationResult | Exception | None,
+def _run_mode(recipe: ModeRecipe, bank: WeightBank, calibs: dict[str, CalibrationResult | Exception],
               ids: torch.Tensor, points: list[str], depth: int, basis: str) -> tuple[dict, dict]:
     """Run one mode; returns (arrays by tensor name, stats entry). Raises on failure."""
+    calib = calibs.get(recipe.prep)
     if recipe.needs_calibration and isinstance(calib, Exception):
         raise RuntimeError(f"calibration failed: {calib}")
     scales = calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
@@ -201,9 +202,20 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     kept_arrays, kept_modes = _previous(cfg, provenance, calib_text) if cfg.resume else ({}, {})
     todo = [r for r in recipes if r.name not in kept_modes]
     bank = WeightBank(ckpt)
-    calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
-    provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
-        {"error": str(calib)} if calib is not None else None)
+    support = hadamard_kernel_support(recipes, ckpt.dims)
+    if support is not None:
+        provenance["hadamard_kernel_support"] = support
+        for width, reason in support.items():
+            if reason is not None:
+                print(f"warning: {width} = {getattr(ckpt.dims, width)}: Quamba's Hadamard kernels do not support "
+                      f"this width ({reason}); the harness rotates it anyway", file=sys.stderr)
+    # one calibration per prep (its calibration model and cache key differ), in the order modes need them
+    preps = list(dict.fromkeys(r.prep for r in todo if r.needs_calibration))
+    calibs = {prep: _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep) for prep in preps}
+    infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
+             for prep, c in calibs.items()}
+    provenance["calibration"] = infos[preps[0]] if preps else None
+    provenance["calibration_by_prep"] = infos
 
     arrays_by_mode: dict[str, dict[str, np.ndarray]] = {}
     modes: dict[str, dict] = {}
@@ -217,7 +229,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         start = time.perf_counter()
         base = {"title": recipe.title, "recipe": recipe.knobs()}
         try:
-            arrays, tensors = _run_mode(recipe, bank, calib, ids, points, depth, cfg.basis)
+            arrays, tensors = _run_mode(recipe, bank, calibs, ids, points, depth, cfg.basis)
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
                                   "tensors": tensors}
             arrays_by_mode[recipe.name] = arrays
@@ -231,15 +243,15 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     return _finish(cfg, recipes, modes, arrays_by_mode, provenance, ids, emit)
 
 
-def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit):
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str):
     try:
-        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir)
+        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
         print(f"error: calibration failed: {type(e).__name__}: {e}", file=sys.stderr)
         return e
     result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256,
                        calib_documents_used=calib_text.documents_used)
-    emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
+    emit(f"calibration (prep={prep}): {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"alpha {cfg.calib.alpha}, layers 0..{depth}, {result.info['seconds']} s)")
     return result
 
