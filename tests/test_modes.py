@@ -39,6 +39,7 @@ def test_unknown_knob_value_lists_valid_values():
     ({"rotate": "no"}, "need rotate=yes"),
     ({"conv_out": "fp32"}, "ssm_u=int8 needs conv_out=int8"),
     ({"ssm_u": "requant"}, "ssm_u=requant needs conv_out=fp32"),
+    ({"weights": "fp32", "prep": "quamba"}, "prep=quamba needs weights=fp16 or int8"),
 ])
 def test_inconsistent_recipes_are_rejected(change, message):
     with pytest.raises(ModeError, match=message):
@@ -72,3 +73,17 @@ def test_modes_file_errors(tmp_path, content, message):
     f.write_text(content)
     with pytest.raises(ModeError, match=message):
         resolve_modes(["0"], f)
+
+
+def test_prep_of_user_modes(tmp_path):
+    f = tmp_path / "m.json"
+    full = {k: v for k, v in get_mode("2-4").knobs().items() if k != "prep"}
+    f.write_text(json.dumps({"modes": {"ex": {"base": "0", "prep": "exact"}, "q": full,
+                                       "w16": {**full, "weights": "fp16", "norm_out": "fp", "in_proj_out": "fp",
+                                               "conv_out": "fp32", "had_out": "fp", "ssm_u": "fp32"}}}))
+    ex, q, w16 = load_modes_file(f)
+    assert ex.prep == "exact" and ex.knobs() == {**get_mode("0").knobs(), "prep": "exact"}
+    assert q.prep == "quamba" and w16.prep == "exact"  # without a base: quamba for int8 weights, else exact
+    f.write_text(json.dumps({"modes": {"bad": {"base": "0", "prep": "fp16"}}}))
+    with pytest.raises(ModeError, match="prep='fp16' is not valid; valid values: quamba, exact"):
+        load_modes_file(f)
