@@ -24,7 +24,7 @@ ALLOWED = {
     "loading": {"spec"},
     "data": {"loading"},
     "weights": {"spec", "loading", "ops.hadamard", "ops.quant"},
-    "build": {"spec", "modes", "modules", "weights", "ops.linear", "ops.scan"},
+    "build": {"spec", "modes", "modules", "weights", "ops.hadamard", "ops.linear", "ops.scan"},
     "calibration": {"spec", "build", "modes", "observers", "weights"},
     "compare": {"metrics"},
     "report": set(),
