@@ -147,8 +147,10 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: 
     }
 
 
-def _previous(cfg: RunConfig, provenance: dict, calib_text) -> tuple[dict, dict]:
-    """(arrays by key, mode stats) of the modes that already succeeded in the file being resumed."""
+def _previous(cfg: RunConfig, provenance: dict, calib_text, recipes: list[ModeRecipe]) -> tuple[dict, dict]:
+    """(arrays by key, mode stats) of the modes that already succeeded in the file being resumed
+    with the same recipe (a mode recorded with other knobs, e.g. before `prep` existed, is run again)."""
+    knobs = {r.name: r.knobs() for r in recipes}
     spath = stats_path(cfg.output_file)
     if not (Path(cfg.output_file).is_file() and spath.is_file()):
         return {}, {}
@@ -169,7 +171,7 @@ def _previous(cfg: RunConfig, provenance: dict, calib_text) -> tuple[dict, dict]
     cf = load_capture(Path(cfg.output_file))
     arrays, modes = {}, {}
     for mode, entry in old.get("modes", {}).items():
-        if entry.get("status") == "ok" and mode in cf.index:
+        if entry.get("status") == "ok" and mode in cf.index and entry.get("recipe") == knobs.get(mode):
             modes[mode] = entry
             for tensor in cf.tensors(mode):
                 arrays[array_key(mode, tensor)] = np.array(cf.array(mode, tensor))
@@ -199,7 +201,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         prefix = hashing.result()
     ids = text.ids
     provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
-    kept_arrays, kept_modes = _previous(cfg, provenance, calib_text) if cfg.resume else ({}, {})
+    kept_arrays, kept_modes = _previous(cfg, provenance, calib_text, recipes) if cfg.resume else ({}, {})
     todo = [r for r in recipes if r.name not in kept_modes]
     bank = WeightBank(ckpt)
     support = hadamard_kernel_support(recipes, ckpt.dims)

@@ -71,3 +71,15 @@ def test_unsupported_hadamard_width_warns_once_and_is_recorded(model_dir, tmp_pa
     unrotated = run_modes(model_dir, tmp_path, ["1"], cache=False)  # mode 1 uses no Hadamard kernel
     assert "Hadamard" not in capsys.readouterr().err
     assert "hadamard_kernel_support" not in unrotated.stats["provenance"]
+
+
+def test_resume_runs_again_a_mode_recorded_with_other_knobs(model_dir, tmp_path):
+    """A file written before `prep` existed holds mode 0 as prep=exact computed it: --resume must not keep it."""
+    run_modes(model_dir, tmp_path, ["fp32", "0"])
+    stats_file = tmp_path / "capture_stats.json"
+    stats = json.loads(stats_file.read_text())
+    del stats["modes"]["0"]["recipe"]["prep"]
+    stats_file.write_text(json.dumps(stats))
+    again = run_modes(model_dir, tmp_path, ["fp32", "0"], resume=True)
+    assert again.stats["modes"]["fp32"].get("resumed") and "resumed" not in again.stats["modes"]["0"]
+    assert again.stats["modes"]["0"]["recipe"]["prep"] == "quamba"
