@@ -227,14 +227,13 @@ def hadamard_transform_fht(x: torch.Tensor, scale: float | None = None) -> torch
         y, buf = buf, y
         h *= 2
     if b > 1:
-        signs = _base_matrix(b).to(torch.float32)
-        out = torch.empty_like(y)
-        for r in range(b):  # out[r] = ((s_r0 x_0 + s_r1 x_1) + s_r2 x_2) + ... in fp32, term by term
-            acc = y[:, 0] * signs[r, 0]
-            for c in range(1, b):
-                acc = acc + y[:, c] if signs[r, c] > 0 else acc - y[:, c]
-            out[:, r] = acc
-        y = out
+        # out[r] = ((s_r0 x_0 + s_r1 x_1) + s_r2 x_2) + ... in fp32, term by term, all rows r at once:
+        # s_rc * x_c is exact (s = +-1), so acc + s_rc * x_c rounds exactly like the kernel's acc +- x_c
+        signs = _base_matrix(b).to(torch.float32)[:, :, None]               # (b rows, b terms, 1)
+        acc = y[:, None, 0, :] * signs[:, 0]                                # (batch, b, m)
+        for c in range(1, b):
+            acc.add_(y[:, None, c, :] * signs[:, c])
+        y = acc
     factor = torch.tensor(1.0 / math.sqrt(n) if scale is None else scale, dtype=torch.float32)
     return (y * factor).reshape(*lead, n)
 
