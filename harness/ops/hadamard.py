@@ -12,9 +12,11 @@ after 40, so 20 * 2^k with k >= 1 uses the 40 base like Quamba does.
 
 H_12 is symmetric, so Had_n is an involution for n = 2^k and 12 * 2^k; the 20,
 28 and 40 bases are not symmetric, and there the inverse is the transpose.
-Transforms are computed in float64: a sum of fp16 inputs of width up to a few
-thousand is then exact (fp32 inputs: float64-accurate) before the caller's single
-rounding.
+``hadamard_transform`` computes in float64: a sum of fp16 inputs of width up to a
+few thousand is then exact (fp32 inputs: float64-accurate) before the caller's
+single rounding (prep=exact). ``hadamard_transform_fht`` reproduces the fp32
+arithmetic of the fast_hadamard_transform kernel instead (prep=quamba), and
+``quamba_kernel_support`` says which widths Quamba's kernels actually transform.
 """
 from __future__ import annotations
 
