@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from . import __version__
-from .build import build_backbone
+from .build import build_backbone, hadamard_kernel_support
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
 from .compare import compare_modes, same_basis
-from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, read_sample
+from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, check_token_ids, read_sample
 from .loading import ModelDirError
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
@@ -110,9 +110,10 @@ def _basis_of(recipe: ModeRecipe, point: str, basis: str) -> str | None:
     return basis if point in RESIDUAL_BASIS else "rotated"
 
 
-def _run_mode(recipe: ModeRecipe, bank: WeightBank, calib: CalibrationResult | Exception | None,
+def _run_mode(recipe: ModeRecipe, bank: WeightBank, calibs: dict[str, CalibrationResult | Exception],
               ids: torch.Tensor, points: list[str], depth: int, basis: str) -> tuple[dict, dict]:
     """Run one mode; returns (arrays by tensor name, stats entry). Raises on failure."""
+    calib = calibs.get(recipe.prep)
     if recipe.needs_calibration and isinstance(calib, Exception):
         raise RuntimeError(f"calibration failed: {calib}")
     scales = calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
@@ -222,7 +223,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         text = read_sample(tok, cfg.text_file, cfg.seq_len)
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
-            if any(r.needs_calibration for r in recipes) and models.quamba is None else None
+            if models.needs_calibration(recipes) else None
         prefix = hashing.result()
     ids = text.ids
     check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
@@ -254,21 +255,27 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         elif k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
             print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
                   f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
-    if calib_text is None and models.quamba is None and any(r.needs_calibration for r in todo):  # a kept mode re-run needs it
+    if calib_text is None and models.needs_calibration(todo):  # a kept mode re-run needs it
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
     bank = models.bank
+    _hadamard_support(recipes, bank.dims, provenance)
     progress.phase = "calibrating"
     fault_point("before-calibration")
-    if models.quamba is not None:  # the checkpoint's own scales: no calibration
-        calib = checkpoint_calibration(models.quamba, depth) if any(r.needs_calibration for r in todo) else None
+    if models.quamba is not None:
         provenance["model"]["quamba"] = models.quamba.info()
         if models.float_ckpt is not None:
             provenance["model"]["pairing"] = models.pairing(depth)
-    else:
-        calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
-    provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
-        {"error": str(calib)} if calib is not None else None)
+    # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
+    # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
+    calibs = {}
+    for prep in dict.fromkeys(r.prep for r in todo if r.needs_calibration):
+        calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
+            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep)
+    infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
+             for prep, c in calibs.items()}
+    provenance["calibration"] = next(iter(infos.values()), None)
+    provenance["calibration_by_prep"] = infos
 
     arrays_by_mode: dict[str, dict[str, np.ndarray]] = {}
     modes: dict[str, dict] = {}
@@ -287,7 +294,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         start = time.perf_counter()
         base = {"title": recipe.title, "recipe": recipe.knobs()}
         try:
-            arrays, tensors = _run_mode(recipe, bank, calib, ids, points, depth, cfg.basis)
+            arrays, tensors = _run_mode(recipe, bank, calibs, ids, points, depth, cfg.basis)
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
                                   "tensors": tensors, **research_stats(tensors)}
             arrays_by_mode[recipe.name] = arrays
@@ -310,15 +317,6 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     return _finish(cfg, list(modes), modes, arrays_by_mode, provenance, ids, emit)
 
 
-def check_token_ids(ids: torch.Tensor, vocab_size: int, tokenizer_path) -> None:
-    """Token ids beyond the embedding: the tokenizer was made for another model."""
-    top = int(ids.max()) if ids.numel() else -1
-    if top >= vocab_size:
-        raise RunError(f"the tokenizer does not match the model: {tokenizer_path} produced token id {top}, "
-                       f"but the model's embedding has {vocab_size} rows (valid ids 0..{vocab_size - 1}); "
-                       f"pass --tokenizer DIR with the model's own tokenizer")
-
-
 def _check_finite(mode: str, entry: dict, arrays: dict[str, np.ndarray]) -> None:
     """A mode whose tensors hold NaN or Inf fails (its arrays are kept): bad numbers are never a pass."""
     problems = []
@@ -335,15 +333,27 @@ def _check_finite(mode: str, entry: dict, arrays: dict[str, np.ndarray]) -> None
               + (f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""), file=sys.stderr)
 
 
-def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit):
+def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
+    """Warn once per rotated width that Quamba's Hadamard kernels do not transform (the harness still does)."""
+    support = hadamard_kernel_support(recipes, dims)
+    if support is None:
+        return
+    provenance["hadamard_kernel_support"] = support
+    for width, reason in support.items():
+        if reason is not None:
+            print(f"warning: {width} = {getattr(dims, width)}: Quamba's Hadamard kernels do not support "
+                  f"this width ({reason}); the harness rotates it anyway", file=sys.stderr)
+
+
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str):
     try:
-        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir)
+        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
         print(f"error: calibration failed: {type(e).__name__}: {e}", file=sys.stderr)
         return e
     result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256,
                        calib_documents_used=calib_text.documents_used)
-    emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
+    emit(f"calibration (prep={prep}): {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"alpha {cfg.calib.alpha}, layers 0..{depth}, {result.info['seconds']} s)")
     return result
 

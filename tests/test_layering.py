@@ -26,7 +26,7 @@ ALLOWED = {
     "loading": {"spec"},
     "data": {"files", "loading"},
     "weights": {"spec", "loading", "ops.hadamard", "ops.quant"},
-    "build": {"spec", "modes", "modules", "weights", "ops.linear", "ops.scan"},
+    "build": {"spec", "modes", "modules", "weights", "ops.hadamard", "ops.linear", "ops.scan"},
     "calibration": {"spec", "build", "guard", "modes", "observers", "weights"},
     "quamba_ckpt": {"spec", "loading", "ops.quant", "weights"},
     "quamba_pair": {"calibration", "loading", "quamba_ckpt", "weights"},
