@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench mutation clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -25,8 +25,23 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Mutation testing (mutmut, the `dev` extra, installed on first use): writes docs/mutation.md.
+# MODULES=harness.ops.quant limits the run; CHILDREN=2 runs two mutants at a time.
+DEV_STAMP := $(VENV)/.installed-dev
+MODULES ?=
+CHILDREN ?= 1
+
+$(DEV_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
+	@touch $(DEV_STAMP)
+
+mutation: $(DEV_STAMP)
+	$(PY) tools/mutation.py --max-children $(CHILDREN) $(MODULES)
+	$(PY) tools/mutation.py --max-children $(CHILDREN) --rerun-survivors $(MODULES)
+	$(PY) tools/mutation_report.py
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_modes.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .harness_cache first_layer_io_all_modes.npz first_layer_io_all_modes_stats.json
+	rm -rf $(VENV) .pytest_cache .harness_cache mutants first_layer_io_all_modes.npz first_layer_io_all_modes_stats.json
