@@ -37,7 +37,6 @@ $(DEV_STAMP): pyproject.toml $(STAMP)
 
 mutation: $(DEV_STAMP)
 	$(PY) tools/mutation.py --max-children $(CHILDREN) $(MODULES)
-	$(PY) tools/mutation.py --max-children $(CHILDREN) --rerun-survivors $(MODULES)
 	$(PY) tools/mutation_report.py
 
 bench: $(STAMP)
