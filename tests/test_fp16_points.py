@@ -59,3 +59,23 @@ def test_fp16_rounding_points(setup, mode):
         assert _on_fp16_grid(cap.values) == (point in FP16_POINTS[mode]), (mode, point)
     assert FP16_POINTS[mode] <= checked
     assert "block.residual" in checked and "ssm.state" in checked  # fp32 sums and the fp32 state
+
+
+# prepared weights rounded to the weight dtype; A_log and D stay fp32 as mamba keeps them (weights.float_layer)
+FP16_WEIGHTS = {"in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "out_proj", "norm_weight"}
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_fp16_points_of_weight_preparation(setup, rotate):
+    bank, _, ids = setup
+    for weights in ("fp16", "fp32"):
+        params = bank.layer(0, weights, rotate)
+        for name in FP16_WEIGHTS | {"A_log", "D"}:
+            value = getattr(params, name)
+            if value is None:
+                assert name == "norm_weight" and rotate   # folded into in_proj
+                continue
+            want = weights == "fp16" and name in FP16_WEIGHTS
+            assert _on_fp16_grid(value) == want, (weights, rotate, name)
+        emb = bank.embed(ids, rotate, torch.float16 if weights == "fp16" else torch.float32)
+        assert _on_fp16_grid(emb) == (weights == "fp16")
