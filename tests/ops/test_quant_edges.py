@@ -64,3 +64,30 @@ def test_param_quantization_is_fp32_also_for_fp16_input():
     assert a.scale == b.scale and torch.equal(a.codes, b.codes)
     assert a.scale != float((w.abs().max() / 127).float())   # not the fp16 scale
     assert a.n_clipped == 0
+
+
+def test_unknown_output_spec_is_named():
+    from harness.ops.quant import to_output
+    with pytest.raises(TypeError, match="unknown output spec 'int4'"):
+        to_output(torch.zeros(1), "int4")
+
+
+def test_fma_with_python_float_operands_rounds_once():
+    """A scale passed as a Python float (as the scan and conv do) must not make the product an fp32 multiply."""
+    from harness.ops.quant import fma_f32
+    a = 1.0 + 2 ** -23
+    b = torch.tensor([1.0 - 2 ** -23], dtype=torch.float32)
+    out = fma_f32(a, b, torch.tensor([-1.0]))
+    assert out.dtype == torch.float32 and out.item() == -(2.0 ** -46)
+    assert fma_f32(a, b, -1.0).item() == -(2.0 ** -46)        # c as a Python float too
+
+
+def test_scale_rules_compute_in_their_own_dtype_whatever_the_input():
+    """min-max scales are fp16 quotients, percentile scales fp32 quotients, also for an input of the other dtype."""
+    from harness.ops.quant import minmax_scale_fp16, scale_from_amax_fp32
+    amax = torch.tensor(0.8437, dtype=torch.float16)
+    s16 = float((amax / 127).float())
+    s32 = float(amax.float() / 127)
+    assert s16 != s32
+    assert minmax_scale_fp16(amax) == s16 and minmax_scale_fp16(amax.float()) == s16
+    assert scale_from_amax_fp32(amax.float()) == s32 and scale_from_amax_fp32(amax) == s32
