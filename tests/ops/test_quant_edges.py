@@ -91,3 +91,10 @@ def test_scale_rules_compute_in_their_own_dtype_whatever_the_input():
     assert s16 != s32
     assert minmax_scale_fp16(amax) == s16 and minmax_scale_fp16(amax.float()) == s16
     assert scale_from_amax_fp32(amax.float()) == s32 and scale_from_amax_fp32(amax) == s32
+
+
+def test_dequantize_returns_a_float_tensor_itself():
+    """Only QTensors are dequantized; torch's own Tensor.dequantize() would turn an fp16 tensor into fp32."""
+    from harness.ops.quant import dequantize
+    x = torch.tensor([1.5], dtype=torch.float16)
+    assert dequantize(x) is x
