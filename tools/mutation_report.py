@@ -77,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)
     verdicts = tomllib.loads(VERDICTS.read_text()) if VERDICTS.is_file() else {}
     equivalent, tested = verdicts.get("equivalent", {}), verdicts.get("tested", {})
-    results = {m: r for m in MODULES if (r := _results(m)) is not None}
+    results = {m: r for m in MODULES if (r := _results(m)) is not None
+               and any(s not in ("not checked", "check was interrupted by user", "skipped") for s in r.values())}
     counts = {m: _counts(r, set(equivalent)) for m, r in results.items()}
     if args.save_baseline:
         old = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
-        old.update({m: {k: v for k, v in c.items()} for m, c in counts.items() if m not in old})
+        old.update({m: c for m, c in counts.items() if m not in old and c["unchecked"] == 0})
         BASELINE.write_text(json.dumps(old, indent=1) + "\n")
     baseline = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
     timing_path = ROOT / "mutants" / "mutation-timing.json"
@@ -101,20 +102,20 @@ def main(argv: list[str] | None = None) -> int:
            "are not mutated);",
            "- score = killed (timeouts included) / (mutants − equivalent); \"no tests\" counts as surviving.",
            "", "## Score per module", "",
-           "| module | part | mutants | killed | survived | equivalent | score before | score now | run time |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| module | part | mutants | killed | survived | equivalent | not run | score before | score now | run time |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in MODULES:
         if m not in counts:
-            out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | not run | | | | | | |")
+            out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | not run | | | | | | | |")
             continue
         c, b, t = counts[m], baseline.get(m), timing.get(m)
         rerun = timing.get(f"{m} (rerun survivors)")
         secs = (f"{t['seconds']:.0f} s" if t else "—") + (f" + {rerun['seconds']:.0f} s rerun" if rerun else "")
         out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | {c['mutants']} | {c['killed']} | {c['survived']} | "
-                   f"{c['equivalent']} | {_pct(b['score']) if b else '—'} | {_pct(c['score'])} | {secs} |")
+                   f"{c['equivalent']} | {c['unchecked']} | {_pct(b['score']) if b else '—'} | {_pct(c['score'])} | {secs} |")
     for part, members in (("emulation core", CORE), ("file format and comparison", set(MODULES) - CORE)):
         cs = [counts[m] for m in MODULES if m in members and m in counts]
-        if cs:
+        if cs and sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs):
             killed = sum(c["killed"] for c in cs)
             scored = sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs)
             out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants killed ({_pct(killed / scored)}).")
