@@ -10,7 +10,7 @@ quant_sscan_fwd_kernel.cuh:154-272 (notes §2.6 step 6), per (batch b, channel d
 
 Every step is written with numpy float32 scalars (one IEEE rounding per operation);
 an FMA is a float64 product plus add rounded once to float32 (the emulation's FMA),
-exp and log1p are torch's on single fp32 values.
+exp, log1p and sigmoid are torch's, on whole tensors laid out as the implementation lays them out.
 """
 import numpy as np
 import pytest
@@ -22,16 +22,27 @@ from harness.spec import FloatOut, QTensor
 f32 = np.float32
 
 
-def _exp(x):
-    return f32(torch.exp(torch.tensor(x, dtype=torch.float32)).item())
-
-
-def _log1p(x):
-    return f32(torch.log1p(torch.tensor(x, dtype=torch.float32)).item())
-
-
 def _fma(a, b, c):
     return f32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+# exp, log1p and sigmoid are torch's, applied to whole tensors laid out as the implementation lays them out:
+# torch's vectorized and scalar code paths of these functions may differ in the last bit.
+def _softplus(pre):
+    x = torch.from_numpy(pre)
+    return torch.where(x <= 20.0, torch.log1p(torch.exp(x)), x).numpy()
+
+
+def _dA(dt, A):
+    """exp(delta * A) for every (t, b, n, d): the products in fp32, exp over the (seqlen, batch, d_state, d_inner) block."""
+    seqlen, batch, d_inner, d_state = dt.shape[1], dt.shape[0], A.shape[0], A.shape[1]
+    prod = np.zeros((seqlen, batch, d_state, d_inner), np.float32)
+    for t in range(seqlen):
+        for b in range(batch):
+            for n in range(d_state):
+                for d in range(d_inner):
+                    prod[t, b, n, d] = dt[b, t, d] * A[d, n]
+    return torch.exp(torch.from_numpy(prod)).numpy()
 
 
 def kernel_loop(u, delta, A_log, B, C, D, z, bias, out_dtype):
@@ -39,28 +50,32 @@ def kernel_loop(u, delta, A_log, B, C, D, z, bias, out_dtype):
     batch, seqlen, d_inner = u.shape
     d_state = A_log.shape[1]
     A = (-torch.exp(A_log)).numpy()
+    ez = torch.exp(-z).numpy()
     u, B, C, D, z, bias = (t.numpy() for t in (u, B, C, D, z, bias))
+    pre = np.zeros((batch, seqlen, d_inner), np.float32)
+    for b in range(batch):
+        for t in range(seqlen):
+            for d in range(d_inner):
+                if isinstance(delta, QTensor):
+                    pre[b, t, d] = _fma(f32(delta.scale), f32(delta.codes[b, t, d].item()), bias[d])
+                else:
+                    pre[b, t, d] = f32(delta[b, t, d].item()) + bias[d]
+    dt = _softplus(pre)
+    dA = _dA(dt, A)
     y_out = np.zeros((batch, seqlen, d_inner), dtype=np.float32)
     h_out = np.zeros((batch, d_inner, d_state), dtype=np.float32)
     for b in range(batch):
         for d in range(d_inner):
             h = [f32(0.0)] * d_state
             for t in range(seqlen):
-                if isinstance(delta, QTensor):
-                    pre = _fma(f32(delta.scale), f32(delta.codes[b, t, d].item()), bias[d])
-                else:
-                    pre = f32(delta[b, t, d].item()) + bias[d]
-                dt = _log1p(_exp(pre)) if pre <= 20.0 else pre
                 uu = u[b, t, d]
                 for n in range(d_state):
-                    dA = _exp(dt * A[d, n])
-                    dBu = B[b, t, n] * (dt * uu)
-                    h[n] = dA * h[n] + dBu
+                    dBu = B[b, t, n] * (dt[b, t, d] * uu)
+                    h[n] = dA[t, b, n, d] * h[n] + dBu
                 y = D[d] * uu
                 for n in range(d_state):
                     y = _fma(h[n], C[b, t, n], y)
-                zz = z[b, t, d]
-                y_out[b, t, d] = (y * zz) / (f32(1.0) + _exp(-zz))
+                y_out[b, t, d] = (y * z[b, t, d]) / (f32(1.0) + ez[b, t, d])
             h_out[b, d] = h
     y = torch.from_numpy(y_out).to(out_dtype).to(torch.float32)
     return y, torch.from_numpy(h_out)
@@ -109,3 +124,40 @@ def test_int8_dt_uses_one_fma():
     deq[1] = ops[1].dequantize()
     y_two, _ = selective_scan(*deq[:7], deq[7], ScanOrder.KERNEL, FloatOut(torch.float32))
     assert not torch.equal(y, y_two)
+
+
+def reference_loop(u, delta, A_log, B, C, D, z, bias, out_dtype):
+    """The REFERENCE order written out: dBu = (delta * B) * u; y = sum_n h[n] * C[n] in order, + u * D;
+    out = y * (z * sigmoid(z)); an int8 dt is dequantized first (codes * scale), then the bias added."""
+    batch, seqlen, d_inner = u.shape
+    d_state = A_log.shape[1]
+    A = (-torch.exp(A_log)).numpy()
+    dq = delta.dequantize().numpy() if isinstance(delta, QTensor) else delta.numpy()
+    sig = torch.sigmoid(z).numpy()  # over the whole tensor: torch's vectorized sigmoid differs from its scalar one
+    u, B, C, D, z, bias = (t.numpy() for t in (u, B, C, D, z, bias))
+    dt = _softplus((dq + bias).astype(np.float32))
+    dA = _dA(dt, A)
+    y_out = np.zeros((batch, seqlen, d_inner), dtype=np.float32)
+    for b in range(batch):
+        for d in range(d_inner):
+            h = [f32(0.0)] * d_state
+            for t in range(seqlen):
+                uu = u[b, t, d]
+                for n in range(d_state):
+                    h[n] = dA[t, b, n, d] * h[n] + (dt[b, t, d] * B[b, t, n]) * uu
+                y = h[0] * C[b, t, 0]
+                for n in range(1, d_state):
+                    y = y + h[n] * C[b, t, n]
+                y = y + uu * D[d]
+                zz = z[b, t, d]
+                y_out[b, t, d] = y * (zz * sig[b, t, d])
+    return torch.from_numpy(y_out).to(out_dtype).to(torch.float32)
+
+
+@pytest.mark.parametrize("int8_dt", [False, True], ids=["float dt", "int8 dt"])
+def test_reference_order_equals_its_written_out_loop(int8_dt):
+    """Pins the reference order too (the scan of modes 1, 2-1..2-4 and 3), including the fp16 store."""
+    ops = _operands(5 if int8_dt else 6, int8_dt=int8_dt)
+    for out_dtype in (torch.float32, torch.float16):
+        y, _ = selective_scan(*ops[:7], ops[7], ScanOrder.REFERENCE, FloatOut(out_dtype))
+        assert torch.equal(y, reference_loop(*ops, out_dtype))
