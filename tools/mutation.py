@@ -6,6 +6,8 @@ MODULE is a dotted name (harness.ops.quant). Each module's mutants are run with
 ``mutmut run 'MODULE.*'``; mutmut keeps its results in mutants/ and only runs
 mutants without a result (edit a module and its mutants are regenerated).
 ``--rerun-survivors`` runs the surviving mutants again (after adding tests).
+``--sample N`` runs a seeded random sample of N mutants per module instead of all
+(for a quick estimate on a busy machine; the report says which modules were sampled).
 Wall time per module goes to mutants/mutation-timing.json for the report.
 
 Operator subset: mutmut's string operator is narrowed to strings that look
@@ -57,7 +59,29 @@ def _survivors(module: str) -> list[str]:
     path = Path(*module.split(".")).with_suffix(".py")
     m = SourceFileMutationData(path=path)
     m.load()
-    return [k for k, code in m.exit_code_by_key.items() if status_by_exit_code[code] == "survived"]
+    now = {k for k, code in m.exit_code_by_key.items() if status_by_exit_code[code] in ("survived", "no tests")}
+    baseline = ROOT / "docs" / "mutation-baseline.json"   # survivors of the first (baseline) run
+    before = set(json.loads(baseline.read_text()).get(module, {}).get("survivors", [])) if baseline.is_file() else set()
+    return sorted((now | before) & set(m.exit_code_by_key))
+
+
+def _all_mutants(module: str) -> list[str]:
+    from mutmut.mutation.data import SourceFileMutationData
+    path = Path(*module.split(".")).with_suffix(".py")
+    if not (ROOT / "mutants" / f"{path}.meta").is_file():
+        _generate()
+    m = SourceFileMutationData(path=path)
+    m.load()
+    return sorted(m.exit_code_by_key)
+
+
+def _generate() -> None:
+    from mutmut.__main__ import copy_also_copy_files, copy_src_dir, create_mutants, setup_source_paths
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    copy_src_dir()
+    copy_also_copy_files()
+    setup_source_paths()
+    create_mutants(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("modules", nargs="*", default=list(MODULES))
     ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
     ap.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again")
+    ap.add_argument("--sample", type=int, default=0, help="run N mutants per module, chosen at random (seeded)")
+    ap.add_argument("--seed", type=int, default=12)
     args = ap.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -76,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     timing_path = ROOT / "mutants" / "mutation-timing.json"
     for module in args.modules:
         names = [f"{module}.*"]
+        if args.sample:
+            import random
+            names = random.Random(f"{args.seed}:{module}").sample(_all_mutants(module), args.sample)
+            sample_path = ROOT / "mutants" / "mutation-sample.json"
+            samples = json.loads(sample_path.read_text()) if sample_path.is_file() else {}
+            samples[module] = sorted(set(samples.get(module, [])) | set(names))
+            sample_path.write_text(json.dumps(samples, indent=1))
         if args.rerun_survivors:
             names = _survivors(module) if (ROOT / "mutants").is_dir() else []
             if not names:

@@ -33,6 +33,9 @@ CORE = {"harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harnes
         "harness.data"}
 
 
+UNCHECKED = ("not checked", "check was interrupted by user", "skipped")
+
+
 def _results(module: str) -> dict[str, str] | None:
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.stats import status_by_exit_code
@@ -77,14 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)
     verdicts = tomllib.loads(VERDICTS.read_text()) if VERDICTS.is_file() else {}
     equivalent, tested = verdicts.get("equivalent", {}), verdicts.get("tested", {})
-    results = {m: r for m in MODULES if (r := _results(m)) is not None
-               and any(s not in ("not checked", "check was interrupted by user", "skipped") for s in r.values())}
+    baseline = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
+    results = {}
+    for m in MODULES:
+        r = _results(m)
+        if r is None:
+            continue
+        if m in baseline:  # mutants not run again keep their baseline verdict (tests were only added)
+            survivors, checked = set(baseline[m]["survivors"]), set(baseline[m].get("checked", []))
+            r = {k: ("survived" if k in survivors else "killed") if s == "not checked" and k in checked else s
+                 for k, s in r.items()}
+        if any(s not in UNCHECKED for s in r.values()):
+            results[m] = r
     counts = {m: _counts(r, set(equivalent)) for m, r in results.items()}
     if args.save_baseline:
-        old = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
-        old.update({m: c for m, c in counts.items() if m not in old and c["unchecked"] == 0})
-        BASELINE.write_text(json.dumps(old, indent=1) + "\n")
-    baseline = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
+        for m, c in counts.items():
+            if m not in baseline:
+                baseline[m] = {**c, "checked": sorted(k for k, s in results[m].items() if s not in UNCHECKED)}
+        BASELINE.write_text(json.dumps(baseline, indent=1) + "\n")
     timing_path = ROOT / "mutants" / "mutation-timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
 
