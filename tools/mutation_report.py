@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         c, b, t = counts[m], baseline.get(m), timing.get(m)
         rerun = timing.get(f"{m} (rerun survivors)")
-        secs = (f"{t['seconds']:.0f} s" if t else "—") + (f" + {rerun['seconds']:.0f} s rerun" if rerun else "")
+        secs = (f"{t['seconds']:.0f} s ({t.get('mutants_run', 'all')} run)" if t else "—") + (f" + {rerun['seconds']:.0f} s rerun" if rerun else "")
         out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | {c['mutants']} | {c['killed']} | {c['survived']} | "
                    f"{c['equivalent']} | {c['unchecked']} | {_pct(b['score']) if b else '—'} | {_pct(c['score'])} | {secs} |")
     for part, members in (("emulation core", CORE), ("file format and comparison", set(MODULES) - CORE)):
