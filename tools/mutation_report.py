@@ -107,9 +107,14 @@ def main(argv: list[str] | None = None) -> int:
            "", "How it is run (pyproject `[tool.mutmut]`, `tools/mutation.py`):", "",
            "- mutants of every module listed below; per mutant, only the tests that call the mutated function "
            "(mutmut's per-function test selection), cheapest test files first, stopping at the first failure;",
-           "- the unit and block-level tests take part; the subprocess CLI tests and the end-to-end contract tests "
-           "(`test_mode_contracts`, `test_fp_contracts`, `test_lean`, `test_shipped_model`) do not (they build every "
-           "mode in module fixtures, 10+ s per mutant): a mutant that only they catch counts as surviving;",
+           "- the unit and block-level tests take part; the subprocess CLI tests and the end-to-end tests that run "
+           "whole pipelines (`test_mode_contracts`, `test_fp_contracts`, `test_lean`, `test_shipped_model`, "
+           "`test_calibration`, `test_unrotate`) do not (10+ s per mutant on a loaded machine): a mutant that only "
+           "they catch counts as surviving;",
+           "- a mutant is a timeout only past (mutmut's estimate + 30 s) x 10 CPU seconds (a real hang); timeouts "
+           "count as killed;",
+           "- `--sample N` runs a seeded random sample of N mutants of a module (column \"not run\" > 0); the score "
+           "is then the score of the sample;",
            "- operators: all of mutmut's, except that string literals are mutated only when they look like "
            "identifiers or keys (no spaces, at most 40 characters) and only as `\"XX…XX\"` (messages and docstrings "
            "are not mutated);",
