@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = f"**{status}, no verdict yet**"
             out.append(f"- `{name.split('.', 1)[1]}` {_diff_line(name)}: {verdict}")
         out.append("")
+    if verdicts.get("notes"):
+        out += ["## Notes", ""] + [f"- {n}" for n in verdicts["notes"]] + [""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(out) + "\n")
     print(f"wrote {args.out}")
