@@ -126,6 +126,12 @@ def test_int8_dt_uses_one_fma():
     assert not torch.equal(y, y_two)
 
 
+def reference_gate(y, z, sig_z):
+    """Today's reference gate y * (z * sigmoid(z)); issue 11 changes it to y * silu(z) (and the C.h sum to
+    .sum(dim)): update this function and the C.h loop below with it."""
+    return y * (z * sig_z)
+
+
 def reference_loop(u, delta, A_log, B, C, D, z, bias, out_dtype):
     """The REFERENCE order written out: dBu = (delta * B) * u; y = sum_n h[n] * C[n] in order, + u * D;
     out = y * (z * sigmoid(z)); an int8 dt is dequantized first (codes * scale), then the bias added."""
@@ -150,7 +156,7 @@ def reference_loop(u, delta, A_log, B, C, D, z, bias, out_dtype):
                     y = y + h[n] * C[b, t, n]
                 y = y + uu * D[d]
                 zz = z[b, t, d]
-                y_out[b, t, d] = y * (zz * sig[b, t, d])
+                y_out[b, t, d] = reference_gate(y, zz, sig[b, t, d])
     return torch.from_numpy(y_out).to(out_dtype).to(torch.float32)
 
 
