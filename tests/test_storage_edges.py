@@ -78,3 +78,15 @@ def test_compressed_npz_is_deflated(tmp_path):
     write_npz(tmp_path / "s.npz", {"mode_0_output": np.zeros(1000, np.float32)})
     with zipfile.ZipFile(tmp_path / "s.npz") as zf:
         assert zf.infolist()[0].compress_type == zipfile.ZIP_STORED
+
+
+def test_entries_carry_zip64_headers(tmp_path):
+    """Entries are streamed with force_zip64: without it an array over 4 GiB fails when its entry is closed.
+    The local header of every entry carries the zip64 extra field (id 0x0001)."""
+    import struct
+    write_npz(tmp_path / "z.npz", {"mode_0_output": np.zeros(10, np.float32)})
+    raw = (tmp_path / "z.npz").read_bytes()
+    assert raw[:4] == b"PK\x03\x04"
+    name_len, extra_len = struct.unpack("<HH", raw[26:30])
+    extra = raw[30 + name_len:30 + name_len + extra_len]
+    assert extra_len > 0 and struct.unpack("<H", extra[:2])[0] == 0x0001
