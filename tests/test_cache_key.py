@@ -86,3 +86,37 @@ def test_an_entry_under_another_key_is_not_used(setup, tmp_path):
     src.rename(tmp_path / f"calib-{other_key[:40]}.json")
     moved = calibrate(bank, windows, dataclasses.replace(BASE, seed=1), 0, prefix, tmp_path)
     assert moved.info["source"] == "recomputed" and "key mismatch" in moved.info["reason"]
+
+
+def test_cache_file_records_observers_and_settings(setup, tmp_path):
+    """The entry keeps each observer's state (what the scale was computed from) next to the scales."""
+    import json
+    ckpt, windows, prefix = setup
+    result = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, tmp_path)
+    data = json.loads((tmp_path / f"calib-{result.info['keys'][0][:40]}.json").read_text())
+    assert data["settings"] == dataclasses.asdict(BASE) and data["layer"] == 0
+    assert set(data["observers"]) == set(data["scales"]) == {"s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H"}
+    assert data["observers"]["s_u"]["alpha"] == BASE.alpha and data["observers"]["s_u"]["samples"] == 4
+    assert data["observers"]["s_in"]["samples"] == 4 and data["observers"]["s_in"]["amax"] > 0
+
+
+@pytest.mark.parametrize("kw, message", [({"alpha": 0.0}, r"--percentile_alpha must be in \(0, 1\], got 0.0"),
+                                         ({"alpha": 1.5}, r"--percentile_alpha must be in \(0, 1\], got 1.5"),
+                                         ({"batch_size": 0}, "--calib_batch_size must be positive, got 0")])
+def test_settings_are_validated(kw, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(BASE, **kw)
+    assert dataclasses.replace(BASE, alpha=1.0).alpha == 1.0
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    from pathlib import Path
+    from harness.calibration import default_cache_dir
+    monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(tmp_path / "q"))
+    assert default_cache_dir() == tmp_path / "q"
+    monkeypatch.delenv("QUAMBA_HARNESS_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "quamba-harness"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == Path(tmp_path / "home" / ".cache" / "quamba-harness")
