@@ -91,3 +91,11 @@ def test_sample_of_exactly_the_available_tokens(tok, tmp_path):
     assert read_sample(tok, path, 6).documents_used == 1
     with pytest.raises(DataError, match=f"gives only {total} tokens"):
         read_sample(tok, path, total + 1)
+
+
+def test_windows_record_their_file(tok, tmp_path):
+    """The provenance (calib_file_sha256) comes from here: the path and the file's sha256."""
+    import hashlib
+    path = _write(tmp_path, [_doc(2 * SEQLEN)])
+    got = calibration_windows(tok, path, 2, SEQLEN, seed=0)
+    assert got.path == path and got.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
