@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             if e.code not in (0, None):
                 return int(e.code) if isinstance(e.code, int) else 1
         timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
-        key = f"{module} (rerun survivors)" if args.rerun_survivors else module
+        key = f"{module} (rerun survivors)" if args.rerun_survivors else (
+            f"{module} (sample {args.sample}, seed {args.seed})" if args.sample else module)
         timing[key] = {"seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children,
                        "mutants_run": len(names) if not names[0].endswith(".*") else "all",
                        "load_avg_1min": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

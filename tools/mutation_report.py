@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         if m not in counts:
             out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | not run | | | | | | | |")
             continue
-        c, b, t = counts[m], baseline.get(m), timing.get(m)
-        rerun = timing.get(f"{m} (rerun survivors)")
-        secs = (f"{t['seconds']:.0f} s ({t.get('mutants_run', 'all')} run)" if t else "—") + (f" + {rerun['seconds']:.0f} s rerun" if rerun else "")
+        c, b = counts[m], baseline.get(m)
+        runs = [(k[len(m):].strip(" ()") or "all", t) for k, t in timing.items() if k == m or k.startswith(m + " (")]
+        secs = " + ".join(f"{t['seconds']:.0f} s ({t.get('mutants_run', 'all')}: {what})" for what, t in runs) or "—"
         out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | {c['mutants']} | {c['killed']} | {c['survived']} | "
                    f"{c['equivalent']} | {c['unchecked']} | {_pct(b['score']) if b else '—'} | {_pct(c['score'])} | {secs} |")
     for part, members in (("emulation core", CORE), ("file format and comparison", set(MODULES) - CORE)):
