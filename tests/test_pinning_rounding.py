@@ -210,3 +210,14 @@ def test_epilogue_order_is_pinned_by_the_output(bank, mode, site):
         assert got.codes[0, 0, j].item() == _rne(want)
     else:
         assert got[0, 0, j].item() == float(np.float16(want))
+
+
+def test_dynamic_conv_input_takes_its_scale_per_call(bank):
+    """Mode 3 (conv_in=dynamic) re-quantizes the conv input at f32(max|x| / 127) on every call, not at s_xz."""
+    block = _block(bank, "3")
+    assert block.conv1d.input_rule.kind == "dynamic"
+    x = torch.linspace(-2.54, 1.0, bank.ckpt.dims.d_inner).reshape(1, 1, -1)
+    q = block.conv1d.quantize_input(x)
+    assert q.scale == float(f32(2.54 / 127.0)) != SCALES.s_xz
+    assert block.conv1d.quantize_input(x * 2).scale == float(f32(5.08 / 127.0))
+    assert _block(bank, "0").conv1d.input_rule.kind == "static"
