@@ -92,3 +92,15 @@ def test_npz_bytes_do_not_depend_on_the_time(tmp_path):
     with np.load(tmp_path / "c.npz") as z:
         assert z["mode_0_input"].tolist() == [0, 1, 2, 3, 4]
     assert (tmp_path / "c.npz").stat().st_size != (tmp_path / "a.npz").stat().st_size
+
+
+def test_temporary_file_is_hidden_next_to_the_target(tmp_path, monkeypatch):
+    """The partial file is a dot-file with a .tmp suffix in the target's directory (same file system, so the
+    rename is atomic, and never mistaken for a capture)."""
+    seen = []
+    real = storage.os.replace
+    monkeypatch.setattr(storage.os, "replace", lambda src, dst: (seen.append((src, dst)), real(src, dst)))
+    write_npz(tmp_path / "cap.npz", {"mode_0_input": np.zeros(2, dtype=np.float32)})
+    (src, dst), = seen
+    src = os.path.basename(src)
+    assert os.path.dirname(seen[0][0]) == str(tmp_path) and src.startswith(".cap.npz.") and src.endswith(".tmp")

@@ -73,6 +73,7 @@ def test_missing_metric_reads_as_false():
     comp = {"modes": {"0": {"output": {"sqnr_db": 1.0}}}}
     assert fail_if_violations("input_differs", comp) == []
     assert fail_if_violations("not input_differs", comp) == [("0", "output")]
+    assert fail_if_violations("input_differs == False", comp) == [("0", "output")]
 
 
 @pytest.mark.parametrize("expr, needle", [

@@ -90,3 +90,22 @@ def test_entries_carry_zip64_headers(tmp_path):
     name_len, extra_len = struct.unpack("<HH", raw[26:30])
     extra = raw[30 + name_len:30 + name_len + extra_len]
     assert extra_len > 0 and struct.unpack("<H", extra[:2])[0] == 0x0001
+
+
+def test_block_io_keys_and_the_capture_path(tmp_path):
+    from harness.storage import array_key
+    assert [array_key("0", t) for t in ("input", "output", "residual")] == \
+        ["mode_0_input", "mode_0_output", "mode_0_residual"]
+    write_npz(tmp_path / "c.npz", {"mode_0_residual": np.zeros(1, np.float32)})
+    cf = load_capture(tmp_path / "c.npz")
+    assert cf.path == tmp_path / "c.npz" and cf.tensors("0") == ["residual"]
+
+
+def test_space_message_says_how_much_is_free(tmp_path, monkeypatch):
+    import collections
+    import harness.storage as storage
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
+    with pytest.raises(StorageError, match=r"about 10\.0 MiB needed, 5\.0 MiB free in "):
+        check_writable(tmp_path / "x.npz", 10 * 2 ** 20)
+    check_writable(tmp_path / "x.npz", 4 * 2 ** 20)   # 4 MiB + 10 % fits in 5 MiB
