@@ -120,3 +120,27 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_cache_dir() == Path(tmp_path / "home" / ".cache" / "quamba-harness")
+
+
+def test_run_info_records_what_happened(setup, tmp_path):
+    """calibrate's info goes into the capture's provenance: settings, keys, timing, observer states, files."""
+    ckpt, windows, prefix = setup
+    info = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, tmp_path).info
+    assert info["settings"] == dataclasses.asdict(BASE) and info["tokens"] == windows.numel()
+    assert info["source"] == "computed" and isinstance(info["seconds"], float) and info["seconds"] >= 0
+    assert set(info["observers"][0]) == {"s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H"}
+    assert info["cache_files"] == [str(tmp_path / f"calib-{info['keys'][0][:40]}.json")]
+
+
+def test_an_entry_with_bad_scales_is_recomputed(setup, tmp_path):
+    """A well-formed, correctly checksummed entry that lacks a scale is reported as such, never used."""
+    import json
+    ckpt, windows, prefix = setup
+    bank = WeightBank(ckpt)
+    first = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    path = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
+    data = json.loads(path.read_text())
+    del data["scales"]["s_u"], data["checksum"]
+    path.write_text(json.dumps({**data, "checksum": calibration._checksum(data)}))
+    again = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    assert again.info["source"] == "recomputed" and "bad scales ('s_u')" in again.info["reason"]

@@ -88,3 +88,12 @@ def test_sample_records_where_it_came_from(tmp_path):
     assert (got.n_documents, got.documents_used) == (1, 1)
     with pytest.raises(DataError, match="--seq_len must be a positive number of tokens, got 0"):
         read_sample(tok, path, 0)
+
+
+def test_int8_weights_are_quantized_from_the_same_rotation(bank):
+    """The rotated int8 layer comes from the rotated fp16 layer (not the unrotated one)."""
+    for rotate in (True, False):
+        q, ref = bank.layer(0, "int8", rotate), int8_layer(bank.layer(0, "fp16", rotate))
+        assert torch.equal(q.in_proj.codes, ref.in_proj.codes) and q.in_proj.scale == ref.in_proj.scale
+        assert torch.equal(q.out_proj.codes, ref.out_proj.codes)
+    assert not torch.equal(bank.layer(0, "int8", True).in_proj.codes, bank.layer(0, "int8", False).in_proj.codes)

@@ -53,3 +53,14 @@ def test_float_output_uses_ratio_s_x_and_the_output_dtype():
     assert y.tolist() == [[0.25, 0.75]]    # acc (2, 6) * 0.25 * 0.5
     y16 = w8a8_linear(QTensor(x.codes, 0.1), w, Epilogue.WEIGHT_THEN_RATIO, FloatOut(torch.float16))
     assert torch.equal(y16, y16.half().float()) and y16.dtype == torch.float32
+
+
+def test_saturating_outputs_match_the_oracle():
+    """Outputs beyond 127 saturate in the kernel and in the oracle (a clamp to 128 would wrap to -128)."""
+    from harness.ops.linear import w8a8_linear_ref
+    x = QTensor(torch.full((1, 4), 127, dtype=torch.int8), 0.5)
+    w = QTensor(torch.tensor([[127, 127, 127, 127], [-128, -128, -128, -128], [1, 0, 0, 0]], dtype=torch.int8), 0.5)
+    for order in Epilogue:
+        got = w8a8_linear(x, w, order, QuantOut(0.25, Rounding.HALF_EVEN))
+        ref = w8a8_linear_ref(x, w, order, QuantOut(0.25, Rounding.HALF_EVEN))
+        assert got.codes.tolist() == ref.codes.tolist() == [[127, -128, 127]]
