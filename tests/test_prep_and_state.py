@@ -97,3 +97,10 @@ def test_int8_weights_are_quantized_from_the_same_rotation(bank):
         assert torch.equal(q.in_proj.codes, ref.in_proj.codes) and q.in_proj.scale == ref.in_proj.scale
         assert torch.equal(q.out_proj.codes, ref.out_proj.codes)
     assert not torch.equal(bank.layer(0, "int8", True).in_proj.codes, bank.layer(0, "int8", False).in_proj.codes)
+
+
+def test_minmax_observer_rounds_to_fp16_first():
+    """A value off the fp16 grid is observed as its fp16 rounding (the recorded amax is an fp16 number)."""
+    mm = MinMaxObserver()
+    mm.observe(torch.tensor([[0.1, -0.05]]))
+    assert mm.state()["amax"] == float(torch.tensor(0.1).half())
