@@ -100,6 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     _narrow_string_operator()
     from mutmut.__main__ import _run
     timing_path = ROOT / "mutants" / "mutation-timing.json"
+    if args.rerun_survivors:  # one mutmut run for all of them: one clean-test pass instead of one per module
+        names = [n for module in args.modules for n in _survivors(module)] if (ROOT / "mutants").is_dir() else []
+        if names:
+            start = time.perf_counter()
+            _run(names, args.max_children)
+            timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+            timing[f"survivors of {len(args.modules)} modules (rerun)"] = {
+                "seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children,
+                "mutants_run": len(names), "load_avg_1min": os.getloadavg()[0],
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            timing_path.write_text(json.dumps(timing, indent=1))
+        return 0
     for module in args.modules:
         names = [f"{module}.*"]
         if args.sample:
@@ -109,10 +121,6 @@ def main(argv: list[str] | None = None) -> int:
             samples = json.loads(sample_path.read_text()) if sample_path.is_file() else {}
             samples[module] = sorted(set(samples.get(module, [])) | set(names))
             sample_path.write_text(json.dumps(samples, indent=1))
-        if args.rerun_survivors:
-            names = _survivors(module) if (ROOT / "mutants").is_dir() else []
-            if not names:
-                continue
         start = time.perf_counter()
         try:
             _run(names, args.max_children)
@@ -120,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             if e.code not in (0, None):
                 return int(e.code) if isinstance(e.code, int) else 1
         timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
-        key = f"{module} (rerun survivors)" if args.rerun_survivors else (
-            f"{module} (sample {args.sample}, seed {args.seed})" if args.sample else module)
+        key = f"{module} (sample {args.sample}, seed {args.seed})" if args.sample else module
         timing[key] = {"seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children,
                        "mutants_run": len(names) if not names[0].endswith(".*") else "all",
                        "load_avg_1min": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
