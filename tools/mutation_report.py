@@ -141,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         secs = " + ".join(f"{t['seconds']:.0f} s ({t.get('mutants_run', 'all')}: {what})" for what, t in runs) or "—"
         out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | {c['mutants']} | {c['killed']} | {c['survived']} | "
                    f"{c['equivalent']} | {c['unchecked']} | {_pct(_baseline_score(b, equivalent))} | {_pct(c['score'])} | {secs} |")
+    for key, t in timing.items():
+        if key.startswith("survivors of"):
+            out.append(f"\nRerun of the survivors after the tests were added ({key}): {t['mutants_run']} mutants, "
+                       f"{t['seconds']:.0f} s, {t['date']}.")
     for part, members in (("emulation core", CORE), ("file format and comparison", set(MODULES) - CORE)):
         cs = [counts[m] for m in MODULES if m in members and m in counts]
         if cs and sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs):
