@@ -152,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             scored = sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs)
             out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants killed ({_pct(killed / scored)}).")
     out += ["", "## Surviving mutants and verdicts", "",
-            "Every mutant that survived (now, or in the baseline run) with its verdict: the test added for it, "
+            "Every mutant that survived (now, or in an earlier run) with its verdict: the test added for it, "
             "or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
     for m in MODULES:
         names = set(counts.get(m, {}).get("survivors", [])) | set((baseline.get(m) or {}).get("survivors", []))
+        names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in results.get(m, {})}
         if not names:
             continue
         out += [f"### `{m}`", ""]
