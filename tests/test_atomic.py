@@ -45,26 +45,15 @@ def test_failure_at_the_rename_keeps_the_previous_file(tmp_path, monkeypatch):
 
 def test_interrupt_while_writing_json_keeps_the_previous_file(tmp_path, monkeypatch):
     """KeyboardInterrupt is a BaseException: the temporary file must still be removed."""
+    from harness import files
     path = tmp_path / "cap_stats.json"
     write_json(path, {"a": 1})
     before = path.read_bytes()
-    real_fdopen = os.fdopen
 
-    class Interrupting:
-        def __init__(self, f):
-            self.f = f
+    def interrupting_fsync(fd):  # the data is written, the file not yet synced nor renamed
+        raise KeyboardInterrupt
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def write(self, data):
-            self.f.write(data[:5])
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(storage.os, "fdopen", lambda fd, mode: Interrupting(real_fdopen(fd, mode)))
+    monkeypatch.setattr(files.os, "fsync", interrupting_fsync)
     with pytest.raises(KeyboardInterrupt):
         write_json(path, {"a": 2})
     monkeypatch.undo()

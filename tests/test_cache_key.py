@@ -5,11 +5,15 @@ import pytest
 import torch
 
 import harness.calibration as calibration
-from harness.calibration import CalibrationSettings, _layer_keys, calibrate
+from harness.calibration import CalibrationSettings, _layer_keys as _keys_of_prep, calibrate
 from harness.loading import open_checkpoint
 from harness.weights import WeightBank
 
 BASE = CalibrationSettings(num_samples=4, seqlen=16, alpha=0.9995, batch_size=2, seed=42)
+
+
+def _layer_keys(prefix, windows, settings, prep="quamba"):
+    return _keys_of_prep(prefix, windows, settings, prep)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +41,13 @@ def test_the_tokens_and_the_model_enter_the_key(setup):
     other_model = prefix[0][:-1] + ("1" if prefix[0][-1] == "0" else "0")
     assert _layer_keys([other_model, prefix[1]], windows, BASE)[0] != base[0]
     assert _layer_keys(prefix, windows, BASE)[1] != base[0]                   # layer 1 has its own key
+
+
+def test_the_prep_enters_the_key(setup):
+    """prep=quamba and prep=exact calibrate different models: one must never reuse the other's scales."""
+    _, windows, prefix = setup
+    assert all(a != b for a, b in zip(_layer_keys(prefix, windows, BASE, "quamba"),
+                                      _layer_keys(prefix, windows, BASE, "exact")))
 
 
 def test_the_version_enters_the_key(setup, monkeypatch):

@@ -43,7 +43,8 @@ def test_every_tensor_stats_field():
     s = tensor_stats(v)
     assert s == {"shape": [2, 2], "dtype": "float32", "kind": "float", "first_10": [1.0, -3.0, 2.0, 4.0],
                  "mean": 1.0, "std": pytest.approx(math.sqrt((0 + 16 + 1 + 9) / 4)), "min": -3.0, "max": 4.0,
-                 "l2": pytest.approx(math.sqrt(30)), "nan_count": 0, "inf_count": 0, "quantized": False}
+                 "l2": pytest.approx(math.sqrt(30)), "nan_count": 0, "inf_count": 0, "quantized": False,
+                 "capture_dtype": "float32", "overflow_upper": 0.0, "overflow_lower": 0.0}
     codes = np.array([[1, -128], [2, 127]], np.int8)
     q = tensor_stats(codes.astype(np.float32), codes, 1.0)
     assert q["kind"] == "int8" and q["quantized"] is True and q["clipped_fraction"] is None

@@ -5,8 +5,8 @@ fed an input (and given a calibrated scale) constructed so that its value lands
 exactly on a .5 tie (half-even and half-away disagree there), or so that the two
 fp32 epilogue orders give values on different sides of a rounding boundary.
 
-The tables RULES and EPILOGUES are the specification; issue 11 changes mode 3's
-float in_proj epilogue, which is one row of EPILOGUES.
+The tables RULES and EPILOGUES are the specification; mode 3's float in_proj
+follows ``W8A8B16O16Linear.forward`` (weight scale first, issue 11).
 """
 import copy
 import dataclasses
@@ -31,7 +31,7 @@ RULES = {"norm": ("s_in", EVEN), "in_proj": ("s_xz", EVEN), "conv1d": ("s_u", AW
          "dt_proj": ("s_dt", EVEN), "had": ("s_H", AWAY)}
 # (mode, site) -> epilogue order of the W8A8 GEMM (notes §2.6 steps 2, 4, 5, 9)
 EPILOGUES = {("0", "in_proj"): RW, ("0", "x_proj"): WR, ("0", "dt_proj"): RW, ("0", "out_proj"): WR,
-             ("3", "in_proj"): RW,  # float (fp16) output; issue 11 revisits this order
+             ("3", "in_proj"): WR,  # float (fp16) output: W8A8B16O16Linear.forward order (issue 11)
              ("3", "out_proj"): WR}
 SCALES = LayerScales(s_in=0.0211, s_xz=0.0312, s_u=0.0133, s_xp=0.0457, s_dt=0.0119, s_h=0.0071, s_H=0.0263)
 f32 = np.float32

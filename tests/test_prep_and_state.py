@@ -71,7 +71,7 @@ def test_read_documents_formats_and_errors(tmp_path):
     (tmp_path / "e.txt").write_bytes(b"")
     assert read_documents(tmp_path / "e.txt") == []
     (tmp_path / "d.JSON").write_text('{"text": "x"}\n{"txt": "y"}\n')
-    with pytest.raises(DataError, match=r"d.JSON:2: not a JSON object with a 'text' field"):
+    with pytest.raises(DataError, match=r"d.JSON:2: a JSON dict without a 'text' field"):
         read_documents(tmp_path / "d.JSON")
     with pytest.raises(DataError, match="cannot read text file"):
         read_documents(tmp_path / "missing.jsonl")

@@ -103,9 +103,9 @@ def test_block_io_keys_and_the_capture_path(tmp_path):
 
 def test_space_message_says_how_much_is_free(tmp_path, monkeypatch):
     import collections
-    import harness.storage as storage
+    import harness.files as files
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(storage.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
     with pytest.raises(StorageError, match=r"about 10\.0 MiB needed, 5\.0 MiB free in "):
         check_writable(tmp_path / "x.npz", 10 * 2 ** 20)
     check_writable(tmp_path / "x.npz", 4 * 2 ** 20)   # 4 MiB + 10 % fits in 5 MiB
