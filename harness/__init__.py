@@ -6,6 +6,9 @@ capture layer inputs/outputs through forward hooks, and compare every mode again
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 
 # numpy's OpenBLAS threads spin after every BLAS call and then compete with torch's
 # threads (measured: the next layer forward ran up to 2x slower). The harness does
@@ -15,8 +18,25 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 __version__ = "0.1.0"
 
+
+def _interrupted_while_starting(signum, _frame):
+    print(f"interrupted by {signal.Signals(signum).name} while starting: nothing was written", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
+# Ctrl-C during the imports below (torch takes seconds) ends `python -m harness` and the
+# `quamba-harness` script quietly, with 130 and no traceback; Python's own handler is put back
+# after them. A handler someone else installed (a notebook, the entry scripts) is left alone.
+_quiet_start = (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+if _quiet_start:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
 from .compare import compare_modes  # noqa: E402
 from .modes import get_mode, list_modes  # noqa: E402
 from .pipeline import RunConfig, run  # noqa: E402
+
+if _quiet_start:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 __all__ = ["__version__", "run", "RunConfig", "compare_modes", "get_mode", "list_modes"]

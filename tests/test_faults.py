@@ -115,3 +115,19 @@ def test_ctrl_c_while_starting_shows_no_traceback(tmp_path, script):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "Traceback" not in err and "interrupted by SIGINT while" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_python_m_harness_starts_shows_no_traceback(tmp_path):
+    """`python -m harness` imports torch through the package before any command installs its handlers."""
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "harness", "capture", "--output_file", str(tmp_path / "x.npz")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    time.sleep(0.5)  # inside the imports (torch alone takes longer)
+    if p.poll() is not None:
+        pytest.skip("the command ended before the signal")
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err and "interrupted by SIGINT while" in err
+    assert list(tmp_path.iterdir()) == []
