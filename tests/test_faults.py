@@ -102,28 +102,15 @@ def test_sigkill_between_the_renames_is_read_as_the_new_pair(setup, tmp_path):
     assert not pending_path(out).exists() and _leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("script", ["save_first_layer_io.py", "compare_with_fp.py"])
-def test_ctrl_c_while_starting_shows_no_traceback(tmp_path, script):
+@pytest.mark.parametrize("command", [["save_first_layer_io.py"], ["compare_with_fp.py", "x.npz"],
+                                     ["-m", "harness", "capture"]], ids=["capture", "compare", "python-m-harness"])
+def test_ctrl_c_while_starting_shows_no_traceback(tmp_path, command):
+    """Every entry imports torch (seconds) before its handlers exist; `python -m harness` through the package."""
     import time
 
-    p = subprocess.Popen([sys.executable, str(ROOT / script), str(tmp_path / "x.npz")], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    time.sleep(0.5)  # inside the imports (torch alone takes longer)
-    if p.poll() is not None:
-        pytest.skip("the command ended before the signal")
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and "Traceback" not in err and "interrupted by SIGINT while" in err
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_ctrl_c_while_python_m_harness_starts_shows_no_traceback(tmp_path):
-    """`python -m harness` imports torch through the package before any command installs its handlers."""
-    import time
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen([sys.executable, "-m", "harness", "capture", "--output_file", str(tmp_path / "x.npz")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    argv = [str(ROOT / command[0]), *command[1:]] if command[0].endswith(".py") else command
+    p = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     time.sleep(0.5)  # inside the imports (torch alone takes longer)
     if p.poll() is not None:
         pytest.skip("the command ended before the signal")
