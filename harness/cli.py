@@ -162,14 +162,19 @@ def _interrupted(e) -> int:
     return e.exit_code
 
 
-def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
+    """Run a command with SIGINT/SIGTERM turned into a clean exit (130/143, one line, no traceback)."""
     from .guard import Interrupted, handle_signals
 
     try:
         with handle_signals():
-            return _capture(argv, prog)
+            return command(argv, prog)
     except Interrupted as e:
         return _interrupted(e)
+
+
+def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return _guarded(_capture, argv, prog)
 
 
 def _capture(argv: list[str] | None, prog: str | None) -> int:
@@ -218,13 +223,7 @@ def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    from .guard import Interrupted, handle_signals
-
-    try:
-        with handle_signals():
-            return _compare(argv, prog)
-    except Interrupted as e:
-        return _interrupted(e)
+    return _guarded(_compare, argv, prog)
 
 
 def _compare(argv: list[str] | None, prog: str | None) -> int:
@@ -309,13 +308,7 @@ def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    from .guard import Interrupted, handle_signals
-
-    try:
-        with handle_signals():
-            return _export(argv, prog)
-    except Interrupted as e:
-        return _interrupted(e)
+    return _guarded(_export, argv, prog)
 
 
 def _export(argv: list[str] | None, prog: str | None) -> int:
@@ -360,14 +353,9 @@ def _points_main(argv: list[str]) -> int:
 
 def _report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """The report command; matplotlib is imported only when a report is asked for."""
-    from .guard import Interrupted, handle_signals
     from .htmlreport.build import report_main
 
-    try:
-        with handle_signals():
-            return report_main(argv, prog=prog)
-    except Interrupted as e:
-        return _interrupted(e)
+    return _guarded(report_main, argv, prog)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,6 @@ separately and joined with the tokenizer's end-of-text token when it has one.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from .files import file_kind
+from .files import file_kind, file_sha256
 from .loading import Tokenizer
 
 __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
@@ -79,10 +78,6 @@ def read_documents(path: Path) -> list[str]:
     return docs
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def _token_stream(tokenizer: Tokenizer, docs: list[str]) -> Iterator[list[int]]:
     """Each document's ids followed by the end-of-text id; tokenized two documents at a time, lazily."""
     for start in range(0, len(docs), 2):
@@ -106,7 +101,7 @@ def read_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
         ids += doc_ids
         used += 1
         if len(ids) >= seq_len:
-            return TokenText(Path(path), _file_sha256(path), len(docs), used,
+            return TokenText(Path(path), file_sha256(path), len(docs), used,
                              torch.tensor(ids[:seq_len], dtype=torch.int64).unsqueeze(0))
     raise DataError(f"{path} gives only {len(ids)} tokens with this tokenizer, fewer than --seq_len {seq_len}; "
                     f"use a shorter --seq_len or a longer --text_file")
@@ -131,7 +126,7 @@ def calibration_windows(tokenizer: Tokenizer, path: Path, num: int, seqlen: int,
         doc_ids = doc_ids[:-1] if tokenizer.eos_id is not None else doc_ids
         windows += [doc_ids[k:k + seqlen] for k in range(0, len(doc_ids) - seqlen + 1, seqlen)]
         if len(windows) >= num:
-            return TokenText(Path(path), _file_sha256(path), len(docs), used,
+            return TokenText(Path(path), file_sha256(path), len(docs), used,
                              torch.tensor(windows[:num], dtype=torch.int64))
     raise DataError(f"{path} gives {len(windows)} calibration samples of {seqlen} tokens "
                     f"({len(docs)} documents); --calib_data_num {num} is too many (use at most {len(windows)}, "

@@ -32,7 +32,7 @@ from tokenizers import decoders, models, pre_tokenizers
 
 from .spec import ModelDims
 
-__all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer", "file_sha256",
+__all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
            "LAYER_TENSORS", "MODEL_DIR_CONTENTS"]
 
 MODEL_DIR_CONTENTS = ("a model directory must contain config.json (transformers Mamba keys hidden_size, "
@@ -59,14 +59,6 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 
 class ModelDirError(ValueError):
     """The model directory is missing, incomplete or malformed; the message says what is expected."""
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _hash_tensor(h, key: str, t: torch.Tensor, raw: Iterator[bytes] | None = None) -> None:
