@@ -3,7 +3,9 @@
 Array keys (all float32 unless noted):
 
     mode_{mode}_input | _output | _residual   layer 0: block input, mixer output, residual after
-    mode_{mode}__L{i}.{point}                 any other capture point (capture.POINTS), e.g. mode_2-4__L0.ssm.u
+    mode_{mode}__L{i}.{point}                 any other capture point (capture.POINTS), e.g. mode_2-4__L0.ssm.u,
+                                              and L{i}.block.isolated (--isolated)
+    mode_{mode}__logits                       --end-to-end: [batch, seq, vocab] (a leading sample axis with --samples N > 1)
     token_ids                                 int64 [1, seq_len]
     timestamp, model, pretrained_dir (str), seq_len (int)   scalar metadata of the research tool
 
@@ -56,7 +58,7 @@ MAX_MANIFEST_BYTES = 1 << 30
 RESEARCH_STAT_KEYS = ("shape", "first_10", "mean", "std", "min", "max")
 METADATA_KEYS = ("timestamp", "model", "pretrained_dir", "seq_len")
 _LAYER0_NAMES = {"L0.block.in": "input", "L0.block.out": "output", "L0.block.residual": "residual"}
-_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+)$")
+_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+|logits)$")
 
 
 def tensor_name(point: str) -> str:
