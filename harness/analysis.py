@@ -32,7 +32,7 @@ from .spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
 from .storage import tensor_name
 from .weights import WeightBank
 
-__all__ = ["ISOLATED", "original_basis", "Head", "build_head", "ModeRun", "run_mode", "basis_of", "sensitivity_kl", "stack"]
+__all__ = ["ISOLATED", "RefInputs", "convert", "Head", "build_head", "ModeRun", "run_mode", "basis_of", "sensitivity_kl", "stack"]
 
 _BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
 
@@ -101,6 +101,7 @@ class ModeRun:
     tensors: dict[str, dict] = field(default_factory=dict)             # tensor -> stats entry
     per_sample: dict[str, list[np.ndarray]] = field(default_factory=dict)
     logits: list[np.ndarray] = field(default_factory=list)             # per sample (1, seq, vocab) fp32
+    block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per sample, own basis
 
 
 def _to_mode_basis(x: torch.Tensor, rotate: bool) -> torch.Tensor:
@@ -111,28 +112,36 @@ def _to_original(x: torch.Tensor, rotate: bool) -> torch.Tensor:
     return hadamard_transform(x, transpose=True).to(torch.float32) if rotate else x
 
 
-def isolated_out(block: EmuMambaBlock, ref_in: torch.Tensor, rotate: bool, basis: str) -> torch.Tensor:
-    """The block's mixer output on the reference's input (original basis in, stored basis out)."""
+def convert(x: torch.Tensor, from_rotated: bool, to_rotated: bool) -> torch.Tensor:
+    """A residual-stream tensor from one basis to the other (unchanged, bit for bit, when they agree)."""
+    return x if from_rotated == to_rotated else _to_mode_basis(_to_original(x, from_rotated), to_rotated)
+
+
+@dataclass
+class RefInputs:
+    """The reference's block inputs in its own basis (rotated or not): per sample, layer -> (1, seq, d_model)."""
+
+    rotated: bool
+    by_sample: list[dict[int, torch.Tensor]]
+
+
+def isolated_out(block: EmuMambaBlock, ref_in: torch.Tensor, ref_rotated: bool, rotate: bool) -> torch.Tensor:
+    """The block's mixer output (in the mode's basis) on the reference's input (in the reference's basis)."""
     with torch.no_grad():
-        out, _ = block(_to_mode_basis(ref_in, rotate))
-    return _to_original(out, rotate) if basis == "original" else out
-
-
-def original_basis(x: torch.Tensor, recipe: ModeRecipe, basis: str) -> torch.Tensor:
-    """A stored residual-stream tensor of `recipe` in the checkpoint's original basis."""
-    return _to_original(x, recipe.rotate == "yes" and basis == "rotated")
+        out, _ = block(convert(ref_in, ref_rotated, rotate))
+    return out
 
 
 def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.Tensor], points: list[str],
-             depth: int, basis: str, ref_inputs: list[dict[int, torch.Tensor]] | None = None,
-             end_to_end: bool = False) -> ModeRun:
+             depth: int, basis: str, ref_inputs: RefInputs | None = None,
+             end_to_end: bool = False, keep_inputs: tuple[int, ...] = ()) -> ModeRun:
     """Run one mode on every sample (ids (1, seq) each); the points L{i}.block.isolated in `points` are
-    replayed on ref_inputs (per sample, layer -> the reference's block input, original basis), or on
-    the mode's own block inputs when ref_inputs is None (the reference itself); end_to_end: run all
-    blocks and the head."""
+    replayed on ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference
+    itself); end_to_end: run all blocks and the head. ``block_inputs`` of the result are the mode's own
+    block inputs of the isolated layers (its basis), the RefInputs of the other modes."""
     iso_layers = [parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED]
     hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
-    own = [point_name(i, "block.in") for i in iso_layers] if ref_inputs is None else []
+    own = [point_name(i, "block.in") for i in sorted(set(iso_layers) | set(keep_inputs))] if ref_inputs is None else []
     rotate = recipe.rotate == "yes"
     model = build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth)
     head = build_head(recipe, bank) if end_to_end else None
@@ -157,13 +166,15 @@ def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.T
         for layer in iso_layers:
             name = point_name(layer, ISOLATED)
             if ref_inputs is None:  # the mode's own input, in its own basis
-                out = isolated_out(model.blocks[layer], captured[point_name(layer, "block.in")].values, False, "rotated")
-                out = _to_original(out, rotate) if basis == "original" else out
+                out = isolated_out(model.blocks[layer], captured[point_name(layer, "block.in")].values, rotate, rotate)
             else:
-                out = isolated_out(model.blocks[layer], ref_inputs[k][layer], rotate, basis)
+                out = isolated_out(model.blocks[layer], ref_inputs.by_sample[k][layer], ref_inputs.rotated, rotate)
+            out = _to_original(out, rotate) if basis == "original" else out
             run.per_sample.setdefault(name, []).append(out.numpy())
             codes.setdefault(name, []).append(None)
             meta[name] = (name, ISOLATED, None, None, "float32")
+        if ref_inputs is None and own:
+            run.block_inputs.append({parse_point(p)[0]: captured[p].values for p in own})
         if head is not None:
             run.logits.append(head(residual).to(torch.float32).numpy())
     for name, values in run.per_sample.items():
@@ -178,14 +189,14 @@ def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.T
 
 @torch.no_grad()
 def sensitivity_kl(recipe: ModeRecipe, bank: WeightBank, scales, ref_recipe: ModeRecipe, ref_scales,
-                   samples: list[torch.Tensor], ref_inputs: list[dict[int, torch.Tensor]],
+                   samples: list[torch.Tensor], ref_inputs: RefInputs,
                    ref_logits: list[np.ndarray], layers: list[int], kl) -> dict[int, list[float]]:
     """layer -> per-sample KL(reference || model with only that block in `recipe`).
 
     The reference's residual entering block i (its captured block input) plus the mode's block i
-    output on it (original basis), then the reference's blocks i+1.. and head.
+    output on it (converted to the reference's basis), then the reference's blocks i+1.. and head.
     """
-    rotate, ref_rotate = recipe.rotate == "yes", ref_recipe.rotate == "yes"
+    rotate, ref_rotate = recipe.rotate == "yes", ref_inputs.rotated
     last = bank.dims.n_layer - 1
     mode_model = build_backbone(recipe, bank, scales, max(layers))
     ref_model = build_backbone(ref_recipe, bank, ref_scales, last)
@@ -194,9 +205,9 @@ def sensitivity_kl(recipe: ModeRecipe, bank: WeightBank, scales, ref_recipe: Mod
     for layer in layers:
         out[layer] = []
         for k in range(len(samples)):
-            ref_in = ref_inputs[k][layer]
-            residual = _to_mode_basis(ref_in + isolated_out(mode_model.blocks[layer], ref_in, rotate, "original"),
-                                      ref_rotate)  # the residual in the reference's own basis
+            ref_in = ref_inputs.by_sample[k][layer]
+            mixed = isolated_out(mode_model.blocks[layer], ref_in, ref_inputs.rotated, rotate)
+            residual = ref_in + convert(mixed, rotate, ref_rotate)  # in the reference's own basis
             for block in ref_model.blocks[layer + 1:]:
                 _, residual = block(residual)
             out[layer].append(kl(ref_logits[k], ref_head(residual).to(torch.float32).numpy()))

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .analysis import original_basis, run_mode, stack
+from .analysis import RefInputs, run_mode, stack
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
 from .compare import compare_modes, same_basis
@@ -304,17 +304,16 @@ def _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, arrays_by_mode,
             if iso_layers and not is_ref and ref_inputs is None:
                 raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, "
                                    f"but it failed")
+            wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
             run = run_mode(recipe, bank, _scales(recipe, calib), samples, points, depth, cfg.basis,
-                           None if is_ref else ref_inputs, whole)
+                           None if is_ref else ref_inputs, whole, wanted if is_ref else ())
             arrays, tensors = run.arrays, run.tensors
             if run.logits:
                 arrays["logits"] = stack(run.logits)
                 tensors["logits"] = {"point": "logits", "basis": None, **tensor_stats(arrays["logits"])}
                 logits[recipe.name] = run.logits
             if is_ref:
-                wanted = sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set()))
-                ref_inputs = [{i: original_basis(torch.from_numpy(run.per_sample[tensor_name(point_name(i, "block.in"))][k]),
-                                                 recipe, cfg.basis) for i in wanted} for k in range(len(samples))]
+                ref_inputs = RefInputs(recipe.rotate == "yes", run.block_inputs)
             per_sample[recipe.name] = run.per_sample
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
                                   "tensors": tensors, **research_stats(tensors)}
