@@ -24,7 +24,7 @@ from .build import act_dtype, build_backbone
 from .capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, point_name
 from .metrics import tensor_stats
 from .modes import ModeRecipe
-from .modules import EmuMambaBlock, EmuRMSNorm
+from .modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
 from .ops.hadamard import hadamard_transform
 from .ops.linear import float_linear, int8_gemm
 from .ops.quant import round_to_dtype, to_output
@@ -32,7 +32,7 @@ from .spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
 from .storage import tensor_name
 from .weights import WeightBank
 
-__all__ = ["ISOLATED", "RefInputs", "convert", "Head", "build_head", "ModeRun", "run_mode", "basis_of", "sensitivity_kl", "stack"]
+__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "basis_of", "sensitivity_kl", "stack"]
 
 _BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
 
@@ -132,25 +132,51 @@ def isolated_out(block: EmuMambaBlock, ref_in: torch.Tensor, ref_rotated: bool, 
     return out
 
 
+def to_device(module: nn.Module, device: str) -> nn.Module:
+    """Move every tensor an emulated module holds (plain attributes, QTensor codes) to `device`, in place.
+
+    The weight bank stays on the CPU; the embedding is looked up there and its rows moved.
+    """
+    if device == "cpu":
+        return module
+    for m in module.modules():
+        for name, value in list(vars(m).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(m, name, value.to(device))
+            elif isinstance(value, QTensor):
+                setattr(m, name, QTensor(value.codes.to(device), value.scale, value.n_clipped))
+        if isinstance(m, EmuBackbone):
+            m.embed = lambda ids, embed=m.embed: embed(ids.cpu()).to(device)
+    return module
+
+
 def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.Tensor], points: list[str],
-             depth: int, basis: str, ref_inputs: RefInputs | None = None,
-             end_to_end: bool = False, keep_inputs: tuple[int, ...] = ()) -> ModeRun:
+             depth: int, basis: str, ref_inputs: RefInputs | None = None, end_to_end: bool = False,
+             keep_inputs: tuple[int, ...] = (), device: str = "cpu") -> ModeRun:
     """Run one mode on every sample (ids (1, seq) each); the points L{i}.block.isolated in `points` are
     replayed on ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference
-    itself); end_to_end: run all blocks and the head. ``block_inputs`` of the result are the mode's own
-    block inputs of the isolated layers (its basis), the RefInputs of the other modes."""
+    itself); end_to_end: run all blocks and the head. The result's ``block_inputs`` are the mode's own
+    inputs of the isolated layers and `keep_inputs` (its basis): the RefInputs of the other modes.
+    device "cuda": the modules' tensors move there and every op runs under torch.device("cuda");
+    arrays come back to the CPU (untested: README "Device").
+    """
+    model = to_device(build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth), device)
+    head = to_device(build_head(recipe, bank), device) if end_to_end else None
+    with torch.device(device):
+        return _run_samples(recipe, model, head, samples, points, basis, ref_inputs, keep_inputs, device)
+
+
+def _run_samples(recipe, model, head, samples, points, basis, ref_inputs, keep_inputs, device) -> ModeRun:
+    rotate = recipe.rotate == "yes"
     iso_layers = [parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED]
     hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
     own = [point_name(i, "block.in") for i in sorted(set(iso_layers) | set(keep_inputs))] if ref_inputs is None else []
-    rotate = recipe.rotate == "yes"
-    model = build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth)
-    head = build_head(recipe, bank) if end_to_end else None
     run = ModeRun()
     codes: dict[str, list] = {}
     meta: dict[str, tuple] = {}
     for k, ids in enumerate(samples):
         with capture(model, sorted(set(hooked + own))) as captured:
-            residual = model(ids)
+            residual = model(ids.to(device))
         for point in hooked:
             if point not in captured:
                 continue  # a site the recipe does not have (had.out without rotation)
@@ -166,9 +192,10 @@ def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.T
         for layer in iso_layers:
             name = point_name(layer, ISOLATED)
             if ref_inputs is None:  # the mode's own input, in its own basis
-                out = isolated_out(model.blocks[layer], captured[point_name(layer, "block.in")].values, rotate, rotate)
+                ref_in, ref_rotated = captured[point_name(layer, "block.in")].values, rotate
             else:
-                out = isolated_out(model.blocks[layer], ref_inputs.by_sample[k][layer], ref_inputs.rotated, rotate)
+                ref_in, ref_rotated = ref_inputs.by_sample[k][layer], ref_inputs.rotated
+            out = isolated_out(model.blocks[layer], ref_in.to(device), ref_rotated, rotate).cpu()
             out = _to_original(out, rotate) if basis == "original" else out
             run.per_sample.setdefault(name, []).append(out.numpy())
             codes.setdefault(name, []).append(None)
@@ -176,7 +203,7 @@ def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.T
         if ref_inputs is None and own:
             run.block_inputs.append({parse_point(p)[0]: captured[p].values for p in own})
         if head is not None:
-            run.logits.append(head(residual).to(torch.float32).numpy())
+            run.logits.append(head(residual).to(torch.float32).cpu().numpy())
     for name, values in run.per_sample.items():
         point, site, scale, n_clipped, dtype = meta[name]
         run.arrays[name] = stack(values)
@@ -189,27 +216,26 @@ def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.T
 
 @torch.no_grad()
 def sensitivity_kl(recipe: ModeRecipe, bank: WeightBank, scales, ref_recipe: ModeRecipe, ref_scales,
-                   samples: list[torch.Tensor], ref_inputs: RefInputs,
-                   ref_logits: list[np.ndarray], layers: list[int], kl) -> dict[int, list[float]]:
+                   samples: list[torch.Tensor], ref_inputs: RefInputs, ref_logits: list[np.ndarray],
+                   layers: list[int], kl, device: str = "cpu") -> dict[int, list[float]]:
     """layer -> per-sample KL(reference || model with only that block in `recipe`).
 
     The reference's residual entering block i (its captured block input) plus the mode's block i
     output on it (converted to the reference's basis), then the reference's blocks i+1.. and head.
     """
     rotate, ref_rotate = recipe.rotate == "yes", ref_inputs.rotated
-    last = bank.dims.n_layer - 1
-    mode_model = build_backbone(recipe, bank, scales, max(layers))
-    ref_model = build_backbone(ref_recipe, bank, ref_scales, last)
-    ref_head = build_head(ref_recipe, bank)
+    mode_model = to_device(build_backbone(recipe, bank, scales, max(layers)), device)
+    ref_model = to_device(build_backbone(ref_recipe, bank, ref_scales, bank.dims.n_layer - 1), device)
+    ref_head = to_device(build_head(ref_recipe, bank), device)
     out: dict[int, list[float]] = {}
-    for layer in layers:
-        out[layer] = []
-        for k in range(len(samples)):
-            ref_in = ref_inputs.by_sample[k][layer]
-            mixed = isolated_out(mode_model.blocks[layer], ref_in, ref_inputs.rotated, rotate)
-            residual = ref_in + convert(mixed, rotate, ref_rotate)  # in the reference's own basis
-            for block in ref_model.blocks[layer + 1:]:
-                _, residual = block(residual)
-            out[layer].append(kl(ref_logits[k], ref_head(residual).to(torch.float32).numpy()))
+    with torch.device(device):
+        for layer in layers:
+            out[layer] = []
+            for k in range(len(samples)):
+                ref_in = ref_inputs.by_sample[k][layer].to(device)
+                mixed = isolated_out(mode_model.blocks[layer], ref_in, ref_inputs.rotated, rotate)
+                residual = ref_in + convert(mixed, rotate, ref_rotate)  # in the reference's own basis
+                for block in ref_model.blocks[layer + 1:]:
+                    _, residual = block(residual)
+                out[layer].append(kl(ref_logits[k], ref_head(residual).to(torch.float32).cpu().numpy()))
     return out
-

@@ -306,7 +306,7 @@ def _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, arrays_by_mode,
                                    f"but it failed")
             wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
             run = run_mode(recipe, bank, _scales(recipe, calib), samples, points, depth, cfg.basis,
-                           None if is_ref else ref_inputs, whole, wanted if is_ref else ())
+                           None if is_ref else ref_inputs, whole, wanted if is_ref else (), cfg.device)
             arrays, tensors = run.arrays, run.tensors
             if run.logits:
                 arrays["logits"] = stack(run.logits)

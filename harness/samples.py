@@ -130,6 +130,6 @@ def run_studies(cfg, recipes, bank, calib, ids, points, modes, run, emit, scales
             progress.phase = f"sensitivity of mode {mode}"
             kl = sensitivity_kl(by_name[mode], bank, scales_of(by_name[mode], calib), ref, scales_of(ref, calib),
                                 run["samples"], run["ref_inputs"], run["logits"][cfg.reference], cfg.layers,
-                                kl_divergence)
+                                kl_divergence, cfg.device)
             out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])
     return out

@@ -160,3 +160,24 @@ def test_sensitivity_and_the_report_reads_it(big_run):
     assert {r["layer"] for r in rows} == {0, 1} and all(r["isolated_sqnr_db"] is not None for r in rows)
     assert all(r["kl_share"] is not None for r in rows)
     assert set(d.end_to_end()) == {"fp32", "1", "2-4", "w16"} and d.samples()["count"] == 3
+
+
+def test_device_plumbing(hf_dir, tmp_path, capsys):
+    from harness.analysis import build_head, to_device
+    from harness.build import build_backbone
+    from harness.cli import capture_main
+
+    models = open_models(hf_dir, None)
+    (recipe,) = resolve_modes(["fp32"], None)
+    model = to_device(build_backbone(recipe, models.bank, None, 1), "meta")
+    head = to_device(build_head(recipe, models.bank), "meta")
+    tensors = [v for m in [*model.modules(), *head.modules()] for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    assert tensors and all(t.device.type == "meta" for t in tensors)
+    assert models.bank.layer(0, "fp32", True).in_proj.device.type == "cpu"  # the bank itself stays put
+    assert model.embed(torch.zeros(1, 4, dtype=torch.int64)).device.type == "meta"
+    out = run_modes(hf_dir, tmp_path, ["fp32"], seq_len=16, device="cpu")
+    assert out.stats["provenance"]["device"] == "cpu"
+    if not torch.cuda.is_available():
+        rc = capture_main(["--model", str(hf_dir), "--device", "cuda", "--output_file", str(tmp_path / "g.npz")])
+        assert rc == 2 and "--device cuda was asked for, but torch sees no CUDA device" in capsys.readouterr().err
+        assert not (tmp_path / "g.npz").exists()
