@@ -26,20 +26,20 @@ import torch
 from . import __version__
 from .analysis import RefInputs, run_mode, stack
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
+from .collect import Collector, block_io_names
 from .capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
-from .compare import compare_modes, same_basis
 from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, read_sample
 from .loading import ModelDirError
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
 from .quamba_pair import checkpoint_calibration, needs_float, open_models
 from .report import mode_summary, sensitivity_tables, short_comparison
-from .samples import run_studies
-from .runchecks import check_finite, check_quantized_differ
+from .samples import end_to_end_rows, mode_sample_rows, run_studies
+from .runchecks import check_finite
 from .resume import ResumeError, previous_modes, recorded_recipe
 from .guard import LockError, OutputLock, fault_point, progress
-from .storage import SCHEMA_VERSION, StorageError, array_key, check_output, check_writable, dedup_arrays, \
-    pending_path, research_stats, stats_path, tensor_name, write_pair
+from .storage import SCHEMA_VERSION, PairWriter, StorageError, check_output, check_writable, pending_path, \
+    research_stats, stats_path, tensor_name
 from .weights import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
@@ -83,12 +83,14 @@ class RunConfig:
     end_to_end: bool = False          # final norm + lm_head: logits, KL, top-1, cross-entropy, perplexity
     sensitivity: bool = False         # KL with one block at a time in the mode (implies end_to_end)
     device: str = "cpu"
+    keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
 
 
 @dataclass
 class RunOutcome:
     stats: dict                                   # the _stats.json content
-    by_mode: dict[str, dict[str, np.ndarray]]     # mode -> tensor -> array (before dedup; also with --stats-only)
+    by_mode: dict[str, dict[str, np.ndarray]]     # mode -> tensor -> array (before dedup; also with --stats-only);
+                                                  # with keep_arrays=False only the reference's
     failed: list[str]
     token_ids: np.ndarray                         # (samples, seq_len) int64
 
@@ -257,29 +259,37 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
         {"error": str(calib)} if calib is not None else None)
 
-    arrays_by_mode: dict[str, dict[str, np.ndarray]] = {}
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}
-    for mode, k in kept.items():  # file order first; modes run again take their place
-        if mode not in todo_names:
-            modes[mode] = {**k.entry, "resumed": True}
-            if k.entry.get("status") == "ok" and not k.complete:  # cannot be re-run: never kept as ok
-                modes[mode].update(status="error", error=f"arrays incomplete in the resumed file "
-                                   f"({', '.join(k.missing)}) and its recorded recipe is not valid")
-            if k.arrays:
-                arrays_by_mode[mode] = k.arrays
-            emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
-    studies = _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, arrays_by_mode, emit)
-    order = list(kept) + [r.name for r in todo if r.name not in kept]
-    modes = {m: modes[m] for m in order if m in modes}
-    arrays_by_mode = {m: arrays_by_mode[m] for m in order if m in arrays_by_mode}
-    check_quantized_differ(recipes, modes, arrays_by_mode, cfg.reference)
-    provenance["model"]["tensors_read"] = ckpt.read_summary()
-    if models.quamba is not None and models.float_ckpt is not None:
-        provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path), "format": models.float_ckpt.format,
-                                              "tensors_read": models.float_ckpt.read_summary()}
-    studies = run_studies(cfg, recipes, bank, calib, ids, points, modes, studies, emit, _scales)
-    return _finish(cfg, list(modes), modes, arrays_by_mode, provenance, ids, emit, studies)
+    timestamp, model_path = _timestamp(), Path(cfg.model)
+    meta = {"token_ids": ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
+            "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
+    with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup) as writer:  # arrays streamed as modes finish
+        for key, arr in meta.items():
+            writer.add(key, arr)
+        collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays)
+        for mode, k in kept.items():  # file order first; modes run again take their place
+            if mode not in todo_names:
+                modes[mode] = {**k.entry, "resumed": True}
+                if k.entry.get("status") == "ok" and not k.complete:  # cannot be re-run: never kept as ok
+                    modes[mode].update(status="error", error=f"arrays incomplete in the resumed file "
+                                       f"({', '.join(k.missing)}) and its recorded recipe is not valid")
+                if k.arrays:
+                    collector.add(mode, k.arrays)
+                emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
+        state = _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, collector, emit)
+        order = list(kept) + [r.name for r in todo if r.name not in kept]
+        ordered = {m: modes[m] for m in order if m in modes}
+        modes.clear()
+        modes.update(ordered)
+        comparison = collector.finish(order)
+        provenance["model"]["tensors_read"] = ckpt.read_summary()
+        if models.quamba is not None and models.float_ckpt is not None:
+            provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path),
+                                                  "format": models.float_ckpt.format,
+                                                  "tensors_read": models.float_ckpt.read_summary()}
+        studies = run_studies(cfg, recipes, bank, calib, modes, state, emit, _scales)
+        return _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids)
 
 
 def _scales(recipe: ModeRecipe, calib):
@@ -288,45 +298,55 @@ def _scales(recipe: ModeRecipe, calib):
     return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
 
 
-def _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, arrays_by_mode, emit) -> dict:
-    """Run every mode (the reference first when another mode needs its inputs or logits); returns the
-    per-sample arrays, logits and the reference's block inputs the studies need."""
+def _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, collector, emit) -> dict:
+    """Run every mode, the reference first; each finished mode goes to the collector (compared, written,
+    released). Returns what the studies need: per-mode sample rows and end-to-end metrics, the reference's
+    logits and block inputs."""
     samples = [ids[k:k + 1] for k in range(ids.shape[0])]
     whole = cfg.end_to_end or cfg.sensitivity
-    per_sample, logits, ref_inputs = {}, {}, None
+    state = {"samples": samples, "rows": {}, "e2e": {}, "ref_logits": None, "ref_inputs": None}
+    ref_ps = None
     iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
+    wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
     for n, recipe in enumerate(sorted(todo, key=lambda r: r.name != cfg.reference)):
         progress.phase = f"running mode {recipe.name}"
         start = time.perf_counter()
         base = {"title": recipe.title, "recipe": recipe.knobs()}
+        arrays = None
         try:
             is_ref = recipe.name == cfg.reference
-            if iso_layers and not is_ref and ref_inputs is None:
+            if iso_layers and not is_ref and state["ref_inputs"] is None:
                 raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, "
                                    f"but it failed")
-            wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
             run = run_mode(recipe, bank, _scales(recipe, calib), samples, points, depth, cfg.basis,
-                           None if is_ref else ref_inputs, whole, wanted if is_ref else (), cfg.device)
+                           None if is_ref else state["ref_inputs"], whole, wanted if is_ref else (), cfg.device)
             arrays, tensors = run.arrays, run.tensors
             if run.logits:
                 arrays["logits"] = stack(run.logits)
                 tensors["logits"] = {"point": "logits", "basis": None, **tensor_stats(arrays["logits"])}
-                logits[recipe.name] = run.logits
             if is_ref:
-                ref_inputs = RefInputs(recipe.rotate == "yes", run.block_inputs)
-            per_sample[recipe.name] = run.per_sample
+                state.update(ref_logits=run.logits, ref_inputs=RefInputs(recipe.rotate == "yes", run.block_inputs))
+                ref_ps = run.per_sample
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
                                   "tensors": tensors, **research_stats(tensors)}
-            arrays_by_mode[recipe.name] = arrays
             check_finite(recipe.name, modes[recipe.name], arrays)
+            if ref_ps is not None and cfg.samples > 1:
+                state["rows"][recipe.name] = mode_sample_rows(ref_ps, run.per_sample, recipe.name, modes, cfg.reference)
+            if run.logits and state["ref_logits"] is not None:
+                state["e2e"][recipe.name] = end_to_end_rows(state["ref_logits"], run.logits, samples)
+            del run
         except Exception as e:  # a failing mode is recorded, the others go on
+            arrays = None
             modes[recipe.name] = {"status": "error", **base, "error": f"{type(e).__name__}: {e}",
                                   "traceback": traceback.format_exc()}
             print(f"error: mode {recipe.name} failed: {type(e).__name__}: {e}", file=sys.stderr)
         emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
+        if arrays is not None:
+            progress.phase = f"writing mode {recipe.name}"
+            collector.add(recipe.name, arrays)
         if n == 0:
             fault_point("modes")
-    return {"samples": samples, "per_sample": per_sample, "logits": logits, "ref_inputs": ref_inputs}
+    return state
 
 
 def check_token_ids(ids: torch.Tensor, vocab_size: int, tokenizer_path) -> None:
@@ -351,39 +371,21 @@ def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], 
     return result
 
 
-def _finish(cfg, names, modes, arrays_by_mode, provenance, ids, emit, studies: dict | None = None) -> RunOutcome:
-    failed = [m for m in names if modes[m]["status"] != "ok"]
-    comparison = None
-    if cfg.reference in arrays_by_mode:
-        tensors = {m: list(a) for m, a in arrays_by_mode.items()}
-        comparable = same_basis(lambda m, t: modes[m].get("tensors", {}).get(t, {}).get("basis"), cfg.reference)
-        try:
-            comparison = compare_modes(tensors, lambda m, t: arrays_by_mode[m][t], cfg.reference, comparable)
-            block_io = [t for t in arrays_by_mode[cfg.reference] if t in ("input", "output", "residual") or ".block." in t]
-            emit(short_comparison(comparison, block_io))
-            if cfg.isolated or cfg.sensitivity:
-                emit(sensitivity_tables(comparison, (studies or {}).get("sensitivity"), cfg.reference))
-        except Exception as e:  # never lose the arrays over the comparison
-            comparison = {"error": f"{type(e).__name__}: {e}"}
-            print(f"error: the comparison failed ({type(e).__name__}: {e}); the arrays are written", file=sys.stderr)
-    else:
+def _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids) -> RunOutcome:
+    failed = [m for m in modes if modes[m]["status"] != "ok"]
+    if comparison is None:
         emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
+    elif "error" not in comparison:
+        emit(short_comparison(comparison, block_io_names(collector.ref_arrays)))
+        if cfg.isolated or cfg.sensitivity:
+            emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
     model_path = Path(cfg.model)
-    arrays: dict[str, np.ndarray] = {"token_ids": ids.numpy().astype(np.int64),
-                                     "timestamp": np.array(_timestamp()), "model": np.array(model_path.name),
-                                     "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
-    if not cfg.stats_only:
-        for mode, by_tensor in arrays_by_mode.items():
-            arrays.update({array_key(mode, t): v for t, v in by_tensor.items()})
-    aliases = {}
-    if cfg.dedup:
-        arrays, aliases = dedup_arrays(arrays)
-    stats = {"schema_version": SCHEMA_VERSION, "timestamp": str(arrays["timestamp"]), "model": model_path.name,
+    stats = {"schema_version": SCHEMA_VERSION, "timestamp": timestamp, "model": model_path.name,
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
-             "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": aliases,
-             "comparison": comparison, "failed_modes": failed, **(studies or {})}
+             "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": writer.aliases,
+             "comparison": comparison, "failed_modes": failed, **studies}
     progress.phase = "writing the files"
-    stats = write_pair(Path(cfg.output_file), arrays, stats, cfg.compress)
+    stats = writer.commit(stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
          + (f"; failed modes: {', '.join(failed)}" if failed else ""))
-    return RunOutcome(stats, arrays_by_mode, failed, ids.numpy())
+    return RunOutcome(stats, collector.by_mode, failed, ids.numpy())

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable
-
 import numpy as np
 
 from .analysis import sensitivity_kl
@@ -33,19 +31,17 @@ from .metrics import error_metrics
 from .report import end_to_end_table
 from .storage import tensor_name
 
-__all__ = ["SAMPLE_METRICS", "END_TO_END_METRICS", "end_to_end_stats", "sample_stats", "sensitivity_stats", "run_studies"]
+__all__ = ["SAMPLE_METRICS", "END_TO_END_METRICS", "end_to_end_rows", "end_to_end_stats", "mode_sample_rows",
+           "sample_section", "sensitivity_stats", "run_studies"]
 
 SAMPLE_METRICS = ("sqnr_db", "rel_l2", "cosine", "mse")
 END_TO_END_METRICS = ("kl", "top1_agreement", "cross_entropy", "perplexity")
 LOGITS = "logits"
 
 
-def end_to_end_per_sample(logits: dict[str, list[np.ndarray]], samples: list[np.ndarray],
-                          reference: str) -> dict[str, list[dict[str, float]]]:
-    """mode -> per sample {"kl", "top1_agreement", "cross_entropy", "perplexity"} against the reference."""
-    ref = logits[reference]
-    return {mode: [end_to_end_metrics(ref[k], lg[k], samples[k]) for k in range(len(samples))]
-            for mode, lg in logits.items()}
+def end_to_end_rows(ref_logits: list[np.ndarray], logits: list[np.ndarray], samples) -> list[dict[str, float]]:
+    """Per sample {"kl", "top1_agreement", "cross_entropy", "perplexity"} of one mode against the reference."""
+    return [end_to_end_metrics(ref_logits[k], logits[k], np.asarray(samples[k])) for k in range(len(samples))]
 
 
 def _summary(values: list[float]) -> float | dict:
@@ -60,25 +56,29 @@ def end_to_end_stats(per_sample: dict[str, list[dict[str, float]]]) -> dict:
             for mode, rows in per_sample.items()}
 
 
-def sample_stats(per_sample: dict[str, dict[str, list[np.ndarray]]], reference: str,
-                 comparable: Callable[[str, str], str | None], e2e: dict[str, list[dict]] | None,
-                 pair_tensor: str | None, windows: list[list[int]]) -> dict:
-    """The "samples" section; per_sample: mode -> tensor -> arrays per sample."""
-    ref = per_sample.get(reference, {})
-    metrics: dict[str, dict] = {}
-    for mode, tensors in per_sample.items():
-        if mode == reference:
+def mode_sample_rows(ref: dict[str, list[np.ndarray]], mine: dict[str, list[np.ndarray]], mode: str,
+                     modes: dict[str, dict], reference: str) -> dict[str, dict]:
+    """TENSOR -> METRIC -> {"mean", "ci95", "per_sample"} of one mode against the reference, sample by sample
+    (tensors of another basis or shape are left out, as in the comparison)."""
+    if mode == reference:
+        return {}
+    comparable = same_basis(lambda m, t: modes[m].get("tensors", {}).get(t, {}).get("basis"), reference)
+    rows = {}
+    for tensor, values in mine.items():
+        if tensor not in ref or comparable(mode, tensor) is not None or values[0].shape != ref[tensor][0].shape:
             continue
-        rows: dict[str, dict] = {}
-        for tensor, values in tensors.items():
-            if tensor not in ref or comparable(mode, tensor) is not None or values[0].shape != ref[tensor][0].shape:
-                continue
-            per = [error_metrics(r, v) for r, v in zip(ref[tensor], values)]
-            rows[tensor] = {m: mean_ci([p[m] for p in per]) for m in SAMPLE_METRICS}
-        metrics[mode] = rows
-    for mode, rows in (e2e or {}).items():
-        metrics.setdefault(mode, {})[LOGITS] = {m: mean_ci([r[m] for r in rows]) for m in END_TO_END_METRICS}
-    others = [m for m in per_sample if m != reference]
+        per = [error_metrics(r, v) for r, v in zip(ref[tensor], values)]
+        rows[tensor] = {m: mean_ci([p[m] for p in per]) for m in SAMPLE_METRICS}
+    return rows
+
+
+def sample_section(rows: dict[str, dict], e2e: dict[str, list[dict]] | None, pair_tensor: str,
+                   windows: list[list[int]]) -> dict:
+    """The "samples" section from every mode's rows (``mode_sample_rows``) and end-to-end rows."""
+    metrics = {mode: dict(r) for mode, r in rows.items() if r}
+    for mode, per in (e2e or {}).items():
+        metrics.setdefault(mode, {})[LOGITS] = {m: mean_ci([r[m] for r in per]) for m in END_TO_END_METRICS}
+    others = [m for m in rows if rows[m]]
     pairs = []
     for a, b in itertools.combinations(others, 2):
         for tensor, metric in ((pair_tensor, "sqnr_db"), (LOGITS, "cross_entropy")):
@@ -102,24 +102,20 @@ def sensitivity_stats(kl_by_layer: dict[int, list[float]], full_kl: list[float])
     return out
 
 
-def run_studies(cfg, recipes, bank, calib, ids, points, modes, run, emit, scales_of) -> dict:
-    """The stats sections end_to_end, samples and sensitivity (harness.samples) of the modes that ran."""
-    ok = [m for m in run["per_sample"] if modes.get(m, {}).get("status") == "ok"]
+def run_studies(cfg, recipes, bank, calib, modes: dict[str, dict], state: dict, emit, scales_of) -> dict:
+    """The stats sections end_to_end, samples and sensitivity of the modes that ran (state: pipeline._run_todo's)."""
+    ok = [m for m in modes if modes[m].get("status") == "ok" and not modes[m].get("resumed")]
     if cfg.reference not in ok:
         return {}
     out: dict = {}
-    ids_np = [s.numpy() for s in run["samples"]]
-    e2e = end_to_end_per_sample({m: run["logits"][m] for m in ok if m in run["logits"]}, ids_np, cfg.reference) \
-        if run["logits"] else None
+    e2e = {m: state["e2e"][m] for m in ok if m in state["e2e"]}
     if e2e and cfg.end_to_end:
         out["end_to_end"] = end_to_end_stats(e2e)
         emit(end_to_end_table(out["end_to_end"], cfg.reference))
     if cfg.samples > 1:
-        basis = lambda m, t: modes[m]["tensors"].get(t, {}).get("basis")  # noqa: E731
-        deepest = tensor_name(point_name(max(cfg.layers), "block.out"))
-        out["samples"] = sample_stats({m: run["per_sample"][m] for m in ok}, cfg.reference,
-                                      same_basis(basis, cfg.reference), e2e if cfg.end_to_end else None, deepest,
-                                      [[k * cfg.seq_len, (k + 1) * cfg.seq_len] for k in range(cfg.samples)])
+        out["samples"] = sample_section({m: state["rows"].get(m, {}) for m in ok}, e2e if cfg.end_to_end else None,
+                                        tensor_name(point_name(max(cfg.layers), "block.out")),
+                                        [[k * cfg.seq_len, (k + 1) * cfg.seq_len] for k in range(cfg.samples)])
     if cfg.sensitivity:
         by_name = {r.name: r for r in recipes}
         ref = by_name[cfg.reference]
@@ -129,7 +125,7 @@ def run_studies(cfg, recipes, bank, calib, ids, points, modes, run, emit, scales
                 continue
             progress.phase = f"sensitivity of mode {mode}"
             kl = sensitivity_kl(by_name[mode], bank, scales_of(by_name[mode], calib), ref, scales_of(ref, calib),
-                                run["samples"], run["ref_inputs"], run["logits"][cfg.reference], cfg.layers,
+                                state["samples"], state["ref_inputs"], state["ref_logits"], cfg.layers,
                                 kl_divergence, cfg.device)
             out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])
     return out

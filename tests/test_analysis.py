@@ -181,3 +181,26 @@ def test_device_plumbing(hf_dir, tmp_path, capsys):
         rc = capture_main(["--model", str(hf_dir), "--device", "cuda", "--output_file", str(tmp_path / "g.npz")])
         assert rc == 2 and "--device cuda was asked for, but torch sees no CUDA device" in capsys.readouterr().err
         assert not (tmp_path / "g.npz").exists()
+
+
+def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, monkeypatch):
+    from harness.storage import dedup_arrays, load_capture, write_pair
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    kw = dict(layers=["all"], taps=["ssm.u"], seq_len=32, samples=2, isolated=True, end_to_end=True)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    held = run_modes(hf_dir, tmp_path / "a", ["fp32", "1", "2-4"], **kw)
+    lean = run_modes(hf_dir, tmp_path / "b", ["fp32", "1", "2-4"], keep_arrays=False, **kw)
+    assert list(lean.by_mode) == ["fp32"]   # only the reference stays in memory
+    streamed = [(tmp_path / d / "capture.npz").read_bytes() for d in ("a", "b")]
+    assert streamed[0] == streamed[1]
+    cf = load_capture(tmp_path / "a" / "capture.npz")
+    arrays = {k: cf.npz[k] for k in ("token_ids", "timestamp", "model", "pretrained_dir", "seq_len")}
+    for mode, by_tensor in held.by_mode.items():
+        arrays.update({f"mode_{mode}_{t}" if t in ("input", "output", "residual") else f"mode_{mode}__{t}": v
+                       for t, v in by_tensor.items()})
+    arrays, aliases = dedup_arrays(arrays)
+    stats = write_pair(tmp_path / "mem.npz", arrays, {"x": 1})
+    assert (tmp_path / "mem.npz").read_bytes() == streamed[0]
+    assert aliases == held.stats["aliases"] and stats["npz"]["sha256"] == held.stats["npz"]["sha256"]
+    assert held.stats["comparison"] == lean.stats["comparison"]
