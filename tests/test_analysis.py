@@ -204,3 +204,27 @@ def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, mon
     assert (tmp_path / "mem.npz").read_bytes() == streamed[0]
     assert aliases == held.stats["aliases"] and stats["npz"]["sha256"] == held.stats["npz"]["sha256"]
     assert held.stats["comparison"] == lean.stats["comparison"]
+
+
+@pytest.mark.parametrize("lm_head", ["Linear", "W8A8B16O16Linear"])
+def test_quamba_checkpoint_head_is_emulated_as_quamba_computes(tmp_path, lm_head):
+    from quamba_fixture import handmade_state_dict, write_handmade
+
+    from harness.quamba_ckpt import open_quamba
+
+    q = write_handmade(tmp_path / "q", lm_head=lm_head)
+    sd = handmade_state_dict(lm_head=lm_head)
+    out = run_modes(q, tmp_path, ["0"], layers=["-1"], basis="rotated", end_to_end=True, reference="0")
+    assert not out.failed
+    r = torch.from_numpy(out.by_mode["0"]["L1.block.residual"])          # the model's own (rotated) basis
+    y = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + open_quamba(q).dims.norm_eps)
+    if lm_head == "Linear":   # fp16 norm output, fp16 lm_head (norm_f folded into it), fp16 logits
+        w = sd["lm_head.weight"].to(torch.float32)
+        expect = torch.nn.functional.linear(y.to(torch.float16).to(torch.float32), w).to(torch.float16).to(torch.float32)
+    else:                     # QRMSNorm at the stored output scale (RNE), exact int8 GEMM, x alpha, fp16
+        codes = torch.clamp(torch.round(y / torch.tensor(sd["backbone.norm_f.output_scale"], dtype=torch.float32)),
+                            -128, 127).to(torch.float64)
+        acc = codes @ sd["lm_head.weight"].t()[:4096].to(torch.float64).t()
+        expect = (torch.tensor(sd["lm_head.alpha"], dtype=torch.float32) * acc.to(torch.float32)).to(torch.float16)
+        expect = expect.to(torch.float32)
+    assert np.array_equal(out.by_mode["0"]["logits"], expect.numpy())
