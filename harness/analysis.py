@@ -14,6 +14,7 @@ forward of batch 1 each, so a sample's arrays do not depend on the others):
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,6 +70,24 @@ class Head(nn.Module):
         return float_linear(x, self.weight, self.out)
 
 
+# bank -> (dtype, rotate) -> (norm weight or None, lm_head weight): prepared once per run, shared between modes
+_HEADS: "weakref.WeakKeyDictionary[WeightBank, dict]" = weakref.WeakKeyDictionary()
+
+
+def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    cache = _HEADS.setdefault(bank, {})
+    if (dtype, rotate) not in cache:
+        ckpt = bank.ckpt
+        w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
+        w = round_to_dtype(w.to(torch.float32), dtype)
+        norm_w = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), dtype)
+        if rotate:
+            folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
+            norm_w, w = None, round_to_dtype(hadamard_transform(folded), dtype)
+        cache[(dtype, rotate)] = (norm_w, w)
+    return cache[(dtype, rotate)]
+
+
 def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
     dims, rotate = bank.dims, recipe.rotate == "yes"
     act = FloatOut(act_dtype(recipe))
@@ -79,15 +98,8 @@ def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
             return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(s_in, Rounding.HALF_EVEN)), weight,
                         FloatOut(torch.float16), alpha)
         return Head(EmuRMSNorm(None, dims.norm_eps, act), weight, act)
-    ckpt = bank.ckpt
-    dtype = FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights]
-    w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
-    w = round_to_dtype(w.to(torch.float32), dtype)
-    norm_w = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), dtype)
-    if not rotate:
-        return Head(EmuRMSNorm(norm_w, dims.norm_eps, act), w, act)
-    folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
-    return Head(EmuRMSNorm(None, dims.norm_eps, act), round_to_dtype(hadamard_transform(folded), dtype), act)
+    norm_w, w = _float_head(bank, FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], rotate)
+    return Head(EmuRMSNorm(norm_w, dims.norm_eps, act), w, act)
 
 
 def stack(per_sample: list[np.ndarray]) -> np.ndarray:

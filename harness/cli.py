@@ -374,9 +374,9 @@ def _modes_main(argv: list[str]) -> int:
 
 
 def _points_main(argv: list[str]) -> int:
-    from .capture import POINTS
+    from .capture import DERIVED_POINTS, POINTS
 
-    for point, what in POINTS.items():
+    for point, what in {**POINTS, **DERIVED_POINTS}.items():
         print(f"L<i>.{point:<16} {what}")
     return 0
 
