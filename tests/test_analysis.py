@@ -228,3 +228,20 @@ def test_quamba_checkpoint_head_is_emulated_as_quamba_computes(tmp_path, lm_head
         expect = (torch.tensor(sd["lm_head.alpha"], dtype=torch.float32) * acc.to(torch.float32)).to(torch.float16)
         expect = expect.to(torch.float32)
     assert np.array_equal(out.by_mode["0"]["logits"], expect.numpy())
+
+
+def test_command_line_options_and_the_printed_tables(hf_dir, tmp_path, capsys):
+    from harness.cli import capture_main, compare_main
+
+    out = tmp_path / "c.npz"
+    rc = capture_main(["--model", str(hf_dir), "--modes", "fp32", "2-4", "--layers", "0-1", "--isolated",
+                       "--sensitivity", "--samples", "2", "--seq_len", "16", "--calib_data_num", "4",
+                       "--calib_seqlen", "32", "--no_cache", "--output_file", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "End to end against fp32" in printed and "Sensitivity of mode 2-4 against fp32" in printed
+    stats = json.loads((tmp_path / "c_stats.json").read_text())
+    assert stats["provenance"]["layers"] == [0, 1] and stats["samples"]["count"] == 2
+    assert set(stats["sensitivity"]["2-4"]) == {"0", "1"} and "end_to_end" in stats  # --sensitivity implies it
+    assert compare_main([str(out)]) == 0
+    assert "isolated SQNR dB" in capsys.readouterr().out
