@@ -245,3 +245,13 @@ def test_command_line_options_and_the_printed_tables(hf_dir, tmp_path, capsys):
     assert set(stats["sensitivity"]["2-4"]) == {"0", "1"} and "end_to_end" in stats  # --sensitivity implies it
     assert compare_main([str(out)]) == 0
     assert "isolated SQNR dB" in capsys.readouterr().out
+
+
+def test_chunked_metrics_equal_the_whole_array_formula():
+    g = torch.Generator().manual_seed(1)
+    ref, mode = torch.randn(1, 150, 50, generator=g), torch.randn(1, 150, 50, generator=g)
+    ids = torch.randint(0, 50, (1, 150), generator=g)
+    lr, lm = torch.log_softmax(ref.double(), -1), torch.log_softmax(mode.double(), -1)
+    assert kl_divergence(ref, mode) == pytest.approx(float((lr.exp() * (lr - lm)).sum(-1).mean()), rel=1e-12)
+    want = float(-lm[:, :-1].gather(-1, ids[:, 1:, None]).mean())
+    assert cross_entropy(mode, ids) == pytest.approx(want, rel=1e-12)
