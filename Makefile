@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean chromium
+.PHONY: setup run test bench mutation clean chromium
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -34,10 +34,24 @@ chromium:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else echo "note: chromium is missing and cannot be installed here (needs root and apt-get); the browser test will be skipped"; fi; }
 
+# Mutation testing (mutmut, the `dev` extra, installed on first use): writes docs/mutation.md.
+# MODULES=harness.ops.quant limits the run; CHILDREN=2 runs two mutants at a time.
+DEV_STAMP := $(VENV)/.installed-dev
+MODULES ?=
+CHILDREN ?= 1
+
+$(DEV_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
+	@touch $(DEV_STAMP)
+
+mutation: $(DEV_STAMP)
+	$(PY) tools/mutation.py --max-children $(CHILDREN) $(MODULES)
+	$(PY) tools/mutation_report.py
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_modes.py
 	$(PY) benchmarks/bench_report.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .harness_cache first_layer_io_all_modes.npz first_layer_io_all_modes_stats.json \
+	rm -rf $(VENV) .pytest_cache .harness_cache mutants first_layer_io_all_modes.npz first_layer_io_all_modes_stats.json \
 		first_layer_io_all_modes_report.html

@@ -31,7 +31,7 @@ from .ops.linear import float_linear, int8_gemm
 from .ops.quant import round_to_dtype, to_output
 from .spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
 from .storage import tensor_name
-from .weights import WeightBank
+from .weights import WeightBank, lm_head_weight
 
 __all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "basis_of", "sensitivity_kl", "stack"]
 
@@ -70,13 +70,15 @@ class Head(nn.Module):
         return float_linear(x, self.weight, self.out)
 
 
-# bank -> (dtype, rotate) -> (norm weight or None, lm_head weight): prepared once per run, shared between modes
+# bank -> (dtype, rotate, prep) -> (norm weight or None, lm_head weight): prepared once per run, shared between modes
 _HEADS: "weakref.WeakKeyDictionary[WeightBank, dict]" = weakref.WeakKeyDictionary()
 
 
-def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -> tuple[torch.Tensor | None, torch.Tensor]:
     cache = _HEADS.setdefault(bank, {})
-    if (dtype, rotate) not in cache:
+    if (dtype, rotate, prep) not in cache and prep == "quamba" and rotate:  # Quamba's own fp16 head
+        cache[(dtype, rotate, prep)] = (None, lm_head_weight(bank.ckpt))
+    if (dtype, rotate, prep) not in cache:
         ckpt = bank.ckpt
         w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
         w = round_to_dtype(w.to(torch.float32), dtype)
@@ -84,21 +86,22 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool) -> tuple[tor
         if rotate:
             folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
             norm_w, w = None, round_to_dtype(hadamard_transform(folded), dtype)
-        cache[(dtype, rotate)] = (norm_w, w)
-    return cache[(dtype, rotate)]
+        cache[(dtype, rotate, prep)] = (norm_w, w)
+    return cache[(dtype, rotate, prep)]
 
 
 def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
     dims, rotate = bank.dims, recipe.rotate == "yes"
     act = FloatOut(act_dtype(recipe))
-    if bank.given is not None and recipe.weights == "int8" and rotate:  # the Quamba checkpoint's own head
+    if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
         weight, s_in, alpha = bank.given.lm_head()
         if isinstance(weight, QTensor):
             # QRMSNorm: rint (half even) at the output scale (qNorm.py:38-39, notes §2.6 step 1)
             return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(s_in, Rounding.HALF_EVEN)), weight,
                         FloatOut(torch.float16), alpha)
         return Head(EmuRMSNorm(None, dims.norm_eps, act), weight, act)
-    norm_w, w = _float_head(bank, FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], rotate)
+    norm_w, w = _float_head(bank, FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], rotate,
+                            recipe.prep)
     return Head(EmuRMSNorm(norm_w, dims.norm_eps, act), w, act)
 
 

@@ -1,10 +1,13 @@
 """Calibration: one pass of the rotated fp16 model over the calibration windows, cached on disk.
 
-Independent of the modes: scales depend on the model (embedding and blocks up
-to the layer), the calibration tokens and the settings, and every mode reuses
-them. Each layer's scales are cached in their own file under a key that chains
-those inputs, so a run that needs layers 0..d reads exactly d + 1 files and
-never the weights of deeper layers. A cache file that fails its checksum or
+One calibration per weight preparation (``prep``), shared by every mode of that
+prep: prep=quamba runs Quamba's fp16 model (Quamba-prepared fp16 weights, the
+fp16 conv output before SiLU, mamba_ssm's scan; harness.build), prep=exact the
+model of before the knob existed (exact fp16 weights, fp32 conv output, the
+reference scan). Scales depend on the prep, the model (embedding and blocks up
+to the layer), the calibration tokens and the settings. Each layer's scales are
+cached in their own file under a key that chains those inputs, so a run that
+needs layers 0..d reads exactly d + 1 files and never the weights of deeper layers. A cache file that fails its checksum or
 does not parse, or whose scales are not finite and positive, is reported and
 recomputed, never used; computed scales that are not finite and positive are an
 error (the quantized modes fail with it) and are never written to the cache.
@@ -24,7 +27,7 @@ import torch
 
 from .build import build_backbone
 from .guard import fault_point
-from .modes import CALIBRATION_RECIPE
+from .modes import CALIBRATION_RECIPES
 from .observers import MinMaxObserver, PercentileObserver
 from .spec import SCALE_NAMES, HookPoint, LayerScales
 from .weights import WeightBank
@@ -33,7 +36,8 @@ __all__ = ["CalibrationSettings", "CalibrationResult", "calibrate", "run_observe
            "CALIB_VERSION", "OBSERVED_AT"]
 
 # Bump when anything that changes computed scales changes (recipe, observers, rounding).
-CALIB_VERSION = 1
+# 2: the key holds the prep; caches of version 1 (one calibration model, before prep) are never reused.
+CALIB_VERSION = 2
 _FORMAT = "quamba-harness-calibration"
 
 # scale -> (capture point observed, observer kind); notes §2.3-2.4
@@ -78,9 +82,9 @@ class CalibrationResult:
 
 
 def run_observers(bank: WeightBank, windows: torch.Tensor, depth: int, alpha: float,
-                  batch_size: int) -> tuple[list[LayerScales], list[dict]]:
-    """Forward the windows (num, seqlen) through the calibration model in batches; scales of layers 0..depth."""
-    model = build_backbone(CALIBRATION_RECIPE, bank, None, depth)
+                  batch_size: int, prep: str = "quamba") -> tuple[list[LayerScales], list[dict]]:
+    """Forward the windows (num, seqlen) through the calibration model of `prep` in batches; scales of layers 0..depth."""
+    model = build_backbone(CALIBRATION_RECIPES[prep], bank, None, depth, calibration=True)
     observers = [{name: (PercentileObserver(alpha) if kind == "percentile" else MinMaxObserver())
                   for name, (_, kind) in OBSERVED_AT.items()} for _ in range(depth + 1)]
     by_point = {(layer, point): observers[layer][name]
@@ -106,9 +110,11 @@ def _checksum(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _layer_keys(prefix_hashes: list[str], windows: torch.Tensor, settings: CalibrationSettings) -> list[str]:
+def _layer_keys(prefix_hashes: list[str], windows: torch.Tensor, settings: CalibrationSettings,
+                prep: str) -> list[str]:
     tokens = hashlib.sha256(windows.to(torch.int64).numpy().tobytes()).hexdigest()
-    common = json.dumps({"version": CALIB_VERSION, "settings": asdict(settings), "tokens": tokens}, sort_keys=True)
+    common = json.dumps({"version": CALIB_VERSION, "settings": asdict(settings), "tokens": tokens, "prep": prep},
+                        sort_keys=True)
     return [hashlib.sha256(f"{common}|{h}".encode()).hexdigest() for h in prefix_hashes]
 
 
@@ -141,8 +147,8 @@ def _bad_scales(scales: LayerScales) -> str:
 
 
 def _write_cached(path: Path, key: str, layer: int, scales: LayerScales, state: dict,
-                  settings: CalibrationSettings) -> None:
-    payload = {"format": _FORMAT, "version": CALIB_VERSION, "key": key, "layer": layer,
+                  settings: CalibrationSettings, prep: str) -> None:
+    payload = {"format": _FORMAT, "version": CALIB_VERSION, "key": key, "layer": layer, "prep": prep,
                "scales": scales.as_dict(), "observers": state, "settings": asdict(settings)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -154,10 +160,10 @@ def _write_cached(path: Path, key: str, layer: int, scales: LayerScales, state: 
 
 
 def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int,
-              prefix_hashes: list[str], cache_dir: Path | None) -> CalibrationResult:
-    """Scales of layers 0..depth, from the cache when every layer's entry is valid, else computed."""
-    keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings)
-    info: dict = {"settings": asdict(settings), "keys": keys, "tokens": int(windows.numel())}
+              prefix_hashes: list[str], cache_dir: Path | None, prep: str = "quamba") -> CalibrationResult:
+    """Scales of layers 0..depth for modes of `prep`, from the cache when every layer's entry is valid, else computed."""
+    keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings, prep)
+    info: dict = {"prep": prep, "settings": asdict(settings), "keys": keys, "tokens": int(windows.numel())}
     problems = []
     paths = [Path(cache_dir) / f"calib-{k[:40]}.json" for k in keys] if cache_dir is not None else []
     if paths:
@@ -176,7 +182,7 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
     for problem in problems:
         print(f"warning: {problem}; recomputing the calibration", file=sys.stderr)
     start = time.perf_counter()
-    scales, states = run_observers(bank, windows, depth, settings.alpha, settings.batch_size)
+    scales, states = run_observers(bank, windows, depth, settings.alpha, settings.batch_size, prep)
     for layer, layer_scales in enumerate(scales):
         bad = _bad_scales(layer_scales)
         if bad:  # never cached, never used
@@ -189,7 +195,7 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
     if paths:
         try:
             for layer, (path, key, s, st) in enumerate(zip(paths, keys, scales, states)):
-                _write_cached(path, key, layer, s, st, settings)
+                _write_cached(path, key, layer, s, st, settings, prep)
             info["cache_files"] = [str(p) for p in paths]
         except OSError as e:
             print(f"warning: cannot write the calibration cache in {cache_dir} ({e.strerror}); "

@@ -18,7 +18,7 @@ from .files import file_kind
 from .loading import Tokenizer
 
 __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
-           "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE"]
+           "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE", "check_token_ids"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "shakespeare"
 DEFAULT_TEXT_FILE = DATA_DIR / "heldout.jsonl"
@@ -136,3 +136,12 @@ def calibration_windows(tokenizer: Tokenizer, path: Path, num: int, seqlen: int,
     raise DataError(f"{path} gives {len(windows)} calibration samples of {seqlen} tokens "
                     f"({len(docs)} documents); --calib_data_num {num} is too many (use at most {len(windows)}, "
                     f"a shorter --calib_seqlen, or a longer --calib_file)")
+
+
+def check_token_ids(ids: torch.Tensor, vocab_size: int, tokenizer_path) -> None:
+    """Token ids beyond the embedding: the tokenizer was made for another model."""
+    top = int(ids.max()) if ids.numel() else -1
+    if top >= vocab_size:
+        raise DataError(f"the tokenizer does not match the model: {tokenizer_path} produced token id {top}, "
+                        f"but the model's embedding has {vocab_size} rows (valid ids 0..{vocab_size - 1}); "
+                        f"pass --tokenizer DIR with the model's own tokenizer")

@@ -1,7 +1,7 @@
 """``python -m harness export``: calibrate every layer of a float model and write a Quamba1 W8A8 checkpoint.
 
 The weights are prepared and quantized by the code the built-in int8 modes run
-(``WeightBank.layer(i, "int8", True)``, ``WeightBank.embed``), the scales come from the same
+(``WeightBank.layer(i, "int8", True, "quamba")``, ``WeightBank.embed``), the scales come from the same
 calibration (and cache) as a capture, and ``quamba_ckpt.write_quamba`` lays them out as
 ``QuambaLMHeadModel.save_pretrained`` does. So capturing from the export gives the arrays of
 capturing from the float model, bit for bit, whatever the weight preparation is.
@@ -20,7 +20,7 @@ from .calibration import CalibrationSettings, calibrate
 from .data import DEFAULT_CALIB_FILE, DataError, calibration_windows
 from .loading import ModelDirError, load_tokenizer, open_checkpoint
 from .build import build_backbone
-from .modes import CALIBRATION_RECIPE
+from .modes import CALIBRATION_RECIPES
 from .modules import EmuRMSNorm
 from .observers import MinMaxObserver
 from .ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
@@ -57,7 +57,7 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 def _lm_head_input_scale(bank: WeightBank, windows: torch.Tensor, batch_size: int, depth: int) -> float:
     """Min-max scale of lm_head's input (modelutils_mamba.py:182-189): the final norm's fp16 output of the
     calibration model (weight 1: folded into lm_head) over the calibration windows."""
-    model = build_backbone(CALIBRATION_RECIPE, bank, None, depth)
+    model = build_backbone(CALIBRATION_RECIPES["quamba"], bank, None, depth, calibration=True)
     norm = EmuRMSNorm(None, bank.dims.norm_eps, FloatOut(torch.float16))
     observer = MinMaxObserver()
     for batch in windows.split(batch_size):
@@ -92,18 +92,18 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
     windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
     bank = WeightBank(ckpt)
-    result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir)
+    result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir, "quamba")
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
     lm_scale = _lm_head_input_scale(bank, windows.ids, cfg.calib.batch_size, depth) if cfg.quantize_lm_head else None
     layers = []
     for i in range(dims.n_layer):
-        layers.append(bank.layer(i, "int8", True))
+        layers.append(bank.layer(i, "int8", True, "quamba"))
         bank.release(i)  # keep only the int8 codes of the blocks already done
     vocab = dims.vocab_size
     rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
     # the rotated fp16 rows the int8 modes embed with (Quamba1: fp16, not quantized)
-    table = bank.embed(torch.arange(vocab)[None], True, torch.float16, "int8")[0].to(torch.float16)
+    table = bank.embed(torch.arange(vocab)[None], True, torch.float16, "quamba", "int8")[0].to(torch.float16)
     table = _pad_rows(table, rows)
     if cfg.quantize_embedding:
         codes, scales = quantize_rows_signed_max_fp16(table)

@@ -23,7 +23,7 @@ __all__ = [
     "ModeRegistry",
     "resolve_modes",
     "load_modes_file",
-    "CALIBRATION_RECIPE",
+    "CALIBRATION_RECIPES",
 ]
 
 
@@ -43,6 +43,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "ssm_impl": ("kernel", "reference"),
     "had_out": ("int8", "fp"),
     "act_dtype": ("fp32", "fp16"),
+    "prep": ("quamba", "exact"),
 }
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]*$")
@@ -64,6 +65,7 @@ class ModeRecipe:
     ssm_impl: str
     had_out: str
     act_dtype: str
+    prep: str
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in PRESETS:
@@ -101,6 +103,9 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
     if r.ssm_u in ("requant", "fp32") and r.conv_out != "fp32":
         out.append(f"ssm_u={r.ssm_u} needs conv_out=fp32 (it takes the true fp32 conv output); "
                    "with conv_out=int8 use ssm_u=int8 or ssm_u=grid")
+    if r.prep == "quamba" and r.weights == "fp32":
+        out.append("prep=quamba needs weights=fp16 or int8: Quamba prepares its weights in fp16; "
+                   "use prep=exact for fp32 weights")
     if r.conv_in == "dynamic" and r.weights != "int8":
         out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
     return out
@@ -113,17 +118,17 @@ def _recipe(name: str, title: str, row: str) -> ModeRecipe:
 
 # fmt: off
 # MODES.md "The built-in modes", column order = KNOBS order:
-#   weights rotate norm_out in_proj_out conv_in conv_out ssm_u ssm_impl had_out act_dtype
+#   weights rotate norm_out in_proj_out conv_in conv_out ssm_u ssm_impl had_out act_dtype prep
 _BUILTIN_ROWS = (
-    ("fp32", "floating-point reference",                        "fp32 yes fp   fp   static  fp32 fp32    reference fp   fp32"),
-    ("1",    "original model, fp16 (no rotation)",              "fp16 no  fp   fp   static  fp32 fp32    reference fp   fp16"),
-    ("0",    "Quamba1 W8A8 baseline",                           "int8 yes int8 int8 static  int8 int8    kernel    int8 fp16"),
-    ("2-0",  "dequant -> requant -> kernel scan",               "int8 yes int8 int8 static  int8 grid    kernel    int8 fp16"),
-    ("2-1",  "int8 u, reference scan",                          "int8 yes int8 int8 static  int8 int8    reference int8 fp16"),
-    ("2-2",  "dequantized u (int8 grid), reference scan",       "int8 yes int8 int8 static  int8 grid    reference int8 fp16"),
-    ("2-3",  "true fp32 conv, re-quantized u, reference scan",  "int8 yes int8 int8 static  fp32 requant reference int8 fp16"),
-    ("2-4",  "true fp32 conv, fp32 u, reference scan",          "int8 yes int8 int8 static  fp32 fp32    reference int8 fp16"),
-    ("3",    "hybrid: dynamic conv input, fp32 conv and scan",  "int8 yes int8 fp   dynamic fp32 fp32    reference int8 fp16"),
+    ("fp32", "floating-point reference",                        "fp32 yes fp   fp   static  fp32 fp32    reference fp   fp32 exact"),
+    ("1",    "original model, fp16 (no rotation)",              "fp16 no  fp   fp   static  fp32 fp32    reference fp   fp16 exact"),
+    ("0",    "Quamba1 W8A8 baseline",                           "int8 yes int8 int8 static  int8 int8    kernel    int8 fp16 quamba"),
+    ("2-0",  "dequant -> requant -> kernel scan",               "int8 yes int8 int8 static  int8 grid    kernel    int8 fp16 quamba"),
+    ("2-1",  "int8 u, reference scan",                          "int8 yes int8 int8 static  int8 int8    reference int8 fp16 quamba"),
+    ("2-2",  "dequantized u (int8 grid), reference scan",       "int8 yes int8 int8 static  int8 grid    reference int8 fp16 quamba"),
+    ("2-3",  "true fp32 conv, re-quantized u, reference scan",  "int8 yes int8 int8 static  fp32 requant reference int8 fp16 quamba"),
+    ("2-4",  "true fp32 conv, fp32 u, reference scan",          "int8 yes int8 int8 static  fp32 fp32    reference int8 fp16 quamba"),
+    ("3",    "hybrid: dynamic conv input, fp32 conv and scan",  "int8 yes int8 fp   dynamic fp32 fp32    reference int8 fp16 quamba"),
 )
 # fmt: on
 
@@ -135,10 +140,15 @@ PRESETS: dict[str, tuple[str, ...]] = {
 
 BUILTIN_MODES: dict[str, ModeRecipe] = {name: _recipe(name, title, row) for name, title, row in _BUILTIN_ROWS}
 
-# The model calibration runs through (not a user mode): the rotated model with
-# fp16 weights and fp16 activations, as Quamba calibrates its fp16 HF model.
-CALIBRATION_RECIPE = _recipe("calibration", "rotated fp16 model used for calibration",
-                             "fp16 yes fp fp static fp32 fp32 reference fp fp16")
+# The models calibration runs through (not user modes), one per prep: the rotated
+# model with fp16 weights and fp16 activations, as Quamba calibrates its fp16 model
+# (notes §2.3). harness.build gives the prep=quamba one the arithmetic of that model
+# (build_block's calibration flag): fp16 conv output before SiLU, mamba_ssm's scan.
+CALIBRATION_RECIPES: dict[str, ModeRecipe] = {
+    prep: _recipe("calibration", f"rotated fp16 model used for calibration (prep={prep})",
+                  f"fp16 yes fp fp static fp32 fp32 {'kernel' if prep == 'quamba' else 'reference'} fp fp16 {prep}")
+    for prep in KNOBS["prep"]
+}
 
 
 class ModeRegistry:
@@ -197,7 +207,7 @@ def load_modes_file(path: Path) -> list[ModeRecipe]:
     JSON: {"modes": {"NAME": {"base": "2-4", "title": "...", "conv_in": "dynamic"}}}
     TOML: [modes.NAME] base = "2-4"  title = "..."  conv_in = "dynamic"
     ``base`` (optional) names a built-in mode whose knobs are the defaults; without
-    it every knob must be given.
+    it every knob must be given, except ``prep`` (default: quamba for int8 weights, else exact).
     """
     path = Path(path)
     try:
@@ -241,6 +251,8 @@ def _user_recipe(path: Path, name: str, spec: object) -> ModeRecipe:
             raise ModeError(f"modes file {path}: mode {name!r}: unknown base {base_name!r}; "
                             f"valid: {', '.join(BUILTIN_MODES)}")
         return replace(BUILTIN_MODES[base_name], name=name, title=title, **values)
+    if "prep" not in values:  # as the built-in modes: Quamba's preparation for int8 weights, exact otherwise
+        values["prep"] = "quamba" if values.get("weights") == "int8" else "exact"
     missing = [k for k in KNOBS if k not in values]
     if missing:
         raise ModeError(f"modes file {path}: mode {name!r} lacks knob(s) {', '.join(missing)}; "

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .ops.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
-from .ops.hadamard import hadamard_transform
+from .ops.hadamard import hadamard_transform, hadamard_transform_fht
 from .ops.linear import Epilogue, float_linear, w8a8_linear
 from .ops.quant import dequantize, f32, quantize, quantize_prescaled, to_output
 from .ops.scan import ScanOrder, selective_scan
@@ -36,19 +36,26 @@ BLOCK_POINTS: tuple[str, ...] = (
 
 
 class EmuRMSNorm(nn.Module):
-    """RMSNorm of the fp32 residual stream: y = r * rsqrt(mean(r^2) + eps) [* weight], then the output rule.
+    """RMSNorm of the fp32 residual stream: y = r * rstd [* weight], then the output rule.
 
+    rstd = 1 / sqrt(sum(r^2) / d_model + eps) with inv_sqrt (Triton's `rstd = 1 / tl.sqrt(var + eps)`,
+    triton/quant_norm.py:111-114; prep=quamba), else torch.rsqrt(mean(r^2) + eps) (prep=exact; on CPU
+    torch.rsqrt differs from 1/sqrt in the last bit for about 13 % of inputs).
     With the rotation the weight is folded into in_proj and is None. A quantized
     output is sat8(RNE(y / s_in)) (Triton `rint`, notes §2.6 step 1).
     """
 
-    def __init__(self, weight: torch.Tensor | None, eps: float, out: OutSpec) -> None:
+    def __init__(self, weight: torch.Tensor | None, eps: float, out: OutSpec, inv_sqrt: bool = False) -> None:
         super().__init__()
-        self.weight, self.eps, self.out = weight, eps, out
+        self.weight, self.eps, self.out, self.inv_sqrt = weight, eps, out, inv_sqrt
 
     def forward(self, residual: torch.Tensor) -> Act:
         """residual: (batch, seqlen, d_model) fp32 -> (batch, seqlen, d_model)."""
-        y = residual * torch.rsqrt(residual.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.inv_sqrt:
+            var = residual.pow(2).sum(-1, keepdim=True) / residual.shape[-1]
+            y = residual * (1 / torch.sqrt(var + self.eps))
+        else:
+            y = residual * torch.rsqrt(residual.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.weight is not None:
             y = y * self.weight
         return to_output(y, self.out)
@@ -85,9 +92,9 @@ class EmuConv1d(nn.Module):
     """Causal depthwise conv + SiLU (int8 kernel or fp32), output quantized with RNA or kept fp32."""
 
     def __init__(self, weight: torch.Tensor | QTensor, bias: torch.Tensor | QTensor | None,
-                 input_rule: ConvInput, out: OutSpec) -> None:
+                 input_rule: ConvInput, out: OutSpec, pre_silu: torch.dtype | None = None) -> None:
         super().__init__()
-        self.weight, self.bias, self.input_rule, self.out = weight, bias, input_rule, out
+        self.weight, self.bias, self.input_rule, self.out, self.pre_silu = weight, bias, input_rule, out, pre_silu
 
     def quantize_input(self, x: Act) -> Act:
         """x: (batch, seqlen, d_inner) -> the conv's actual input."""
@@ -105,7 +112,7 @@ class EmuConv1d(nn.Module):
         """x: (batch, seqlen, d_inner) as returned by quantize_input -> (batch, seqlen, d_inner)."""
         if isinstance(x, QTensor):
             return int8_causal_conv1d_silu(x, self.weight, self.bias, self.out)
-        return float_causal_conv1d_silu(x, self.weight, self.bias, self.out)
+        return float_causal_conv1d_silu(x, self.weight, self.bias, self.out, self.pre_silu)
 
 
 class EmuSelectiveScan(nn.Module):
@@ -124,21 +131,27 @@ class EmuSelectiveScan(nn.Module):
 class EmuHadamard(nn.Module):
     """Online Hadamard of the SSM output (QHadamard, notes §2.6 step 8).
 
-    t = (H_b kron S) y exactly, rounded once to fp32; int8 output q = sat8(RNA(t * f32(1/sqrt(n) / s_H)))
-    (saturating, see README "Emulation fidelity"); float output t / sqrt(n) in the output dtype.
+    t = (H_b kron S) y, unnormalized; int8 output q = sat8(RNA(t * f32(1/sqrt(n) / s_H)))
+    (qHadamard.py:34, common.h:153; saturating, see README "Emulation fidelity"); float output
+    t / sqrt(n) in the output dtype. fht=False: t exact, rounded once to fp32 (prep=exact);
+    fht=True: t with the kernel's fp32 butterflies (ops.hadamard.hadamard_transform_fht; prep=quamba).
     """
 
-    def __init__(self, out: OutSpec) -> None:
+    def __init__(self, out: OutSpec, fht: bool = False) -> None:
         super().__init__()
-        self.out = out
+        self.out, self.fht = out, fht
 
     def forward(self, y: torch.Tensor) -> Act:
         """y: (batch, seqlen, d_inner) fp32 -> (batch, seqlen, d_inner)."""
+        n = y.shape[-1]
         if isinstance(self.out, QuantOut):
-            n = y.shape[-1]
+            scale = f32((1.0 / math.sqrt(n)) / self.out.scale)
+            if self.fht:
+                return quantize_prescaled(hadamard_transform_fht(y, scale), self.out.scale, self.out.rounding)
             t = hadamard_transform(y, normalized=False).to(torch.float32)
-            factor = torch.tensor(f32((1.0 / math.sqrt(n)) / self.out.scale), dtype=torch.float32)
-            return quantize_prescaled(t * factor, self.out.scale, self.out.rounding)
+            return quantize_prescaled(t * torch.tensor(scale, dtype=torch.float32), self.out.scale, self.out.rounding)
+        if self.fht:
+            return to_output(hadamard_transform_fht(y), self.out)
         return to_output(hadamard_transform(y), self.out)
 
 

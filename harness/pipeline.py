@@ -25,10 +25,11 @@ import torch
 
 from . import __version__
 from .analysis import RefInputs, run_mode, stack
+from .build import hadamard_kernel_support
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .collect import Collector, block_io_names
 from .capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
-from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, read_sample
+from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, check_token_ids, read_sample
 from .loading import ModelDirError
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
@@ -211,7 +212,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
-            if any(r.needs_calibration for r in recipes) and models.quamba is None else None
+            if models.needs_calibration(recipes) else None
         prefix = hashing.result()
     ids = text.ids.reshape(cfg.samples, cfg.seq_len)
     check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
@@ -243,21 +244,27 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         elif k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
             print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
                   f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
-    if calib_text is None and models.quamba is None and any(r.needs_calibration for r in todo):  # a kept mode re-run needs it
+    if calib_text is None and models.needs_calibration(todo):  # a kept mode re-run needs it
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
     bank = models.bank
+    _hadamard_support(recipes, bank.dims, provenance)
     progress.phase = "calibrating"
     fault_point("before-calibration")
-    if models.quamba is not None:  # the checkpoint's own scales: no calibration
-        calib = checkpoint_calibration(models.quamba, depth) if any(r.needs_calibration for r in todo) else None
+    if models.quamba is not None:
         provenance["model"]["quamba"] = models.quamba.info()
         if models.float_ckpt is not None:
             provenance["model"]["pairing"] = models.pairing(depth)
-    else:
-        calib = _calibrate(cfg, calib_text, bank, prefix, depth, emit) if any(r.needs_calibration for r in todo) else None
-    provenance["calibration"] = calib.info if isinstance(calib, CalibrationResult) else (
-        {"error": str(calib)} if calib is not None else None)
+    # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
+    # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
+    calibs = {}
+    for prep in dict.fromkeys(r.prep for r in todo if r.needs_calibration):
+        calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
+            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep)
+    infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
+             for prep, c in calibs.items()}
+    provenance["calibration"] = next(iter(infos.values()), None)
+    provenance["calibration_by_prep"] = infos
 
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}
@@ -277,7 +284,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                 if k.arrays:
                     collector.add(mode, k.arrays)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
-        state = _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, collector, emit)
+        state = _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit)
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
         modes.clear()
@@ -288,17 +295,19 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path),
                                                   "format": models.float_ckpt.format,
                                                   "tensors_read": models.float_ckpt.read_summary()}
-        studies = run_studies(cfg, recipes, bank, calib, modes, state, emit, _scales)
+        studies = run_studies(cfg, recipes, bank, calibs, modes, state, emit, _scales)
         return _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids)
 
 
-def _scales(recipe: ModeRecipe, calib):
+def _scales(recipe: ModeRecipe, calibs: dict):
+    """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
+    calib = calibs.get(recipe.prep)
     if recipe.needs_calibration and isinstance(calib, Exception):
         raise RuntimeError(f"calibration failed: {calib}")
     return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
 
 
-def _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, collector, emit) -> dict:
+def _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit) -> dict:
     """Run every mode, the reference first; each finished mode goes to the collector (compared, written,
     released). Returns what the studies need: per-mode sample rows and end-to-end metrics, the reference's
     logits and block inputs."""
@@ -318,7 +327,7 @@ def _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, collector, emit
             if iso_layers and not is_ref and state["ref_inputs"] is None:
                 raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, "
                                    f"but it failed")
-            run = run_mode(recipe, bank, _scales(recipe, calib), samples, points, depth, cfg.basis,
+            run = run_mode(recipe, bank, _scales(recipe, calibs), samples, points, depth, cfg.basis,
                            None if is_ref else state["ref_inputs"], whole, wanted if is_ref else (), cfg.device)
             arrays, tensors = run.arrays, run.tensors
             if run.logits:
@@ -349,24 +358,27 @@ def _run_todo(cfg, todo, bank, calib, ids, points, depth, modes, collector, emit
     return state
 
 
-def check_token_ids(ids: torch.Tensor, vocab_size: int, tokenizer_path) -> None:
-    """Token ids beyond the embedding: the tokenizer was made for another model."""
-    top = int(ids.max()) if ids.numel() else -1
-    if top >= vocab_size:
-        raise RunError(f"the tokenizer does not match the model: {tokenizer_path} produced token id {top}, "
-                       f"but the model's embedding has {vocab_size} rows (valid ids 0..{vocab_size - 1}); "
-                       f"pass --tokenizer DIR with the model's own tokenizer")
+def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
+    """Warn once per rotated width that Quamba's Hadamard kernels do not transform (the harness still does)."""
+    support = hadamard_kernel_support(recipes, dims)
+    if support is None:
+        return
+    provenance["hadamard_kernel_support"] = support
+    for width, reason in support.items():
+        if reason is not None:
+            print(f"warning: {width} = {getattr(dims, width)}: Quamba's Hadamard kernels do not support "
+                  f"this width ({reason}); the harness rotates it anyway", file=sys.stderr)
 
 
-def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit):
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str):
     try:
-        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir)
+        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
         print(f"error: calibration failed: {type(e).__name__}: {e}", file=sys.stderr)
         return e
     result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256,
                        calib_documents_used=calib_text.documents_used)
-    emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
+    emit(f"calibration (prep={prep}): {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"alpha {cfg.calib.alpha}, layers 0..{depth}, {result.info['seconds']} s)")
     return result
 

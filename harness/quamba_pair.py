@@ -1,10 +1,10 @@
 """The models of one run: a float checkpoint, or a Quamba checkpoint with (optionally) its float model.
 
-With a Quamba checkpoint, int8 rotated recipes run from its codes and scales; recipes with float
-weights (``fp32``, ``1``) or without rotation need the float model (``--mamba_model_path``). The pair is
-checked: equal dimensions (else an error), and the float model's weights, prepared and quantized by the
-same code as the built-in int8 modes (``WeightBank.layer(i, "int8", True)``), should land within one code
-of the checkpoint's (the fraction is reported; below ``PAIR_MIN_FRACTION`` a warning says the pair is
+With a Quamba checkpoint, int8 rotated prep=quamba recipes run from its codes and scales; recipes
+with float weights (``fp32``, ``1``), without rotation or with prep=exact need the float model
+(``--mamba_model_path``). The pair is checked: equal dimensions (else an error), and the float model's
+weights, prepared and quantized by the same code as the built-in int8 modes
+(``WeightBank.layer(i, "int8", True, "quamba")``), should land within one code of the checkpoint's (the fraction is reported; below ``PAIR_MIN_FRACTION`` a warning says the pair is
 probably mismatched).
 """
 from __future__ import annotations
@@ -37,6 +37,14 @@ class Models:
     @property
     def tokenizer_dirs(self) -> list[Path]:
         return [self.primary.path] + ([self.float_ckpt.path] if self.quamba and self.float_ckpt else [])
+
+    def gives_scales(self, prep: str) -> bool:
+        """A Quamba checkpoint holds the scales (and codes) of prep=quamba: no calibration for those."""
+        return self.quamba is not None and prep == "quamba"
+
+    def needs_calibration(self, recipes) -> bool:
+        """Whether some recipe needs scales that must be calibrated (so the calibration text is read)."""
+        return any(r.needs_calibration and not self.gives_scales(r.prep) for r in recipes)
 
     def tokenizer(self, tokenizer_dir: Path | None = None) -> Tokenizer:
         """--tokenizer, else the model directory, else (Quamba checkpoints carry none) the float model's."""
@@ -89,8 +97,8 @@ def open_models(model: Path, mamba_model_path: Path | None) -> Models:
 
 
 def needs_float(recipe) -> bool:
-    """True when a recipe cannot run from a quantized checkpoint alone."""
-    return recipe.weights != "int8" or recipe.rotate != "yes"
+    """True when a recipe cannot run from a quantized checkpoint alone (it holds prep=quamba's rotated codes)."""
+    return recipe.weights != "int8" or recipe.rotate != "yes" or recipe.prep != "quamba"
 
 
 def check_pair(models: Models, depth: int) -> dict:
@@ -100,8 +108,8 @@ def check_pair(models: Models, depth: int) -> dict:
     per_tensor = {}
     float_bank = WeightBank(models.float_ckpt)
     for i in range(depth + 1):
-        mine = models.bank.layer(i, "int8", True)
-        ours = float_bank.layer(i, "int8", True)  # the same preparation as the built-in int8 modes
+        mine = models.bank.layer(i, "int8", True, "quamba")
+        ours = float_bank.layer(i, "int8", True, "quamba")  # the same preparation as the built-in int8 modes
         for name in fields:
             a, b = getattr(mine, name), getattr(ours, name)
             if a is None or b is None:

@@ -102,7 +102,7 @@ def sensitivity_stats(kl_by_layer: dict[int, list[float]], full_kl: list[float])
     return out
 
 
-def run_studies(cfg, recipes, bank, calib, modes: dict[str, dict], state: dict, emit, scales_of) -> dict:
+def run_studies(cfg, recipes, bank, calibs, modes: dict[str, dict], state: dict, emit, scales_of) -> dict:
     """The stats sections end_to_end, samples and sensitivity of the modes that ran (state: pipeline._run_todo's)."""
     ok = [m for m in modes if modes[m].get("status") == "ok" and not modes[m].get("resumed")]
     if cfg.reference not in ok:
@@ -124,7 +124,7 @@ def run_studies(cfg, recipes, bank, calib, modes: dict[str, dict], state: dict, 
             if mode == cfg.reference:
                 continue
             progress.phase = f"sensitivity of mode {mode}"
-            kl = sensitivity_kl(by_name[mode], bank, scales_of(by_name[mode], calib), ref, scales_of(ref, calib),
+            kl = sensitivity_kl(by_name[mode], bank, scales_of(by_name[mode], calibs), ref, scales_of(ref, calibs),
                                 state["samples"], state["ref_inputs"], state["ref_logits"], cfg.layers,
                                 kl_divergence, cfg.device)
             out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])

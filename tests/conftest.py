@@ -69,3 +69,13 @@ def hf_dir(tmp_path_factory, hf_model) -> Path:
 @pytest.fixture(scope="session")
 def ssm_dir(tmp_path_factory, hf_model) -> Path:
     return write_mamba_ssm_dir(tmp_path_factory.mktemp("ssm") / "tiny-ssm", hf_model)
+
+
+# Under mutmut (`make mutation`), run the selected tests cheapest first: with -x a killed
+# mutant then stops before the tests that run a whole pipeline.
+_RUN_LAST = ("test_calibration.py", "test_capture.py", "test_modes.py", "test_unrotate.py", "test_fp16_points.py")
+
+
+def pytest_collection_modifyitems(items):
+    if os.environ.get("MUTANT_UNDER_TEST"):
+        items.sort(key=lambda item: item.path.name in _RUN_LAST)

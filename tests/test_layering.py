@@ -26,7 +26,7 @@ ALLOWED = {
     "loading": {"spec"},
     "data": {"files", "loading"},
     "weights": {"spec", "loading", "ops.hadamard", "ops.quant"},
-    "build": {"spec", "modes", "modules", "weights", "ops.linear", "ops.scan"},
+    "build": {"spec", "modes", "modules", "weights", "ops.hadamard", "ops.linear", "ops.scan"},
     "calibration": {"spec", "build", "guard", "modes", "observers", "weights"},
     "quamba_ckpt": {"spec", "loading", "ops.quant", "weights"},
     "quamba_pair": {"calibration", "loading", "quamba_ckpt", "weights"},
@@ -42,7 +42,7 @@ ALLOWED = {
     "samples": {"analysis", "capture", "compare", "endmetrics", "guard", "intervals", "metrics", "report", "storage"},
     "report": set(),
     "resume": {"files", "guard", "modes", "storage"},
-    "pipeline": {"__init__", "spec", "analysis", "calibration", "capture", "compare", "data", "loading", "metrics",
+    "pipeline": {"__init__", "spec", "analysis", "build", "calibration", "capture", "compare", "data", "loading", "metrics",
                  "modes", "files", "guard", "quamba_pair", "report", "resume", "runchecks", "samples", "storage", "collect",
                  "weights"},
         # the HTML report: the top of the layering, reads files only through storage

@@ -7,7 +7,10 @@ from harness.modes import BUILTIN_MODES, KNOBS, PRESETS, ModeError, ModeRecipe, 
 
 def test_builtin_table_matches_modes_md():
     # spot checks of MODES.md "The built-in modes"
-    assert get_mode("0").knobs() == dict(zip(KNOBS, "int8 yes int8 int8 static int8 int8 kernel int8 fp16".split()))
+    assert get_mode("0").knobs() == dict(zip(KNOBS, "int8 yes int8 int8 static int8 int8 kernel int8 fp16 quamba".split()))
+    # MODES.md `prep`: built-in quantized modes quamba, fp32 (and mode 1, unchanged) exact
+    assert {m: r.prep for m, r in BUILTIN_MODES.items()} == {
+        "fp32": "exact", "1": "exact", **{m: "quamba" for m in ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3")}}
     assert get_mode("3").in_proj_out == "fp" and get_mode("3").conv_in == "dynamic"
     assert get_mode("2-3").ssm_u == "requant" and get_mode("2-4").ssm_u == "fp32"
     assert get_mode("1").rotate == "no" and get_mode("1").weights == "fp16"
@@ -36,6 +39,7 @@ def test_unknown_knob_value_lists_valid_values():
     ({"rotate": "no"}, "need rotate=yes"),
     ({"conv_out": "fp32"}, "ssm_u=int8 needs conv_out=int8"),
     ({"ssm_u": "requant"}, "ssm_u=requant needs conv_out=fp32"),
+    ({"weights": "fp32", "prep": "quamba"}, "prep=quamba needs weights=fp16 or int8"),
 ])
 def test_inconsistent_recipes_are_rejected(change, message):
     with pytest.raises(ModeError, match=message):
@@ -69,3 +73,17 @@ def test_modes_file_errors(tmp_path, content, message):
     f.write_text(content)
     with pytest.raises(ModeError, match=message):
         resolve_modes(["0"], f)
+
+
+def test_prep_of_user_modes(tmp_path):
+    f = tmp_path / "m.json"
+    full = {k: v for k, v in get_mode("2-4").knobs().items() if k != "prep"}
+    f.write_text(json.dumps({"modes": {"ex": {"base": "0", "prep": "exact"}, "q": full,
+                                       "w16": {**full, "weights": "fp16", "norm_out": "fp", "in_proj_out": "fp",
+                                               "conv_out": "fp32", "had_out": "fp", "ssm_u": "fp32"}}}))
+    ex, q, w16 = load_modes_file(f)
+    assert ex.prep == "exact" and ex.knobs() == {**get_mode("0").knobs(), "prep": "exact"}
+    assert q.prep == "quamba" and w16.prep == "exact"  # without a base: quamba for int8 weights, else exact
+    f.write_text(json.dumps({"modes": {"bad": {"base": "0", "prep": "fp16"}}}))
+    with pytest.raises(ModeError, match="prep='fp16' is not valid; valid values: quamba, exact"):
+        load_modes_file(f)

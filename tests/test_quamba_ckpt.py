@@ -118,7 +118,7 @@ def test_export_scales_are_the_calibrated_ones(exported, hf_dir):
         assert sd[p + "mixer.dt_proj.a"].item() == np.float32(s.s_xp / s.s_dt)   # dt_proj reads s_xp
         assert sd[p + "mixer.out_proj.a"].item() == s.s_H
         assert open_quamba(exported).layer_scales(i) == s
-    int8 = WeightBank(ckpt).layer(0, "int8", True)
+    int8 = WeightBank(ckpt).layer(0, "int8", True, "quamba")  # the built-in modes' preparation
     assert sd["backbone.layers.0.mixer.in_proj.b"].item() == int8.in_proj.scale
     assert torch.equal(sd["backbone.layers.0.mixer.in_proj.weight"].t(), int8.in_proj.codes)
 
@@ -161,7 +161,7 @@ def test_handmade_codes_and_scales_are_used_bit_for_bit(handmade, tmp_path):
     assert np.array_equal(arrays["L0.in_proj.out"].reshape(-1, 96), expect.astype(np.float32))
     assert arrays["L0.x_proj.out"].shape[-1] == 2 + 2 * 8                           # padding removed
     bank = WeightBank(None, given=open_quamba(handmade))
-    layer = bank.layer(1, "int8", True)
+    layer = bank.layer(1, "int8", True, "quamba")
     assert torch.equal(layer.x_proj.codes, sd["backbone.layers.1.mixer.x_proj.weight"].t()[:18])
     assert torch.equal(layer.A_log.codes, sd["backbone.layers.1.mixer.selective_scan.A_log"])
     assert layer.conv_bias.scale == sd["backbone.layers.1.mixer.conv1d.bias_scale"]

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import OutSpec, QTensor
-from .quant import dequantize, f32, fma_f32, to_output
+from .quant import dequantize, f32, fma_f32, round_to_dtype, to_output
 
 __all__ = ["silu_kernel", "int8_causal_conv1d_silu", "float_causal_conv1d_silu", "causal_conv1d_silu_ref"]
 
@@ -59,16 +59,21 @@ def int8_causal_conv1d_silu(x: QTensor, weight: QTensor, bias: QTensor | None, o
 
 
 def float_causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                             out: OutSpec) -> QTensor | torch.Tensor:
+                             out: OutSpec, pre_silu: torch.dtype | None = None) -> QTensor | torch.Tensor:
     """Floating-point causal conv + SiLU in fp32 (F.conv1d with left padding).
 
     x: (batch, seqlen, d_inner) fp32 (or QTensor, dequantized); weight: (d_inner, d_conv) fp32;
-    bias: (d_inner,) fp32 or None. Returns (batch, seqlen, d_inner).
+    bias: (d_inner,) fp32 or None. pre_silu: dtype the conv output is stored in before SiLU
+    (fp16 in Quamba's calibration model: its fp16 nn.Conv1d output, then self.act,
+    qMambaLayer.py:105-106), or None to apply SiLU to the fp32 value.
+    Returns (batch, seqlen, d_inner).
     """
     xf = dequantize(x)
     d_inner, d_conv = weight.shape
     v = F.conv1d(xf.transpose(1, 2), weight.unsqueeze(1), bias, padding=d_conv - 1, groups=d_inner)
     v = v[..., : xf.shape[1]].transpose(1, 2)
+    if pre_silu is not None:
+        v = round_to_dtype(v, pre_silu)
     return to_output(silu_kernel(v), out)
 
 

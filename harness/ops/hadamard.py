@@ -12,9 +12,11 @@ after 40, so 20 * 2^k with k >= 1 uses the 40 base like Quamba does.
 
 H_12 is symmetric, so Had_n is an involution for n = 2^k and 12 * 2^k; the 20,
 28 and 40 bases are not symmetric, and there the inverse is the transpose.
-Transforms are computed in float64: a sum of fp16 inputs of width up to a few
-thousand is then exact (fp32 inputs: float64-accurate) before the caller's single
-rounding.
+``hadamard_transform`` computes in float64: a sum of fp16 inputs of width up to a
+few thousand is then exact (fp32 inputs: float64-accurate) before the caller's
+single rounding (prep=exact). ``hadamard_transform_fht`` reproduces the fp32
+arithmetic of the fast_hadamard_transform kernel instead (prep=quamba), and
+``quamba_kernel_support`` says which widths Quamba's kernels actually transform.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import math
 
 import torch
 
-__all__ = ["hadamard_factors", "hadamard_transform", "hadamard_matrix", "SUPPORTED_SIZES_TEXT"]
+__all__ = ["hadamard_factors", "hadamard_transform", "hadamard_matrix", "hadamard_transform_fht", "quamba_kernel_support",
+           "SUPPORTED_SIZES_TEXT"]
 
 SUPPORTED_SIZES_TEXT = "2^k, 12*2^k, 20*2^k, 28*2^k or 40*2^k"
 
@@ -194,6 +197,77 @@ def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool
         y = (base.t() if transpose else base) @ y   # out[c, j] = sum_d H[c, d] y[d, j]
     y = y.reshape(*lead, n)
     return y * (1.0 / math.sqrt(n)) if normalized else y
+
+
+def hadamard_transform_fht(x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Had_n @ v with the arithmetic of the fast_hadamard_transform kernel, for every v along the last dim.
+
+    x: (..., n) fp32 holding the kernel's input values (fp16 or fp32) -> (..., n) fp32, before the
+    caller's store (fp16 for an fp16 tensor). scale: the kernel's `float scale` argument
+    (default 1/sqrt(n), what `get_had_fn` passes, hadamard_utils.py:9); the value is rounded to fp32.
+
+    The CUDA kernel (3rdparty/fast-hadamard-transform/csrc/fast_hadamard_transform_cuda.cu:154-227,
+    the same code as Quamba's csrc/hadamard) loads the inputs as float (common.h:129-143), runs fp32
+    butterflies (a + b, a - b) one bit of the position index at a time from the lowest bit up: the bits
+    inside a thread (common.h:87-104), across lanes (hadamard_mult_warp, common.h:107-124: sign * x +
+    other, the same value as a - b), across warps, then across power-of-two chunks; for 12N/20N/28N/40N
+    the base matrix then multiplies across the chunks as one left-to-right fp32 sum per output
+    (`+ x[0] - x[1] + x[2] ...`, fast_hadamard_transform_special.h:12-28); store_output multiplies by
+    `scale` in fp32 (common.h:146-157). Every fp32 step is reproduced here with torch fp32 ops (IEEE
+    add/sub/mul, no reassociation, no FMA: the kernel has no multiply-add to contract).
+    """
+    n = x.shape[-1]
+    b, m = hadamard_factors(n)
+    lead = x.shape[:-1]
+    y = x.to(torch.float32, copy=True).reshape(-1, b, m)
+    buf = torch.empty_like(y)
+    h = 1
+    while h < m:
+        src, dst = y.view(-1, b, m // (2 * h), 2, h), buf.view(-1, b, m // (2 * h), 2, h)
+        torch.add(src[..., 0, :], src[..., 1, :], out=dst[..., 0, :])
+        torch.sub(src[..., 0, :], src[..., 1, :], out=dst[..., 1, :])
+        y, buf = buf, y
+        h *= 2
+    if b > 1:
+        # out[r] = ((s_r0 x_0 + s_r1 x_1) + s_r2 x_2) + ... in fp32, term by term, all rows r at once:
+        # s_rc * x_c is exact (s = +-1), so acc + s_rc * x_c rounds exactly like the kernel's acc +- x_c
+        signs = _base_matrix(b).to(torch.float32)[:, :, None]               # (b rows, b terms, 1)
+        acc = y[:, None, 0, :] * signs[:, 0]                                # (batch, b, m)
+        for c in range(1, b):
+            acc.add_(y[:, None, c, :] * signs[:, c])
+        y = acc
+    factor = torch.tensor(1.0 / math.sqrt(n) if scale is None else scale, dtype=torch.float32)
+    return (y * factor).reshape(*lead, n)
+
+
+def quamba_kernel_support(n: int) -> str | None:
+    """None when Quamba's Hadamard kernels transform width n; else the reason they do not.
+
+    `get_had_fn`/`get_qhad_fn` (hadamard_utils.py:8-22, 33-47) pick 12N when 12 divides n (asserting
+    n/12 is a power of two), else 40N when 40 divides n, else the power-of-two kernel (asserting
+    it). The C++ wrappers pad n to a multiple of 8 (power of two) or 4*b (b = 12, 40) and take
+    log_N = ceil(log2(padded/b)) (fast_hadamard_transform.cpp:59, 89-95, 132-138; quant_hadamard.cpp
+    the same); the launchers reach log_N 3..15 (power of two) and, for 12N and 40N, log_N 2 and 4..10:
+    the second branch tests `log_N == 2` again instead of 3 (fast_hadamard_transform_cuda.cu:292-295;
+    quant_hadamard_fwd.cu:292-295), so 12 * 8 = 96 and 40 * 8 = 320 never launch. A padded width is
+    a different transform, so it counts as unsupported too.
+    """
+    if n % 12 == 0:
+        base, kernel, reached = 12, "12N", (2, *range(4, 11))
+    elif n % 40 == 0:
+        base, kernel, reached = 40, "40N", (2, *range(4, 11))
+    else:
+        base, kernel, reached = 1, "power-of-two", tuple(range(3, 16))
+    m = n // base
+    if not _is_pow2(m):
+        return (f"get_had_fn rejects width {n}: it picks the {kernel} kernel and asserts {m} is a power of two"
+                if base > 1 else f"get_had_fn rejects width {n}: not 12*2^k, 40*2^k or a power of two")
+    k = m.bit_length() - 1
+    if k not in reached:
+        how = "zero-pads it to a wider transform" if k < reached[0] else "never launches it"
+        return (f"the {kernel} kernel does not transform width {n}: log_N = {k}, its launcher reaches log_N "
+                f"{reached[0]}{', 4..10' if base > 1 else '..15'}, so it {how}")
+    return None
 
 
 def hadamard_matrix(n: int) -> torch.Tensor:

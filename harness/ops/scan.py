@@ -13,10 +13,18 @@ Shared by both orders (notes §2.6 step 6, §3.4), all fp32, h_{-1} = 0:
     dBu_t  = B_t * (delta_t * u_t);
     y_t    = D * u_t, then y_t = fma(h_t[n], C_t[n], y_t) for n = 0 .. d_state-1;
     out_t  = f16((y_t * z_t) / (1 + exp(-z_t))).
-``REFERENCE`` (the fork's PyTorch loop, and transformers' slow path):
+``REFERENCE`` (the harness's reference loop, prep=exact; transformers' slow path):
     dBu_t  = (delta_t * B_t) * u_t;
     y_t    = sum_n h_t[n] * C_t[n] (n in order), then + u_t * D;
     out_t  = (y_t * (z_t * sigmoid(z_t))) rounded to the output dtype once.
+``TORCH`` (the fork's PyTorch scan, selective_scan_SE.py:219-273; prep=quamba's reference order):
+    dBu_t  = (delta_t * B_t) * u_t  (line 219: delta * B_i * u);
+    y_t    = (h_t * C_t).sum(dim) over d_state with torch's sum on a contiguous (.., d_state) layout
+             (line 244), then + u_t * D (line 268);
+    out_t  = (y_t * F.silu(z_t)) (line 273) rounded to the output dtype once.
+``MAMBA`` (mamba_ssm's floating-point kernel that Quamba's calibration model runs,
+selective_scan_fwd_kernel.cuh:158-298 of the vendored 3rdparty/mamba): ``KERNEL``'s order
+(y starts at D * u, one FMA per state) with the gate out_t = y_t * (z_t / (1 + exp(-z_t))) (line 298).
 
 The GPU kernel runs the recurrence as a parallel (tree-order) scan with `__expf`;
 neither is reproducible on a CPU, so both orders use the sequential recurrence.
@@ -40,6 +48,8 @@ _CHUNK_ELEMENTS = 1 << 20  # 4 MB of fp32 per (chunk, batch, d_state, d_inner) b
 class ScanOrder(str, enum.Enum):
     KERNEL = "kernel"
     REFERENCE = "reference"
+    TORCH = "torch"
+    MAMBA = "mamba"
 
 
 def softplus_thresholded(x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +77,11 @@ def _recurrence(dA: torch.Tensor, dBu: torch.Tensor, h: torch.Tensor, states: to
 def _output(states: torch.Tensor, C: torch.Tensor, u: torch.Tensor, D: torch.Tensor, order: ScanOrder) -> torch.Tensor:
     """Contract the state with C; states: (chunk, batch, d_state, d_inner), C: (chunk, batch, d_state)."""
     d_state = states.shape[2]
-    if order is ScanOrder.KERNEL:
+    if order is ScanOrder.TORCH:
+        # (h * C).sum(dim) with d_state contiguous, as the fork's (B, D, N) state: (chunk, batch, d_inner, d_state)
+        prod = (states.transpose(2, 3) * C[:, :, None, :]).contiguous()
+        return prod.sum(dim=3) + u * D
+    if order in (ScanOrder.KERNEL, ScanOrder.MAMBA):
         # y = fma(h_n, C_n, y) in turn: float64 products of fp32 numbers are exact, one rounding per step
         states64, C64 = states.to(torch.float64), C.to(torch.float64)
         y = D * u
@@ -83,6 +97,10 @@ def _output(states: torch.Tensor, C: torch.Tensor, u: torch.Tensor, D: torch.Ten
 def _gate(y: torch.Tensor, z: torch.Tensor, order: ScanOrder) -> torch.Tensor:
     if order is ScanOrder.KERNEL:
         return (y * z) / (1 + torch.exp(-z))
+    if order is ScanOrder.MAMBA:
+        return y * (z / (1 + torch.exp(-z)))
+    if order is ScanOrder.TORCH:
+        return y * torch.nn.functional.silu(z)
     return y * (z * torch.sigmoid(z))
 
 
@@ -119,7 +137,7 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
         B_c = Bf[:, sl].transpose(0, 1)                                    # (chunk, batch, d_state)
         C_c = Cf[:, sl].transpose(0, 1)
         torch.mul(dt_c[:, :, None, :], At, out=dA).exp_()                  # exp(delta * A)
-        if order is ScanOrder.KERNEL:
+        if order in (ScanOrder.KERNEL, ScanOrder.MAMBA):
             torch.mul(B_c[..., None], (dt_c * u_c)[:, :, None, :], out=dBu)  # B * (delta * u)
         else:
             torch.mul(dt_c[:, :, None, :], B_c[..., None], out=dBu).mul_(u_c[:, :, None, :])  # (delta * B) * u

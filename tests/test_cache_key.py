@@ -1,0 +1,157 @@
+"""The calibration cache key changes with every setting and input that changes the scales, and with nothing else."""
+import dataclasses
+
+import pytest
+import torch
+
+import harness.calibration as calibration
+from harness.calibration import CalibrationSettings, _layer_keys as _keys_of_prep, calibrate
+from harness.loading import open_checkpoint
+from harness.weights import WeightBank
+
+BASE = CalibrationSettings(num_samples=4, seqlen=16, alpha=0.9995, batch_size=2, seed=42)
+
+
+def _layer_keys(prefix, windows, settings, prep="quamba"):
+    return _keys_of_prep(prefix, windows, settings, prep)
+
+
+@pytest.fixture(scope="module")
+def setup(hf_dir):
+    ckpt = open_checkpoint(hf_dir)
+    windows = torch.randint(0, ckpt.dims.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    return ckpt, windows, ckpt.prefix_hashes(1)
+
+
+@pytest.mark.parametrize("field, value", [("num_samples", 8), ("seqlen", 32), ("alpha", 0.999), ("batch_size", 4),
+                                          ("seed", 0)])
+def test_every_setting_enters_the_key(setup, field, value):
+    _, windows, prefix = setup
+    base = _layer_keys(prefix, windows, BASE)
+    other = _layer_keys(prefix, windows, dataclasses.replace(BASE, **{field: value}))
+    assert all(a != b for a, b in zip(base, other))
+
+
+def test_the_tokens_and_the_model_enter_the_key(setup):
+    _, windows, prefix = setup
+    base = _layer_keys(prefix, windows, BASE)
+    changed = windows.clone()
+    changed[3, 15] += 1                                                       # one token of one window
+    assert _layer_keys(prefix, changed, BASE)[0] != base[0]
+    other_model = prefix[0][:-1] + ("1" if prefix[0][-1] == "0" else "0")
+    assert _layer_keys([other_model, prefix[1]], windows, BASE)[0] != base[0]
+    assert _layer_keys(prefix, windows, BASE)[1] != base[0]                   # layer 1 has its own key
+
+
+def test_the_prep_enters_the_key(setup):
+    """prep=quamba and prep=exact calibrate different models: one must never reuse the other's scales."""
+    _, windows, prefix = setup
+    assert all(a != b for a, b in zip(_layer_keys(prefix, windows, BASE, "quamba"),
+                                      _layer_keys(prefix, windows, BASE, "exact")))
+
+
+def test_the_version_enters_the_key(setup, monkeypatch):
+    _, windows, prefix = setup
+    base = _layer_keys(prefix, windows, BASE)
+    monkeypatch.setattr(calibration, "CALIB_VERSION", calibration.CALIB_VERSION + 1)
+    assert _layer_keys(prefix, windows, BASE)[0] != base[0]
+
+
+def test_what_does_not_change_the_scales_does_not_change_the_key(setup):
+    _, windows, prefix = setup
+    base = _layer_keys(prefix, windows, BASE)
+    assert _layer_keys(prefix[:1], windows, BASE) == base[:1]                # deeper layers do not matter
+    assert _layer_keys(prefix, windows.to(torch.int32), BASE) == base         # the id dtype does not matter
+    assert _layer_keys(list(prefix), windows.clone(), CalibrationSettings(**dataclasses.asdict(BASE))) == base
+
+
+def test_a_changed_alpha_is_not_reused(setup, tmp_path):
+    """The bug of issue 12: a run with another --percentile_alpha reported "reused" with the old scales."""
+    ckpt, windows, prefix = setup
+    bank = WeightBank(ckpt)
+    first = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    again = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    other = calibrate(bank, windows, dataclasses.replace(BASE, alpha=0.99), 0, prefix, tmp_path)
+    assert (first.info["source"], again.info["source"], other.info["source"]) == ("computed", "reused", "computed")
+    assert again.scales == first.scales
+    assert other.scales[0].s_u != first.scales[0].s_u                          # percentile scales moved
+    assert other.scales[0].s_xz == first.scales[0].s_xz                        # min-max scales did not
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_deeper_run_reuses_the_shallow_layers_and_a_shallow_run_the_deeper_file(setup, tmp_path):
+    ckpt, windows, prefix = setup
+    bank = WeightBank(ckpt)
+    deep = calibrate(bank, windows, BASE, 1, prefix, tmp_path)
+    shallow = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    assert shallow.info["source"] == "reused" and shallow.scales == deep.scales[:1]
+    assert shallow.info["keys"] == deep.info["keys"][:1]
+
+
+def test_an_entry_under_another_key_is_not_used(setup, tmp_path):
+    ckpt, windows, prefix = setup
+    bank = WeightBank(ckpt)
+    first = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    other_key = _layer_keys(prefix, windows, dataclasses.replace(BASE, seed=1))[0]
+    src = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
+    src.rename(tmp_path / f"calib-{other_key[:40]}.json")
+    moved = calibrate(bank, windows, dataclasses.replace(BASE, seed=1), 0, prefix, tmp_path)
+    assert moved.info["source"] == "recomputed" and "key mismatch" in moved.info["reason"]
+
+
+def test_cache_file_records_observers_and_settings(setup, tmp_path):
+    """The entry keeps each observer's state (what the scale was computed from) next to the scales."""
+    import json
+    ckpt, windows, prefix = setup
+    result = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, tmp_path)
+    data = json.loads((tmp_path / f"calib-{result.info['keys'][0][:40]}.json").read_text())
+    assert data["settings"] == dataclasses.asdict(BASE) and data["layer"] == 0
+    assert set(data["observers"]) == set(data["scales"]) == {"s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H"}
+    assert data["observers"]["s_u"]["alpha"] == BASE.alpha and data["observers"]["s_u"]["samples"] == 4
+    assert data["observers"]["s_in"]["samples"] == 4 and data["observers"]["s_in"]["amax"] > 0
+
+
+@pytest.mark.parametrize("kw, message", [({"alpha": 0.0}, r"--percentile_alpha must be in \(0, 1\], got 0.0"),
+                                         ({"alpha": 1.5}, r"--percentile_alpha must be in \(0, 1\], got 1.5"),
+                                         ({"batch_size": 0}, "--calib_batch_size must be positive, got 0")])
+def test_settings_are_validated(kw, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(BASE, **kw)
+    assert dataclasses.replace(BASE, alpha=1.0).alpha == 1.0
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    from pathlib import Path
+    from harness.calibration import default_cache_dir
+    monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(tmp_path / "q"))
+    assert default_cache_dir() == tmp_path / "q"
+    monkeypatch.delenv("QUAMBA_HARNESS_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "quamba-harness"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == Path(tmp_path / "home" / ".cache" / "quamba-harness")
+
+
+def test_run_info_records_what_happened(setup, tmp_path):
+    """calibrate's info goes into the capture's provenance: settings, keys, timing, observer states, files."""
+    ckpt, windows, prefix = setup
+    info = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, tmp_path).info
+    assert info["settings"] == dataclasses.asdict(BASE) and info["tokens"] == windows.numel()
+    assert info["source"] == "computed" and isinstance(info["seconds"], float) and info["seconds"] >= 0
+    assert set(info["observers"][0]) == {"s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H"}
+    assert info["cache_files"] == [str(tmp_path / f"calib-{info['keys'][0][:40]}.json")]
+
+
+def test_an_entry_with_bad_scales_is_recomputed(setup, tmp_path):
+    """A well-formed, correctly checksummed entry that lacks a scale is reported as such, never used."""
+    import json
+    ckpt, windows, prefix = setup
+    bank = WeightBank(ckpt)
+    first = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    path = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
+    data = json.loads(path.read_text())
+    del data["scales"]["s_u"], data["checksum"]
+    path.write_text(json.dumps({**data, "checksum": calibration._checksum(data)}))
+    again = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    assert again.info["source"] == "recomputed" and "bad scales ('s_u')" in again.info["reason"]

@@ -1,0 +1,77 @@
+"""compare_modes, identical_groups, same_basis and input_tensor_for on hand-made arrays."""
+import numpy as np
+import pytest
+
+from harness.compare import CompareError, compare_modes, identical_groups, input_tensor_for, same_basis
+
+
+def _arrays():
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    y = x + np.float32(0.25)
+    return {
+        "fp32": {"input": x, "output": y, "L1.block.in": y, "L1.ssm.u": x},
+        "a": {"input": x, "output": y, "L1.block.in": y, "L1.ssm.u": x},          # identical to fp32
+        "b": {"input": x, "output": y * 2, "L1.block.in": y * 2, "L1.ssm.u": x},  # differs from layer 0's output on
+        "c": {"input": x + 1, "output": y, "extra": x, "L1.ssm.u": x[:2]},       # other input, other shape
+    }
+
+
+def _compare(arrays, reference="fp32", comparable=None):
+    return compare_modes({m: list(t) for m, t in arrays.items()}, lambda m, t: arrays[m][t], reference, comparable)
+
+
+def test_rows_skips_and_flags():
+    arrays = _arrays()
+    out = _compare(arrays)
+    assert out["reference"] == "fp32" and list(out["modes"]) == ["a", "b", "c"]
+    a, b, c = (out["modes"][m] for m in "abc")
+    assert all(row["identical"] and row["mse"] == 0.0 for row in a.values())
+    assert a["output"]["input_differs"] is False and a["L1.ssm.u"]["input_differs"] is False
+    assert b["output"]["identical"] is False and b["output"]["input_differs"] is False
+    assert b["L1.ssm.u"]["identical"] is True and b["L1.ssm.u"]["input_differs"] is True   # L1's input is L1.block.in
+    assert c["output"]["input_differs"] is True and c["output"]["identical"] is True
+    assert c["input"]["input_differs"] is True and c["input"]["identical"] is False
+    assert out["skipped"] == {"c": {"extra": "not captured in the reference",
+                                    "L1.ssm.u": "shape [2, 4] differs from the reference's [3, 4]"}}
+    assert b["output"]["max_abs"] == pytest.approx(float(np.abs(arrays["b"]["output"] - arrays["fp32"]["output"]).max()))
+
+
+def test_input_differs_is_absent_when_the_input_was_not_captured():
+    x = np.ones(3, dtype=np.float32)
+    arrays = {"fp32": {"L2.ssm.u": x}, "a": {"L2.ssm.u": x + 1}}
+    row = _compare(arrays)["modes"]["a"]["L2.ssm.u"]
+    assert "input_differs" not in row and row["identical"] is False
+
+
+def test_comparable_rule_skips_with_its_reason():
+    arrays = _arrays()
+    basis = {("fp32", "output"): "original", ("a", "output"): "rotated"}
+    rule = same_basis(lambda m, t: basis.get((m, t)), "fp32")
+    out = _compare({"fp32": arrays["fp32"], "a": arrays["a"]}, comparable=rule)
+    assert out["skipped"] == {"a": {"output": "basis differs (rotated vs original)"}}
+    assert set(out["modes"]["a"]) == {"input", "L1.block.in", "L1.ssm.u"}
+    assert rule("a", "input") is None
+
+
+def test_unknown_reference_lists_the_modes():
+    with pytest.raises(CompareError, match="reference mode 'x' is not in the file; modes present: fp32, a, b, c"):
+        _compare(_arrays(), reference="x")
+    with pytest.raises(CompareError, match="modes present: none"):
+        compare_modes({}, lambda m, t: None, "fp32")
+
+
+def test_identical_groups_need_every_shared_tensor_equal():
+    arrays = _arrays()
+    get = lambda m, t: arrays[m][t]  # noqa: E731
+    groups = identical_groups({m: list(t) for m, t in arrays.items()}, get)
+    assert groups == [["fp32", "a"]]       # b differs in output, c in input; singletons are not groups
+    arrays["d"] = {"zzz": np.zeros(1)}     # shares no tensor with anyone: never grouped
+    arrays["e"] = dict(arrays["b"])
+    groups = identical_groups({m: list(t) for m, t in arrays.items()}, get)
+    assert groups == [["fp32", "a"], ["b", "e"]]
+
+
+@pytest.mark.parametrize("tensor, source", [("output", "input"), ("L0.ssm.u", "input"), ("L1.ssm.u", "L1.block.in"),
+                                            ("L12.block.out", "L12.block.in"), ("residual", "input")])
+def test_input_tensor_for(tensor, source):
+    assert input_tensor_for(tensor) == source

@@ -1,0 +1,54 @@
+"""Metric details the hand-computed cases do not reach: the standalone max_abs, zero cases, every stats field."""
+import math
+
+import numpy as np
+import pytest
+
+from harness.metrics import error_metrics, max_abs, pearson, rel_l2, sqnr_db, tensor_stats
+
+
+def test_max_abs_is_the_first_largest_with_its_index():
+    ref = np.zeros((2, 3), np.float32)
+    test = np.array([[0, -2, 1], [2, 0, 0]], np.float32)
+    assert max_abs(ref, test) == (2.0, [0, 1])   # |-2| ties |2|: the first occurrence, negative sign dropped
+    assert error_metrics(ref, test)["max_abs_index"] == [0, 1]
+
+
+def test_zero_reference_and_zero_error():
+    zero = np.zeros(4, np.float32)
+    assert rel_l2(zero, zero) == 0.0 and sqnr_db(zero, zero) == math.inf
+    assert math.isnan(rel_l2(zero, zero + 1)) and sqnr_db(zero, zero + 1) == -math.inf
+    assert math.isnan(pearson(np.ones(4, np.float32), np.arange(4, dtype=np.float32)))
+
+
+def test_metrics_are_computed_in_float64():
+    """fp16 inputs: a float16 difference would lose the 1e-4 error entirely."""
+    ref = np.full(8, 2048.0, np.float16)
+    test = ref.copy()
+    test[0] = np.float16(2050.0)
+    m = error_metrics(ref, test)
+    assert m["max_abs"] == 2.0 and m["mse"] == pytest.approx(4 / 8)
+    assert m["sqnr_db"] == pytest.approx(10 * math.log10(8 * 2048.0 ** 2 / 4))
+
+
+def test_percentiles_interpolate_linearly():
+    ref = np.zeros(5, np.float32)
+    test = np.array([0, 1, 2, 3, 4], np.float32)
+    m = error_metrics(ref, test)
+    assert (m["p50"], m["p90"], m["p99"]) == (2.0, pytest.approx(3.6), pytest.approx(3.96))
+
+
+def test_every_tensor_stats_field():
+    v = np.array([[1.0, -3.0], [2.0, 4.0]], np.float32)
+    s = tensor_stats(v)
+    assert s == {"shape": [2, 2], "dtype": "float32", "kind": "float", "first_10": [1.0, -3.0, 2.0, 4.0],
+                 "mean": 1.0, "std": pytest.approx(math.sqrt((0 + 16 + 1 + 9) / 4)), "min": -3.0, "max": 4.0,
+                 "l2": pytest.approx(math.sqrt(30)), "nan_count": 0, "inf_count": 0, "quantized": False,
+                 "capture_dtype": "float32", "overflow_upper": 0.0, "overflow_lower": 0.0}
+    codes = np.array([[1, -128], [2, 127]], np.int8)
+    q = tensor_stats(codes.astype(np.float32), codes, 1.0)
+    assert q["kind"] == "int8" and q["quantized"] is True and q["clipped_fraction"] is None
+    assert q["saturated_fraction"] == 0.5
+    many = np.arange(12, dtype=np.float32)
+    assert tensor_stats(many)["first_10"] == list(range(10))
+    assert tensor_stats(np.ones(1, np.float32), np.ones(1, np.int8), 1.0, 0)["clipped_fraction"] == 0.0

@@ -1,0 +1,106 @@
+"""Weight preparation caches, observer state records and document reading: details the cache files and
+provenance depend on."""
+import hashlib
+import json
+
+import pytest
+import torch
+
+from harness.data import DataError, read_documents, read_sample
+from harness.loading import open_checkpoint
+from harness.observers import MinMaxObserver, PercentileObserver
+from harness.weights import WeightBank, int8_layer
+
+
+@pytest.fixture(scope="module")
+def bank(hf_dir):
+    return WeightBank(open_checkpoint(hf_dir))
+
+
+def test_each_variant_is_prepared_once_and_shared(bank):
+    a = bank.layer(0, "int8", True)
+    assert bank.layer(0, "int8", True) is a
+    assert bank.layer(0, "fp16", True) is not bank.layer(0, "fp16", False)
+    assert bank.layer(0, "fp16", True).in_proj.shape == bank.layer(0, "fp32", True).in_proj.shape
+    assert bank.raw(0) is bank.raw(0)
+
+
+def test_int8_layer_quantizes_everything_but_the_norm(bank):
+    fp16 = bank.layer(0, "fp16", False)
+    q = int8_layer(fp16)
+    assert q.norm_weight is fp16.norm_weight
+    for name in ("in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj"):
+        t = getattr(q, name)
+        assert t.codes.dtype == torch.int8 and t.codes.shape == getattr(fp16, name).shape, name
+    no_bias = int8_layer(type(fp16)(**{**fp16.__dict__, "conv_bias": None}))
+    assert no_bias.conv_bias is None
+
+
+def test_embedding_cache_follows_the_ids(bank):
+    ids = torch.tensor([[1, 2, 3]])
+    a = bank.embed(ids, True, torch.float16)
+    assert bank.embed(ids.clone(), True, torch.float16) is a           # same ids: kept
+    b = bank.embed(torch.tensor([[1, 2, 4]]), True, torch.float16)     # other ids: recomputed
+    assert torch.equal(b[0, :2], a[0, :2]) and not torch.equal(b[0, 2], a[0, 2])
+    assert not torch.equal(bank.embed(ids, False, torch.float16), a)   # rotation is part of the key
+    assert bank.embed(ids, True, torch.float32).dtype == torch.float32
+
+
+def test_observer_state_records():
+    mm = MinMaxObserver()
+    assert mm.state()["samples"] == 0 and mm.state()["amax"] != mm.state()["amax"]   # nan before data
+    mm.observe(torch.tensor([[1.0, -3.0], [2.0, 0.5]]))
+    mm.observe(torch.tensor([[0.25, 2.5]]))
+    assert mm.state() == {"amax": 3.0, "samples": 3}
+    p = PercentileObserver(0.5)
+    p.observe(torch.tensor([[1.0, 3.0], [2.0, 4.0]]))
+    st = p.state()
+    # quantile(|a|, 0.5) per sample: 2.0 then 3.0; EMA 2.0 + 0.01 * (3.0 - 2.0)
+    assert st["alpha"] == 0.5 and st["samples"] == 2 and st["raw_max"] == 4.0
+    assert st["ema_quantile"] == pytest.approx(2.01, abs=1e-6)
+    assert PercentileObserver(1.0).state()["samples"] == 0
+
+
+def test_read_documents_formats_and_errors(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n\n  \n{"text": "two"}\n"three"\n')
+    assert read_documents(tmp_path / "a.jsonl") == ["one", "two", "three"]
+    (tmp_path / "b.txt").write_text("plain text\n{not json}\n")
+    assert read_documents(tmp_path / "b.txt") == ["plain text\n{not json}\n"]
+    (tmp_path / "c.txt").write_text("  \n")
+    assert read_documents(tmp_path / "c.txt") == []
+    (tmp_path / "e.txt").write_bytes(b"")
+    assert read_documents(tmp_path / "e.txt") == []
+    (tmp_path / "d.JSON").write_text('{"text": "x"}\n{"txt": "y"}\n')
+    with pytest.raises(DataError, match=r"d.JSON:2: a JSON dict without a 'text' field"):
+        read_documents(tmp_path / "d.JSON")
+    with pytest.raises(DataError, match="cannot read text file"):
+        read_documents(tmp_path / "missing.jsonl")
+
+
+def test_sample_records_where_it_came_from(tmp_path):
+    from conftest import SHIPPED
+    from harness.loading import load_tokenizer
+    tok = load_tokenizer(SHIPPED)
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"text": " ".join(["the"] * 10)}) + "\n")
+    got = read_sample(tok, path, 4)
+    assert got.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and got.path == path
+    assert (got.n_documents, got.documents_used) == (1, 1)
+    with pytest.raises(DataError, match="--seq_len must be a positive number of tokens, got 0"):
+        read_sample(tok, path, 0)
+
+
+def test_int8_weights_are_quantized_from_the_same_rotation(bank):
+    """The rotated int8 layer comes from the rotated fp16 layer (not the unrotated one)."""
+    for rotate in (True, False):
+        q, ref = bank.layer(0, "int8", rotate), int8_layer(bank.layer(0, "fp16", rotate))
+        assert torch.equal(q.in_proj.codes, ref.in_proj.codes) and q.in_proj.scale == ref.in_proj.scale
+        assert torch.equal(q.out_proj.codes, ref.out_proj.codes)
+    assert not torch.equal(bank.layer(0, "int8", True).in_proj.codes, bank.layer(0, "int8", False).in_proj.codes)
+
+
+def test_minmax_observer_rounds_to_fp16_first():
+    """A value off the fp16 grid is observed as its fp16 rounding (the recorded amax is an fp16 number)."""
+    mm = MinMaxObserver()
+    mm.observe(torch.tensor([[0.1, -0.05]]))
+    assert mm.state()["amax"] == float(torch.tensor(0.1).half())

@@ -1,0 +1,111 @@
+"""Storage details: key parsing, paths, JSON safety, space checks, the loader's errors and mode order."""
+import json
+
+import numpy as np
+import pytest
+
+from harness.storage import (StorageError, check_writable, json_safe, load_capture, parse_array_key, stats_path,
+                             tensor_name, write_json, write_npz)
+
+
+@pytest.mark.parametrize("key, parsed", [
+    ("mode_0_input", ("0", "input")), ("mode_2-4_residual", ("2-4", "residual")),
+    ("mode_k32__L3.ssm.state", ("k32", "L3.ssm.state")), ("mode_0_other", None), ("mode__input", None),
+    ("mode_a_b_input", None), ("mode_0__x.y", None), ("xmode_0_input", None), ("mode_0_inputs", None),
+])
+def test_parse_array_key(key, parsed):
+    assert parse_array_key(key) == parsed
+
+
+def test_names_and_paths():
+    assert tensor_name("L0.block.in") == "input" and tensor_name("L0.block.residual") == "residual"
+    assert tensor_name("L1.block.in") == "L1.block.in" and tensor_name("L0.ssm.u") == "L0.ssm.u"
+    assert stats_path("cap").name == "cap_stats.json" and stats_path("a/b.npz.bak").name == "b.npz.bak_stats.json"
+
+
+def test_json_safe_walks_every_container():
+    obj = {"a": (1.0, float("inf")), "b": {"c": [float("nan"), -float("inf")]}, "d": "x", "e": 3}
+    assert json_safe(obj) == {"a": [1.0, "inf"], "b": {"c": ["nan", "-inf"]}, "d": "x", "e": 3}
+
+
+def test_check_writable_refuses_a_directory_and_too_little_space(tmp_path):
+    with pytest.raises(StorageError, match="it is a directory"):
+        check_writable(tmp_path)
+    with pytest.raises(StorageError, match=r"not enough disk space for .*MiB needed"):
+        check_writable(tmp_path / "x.npz", 1 << 62)
+    check_writable(tmp_path / "x.npz", 1)  # fine
+
+
+def test_loader_errors(tmp_path):
+    with pytest.raises(StorageError, match="does not exist"):
+        load_capture(tmp_path / "none.npz")
+    write_npz(tmp_path / "c.npz", {"mode_0_output": np.zeros(2, np.float32)})
+    stats_path(tmp_path / "c.npz").write_text("[1, 2]")
+    with pytest.raises(StorageError, match="does not hold a JSON object"):
+        load_capture(tmp_path / "c.npz")
+    stats_path(tmp_path / "c.npz").write_text("{not json")
+    with pytest.raises(StorageError, match="cannot read"):
+        load_capture(tmp_path / "c.npz")
+    stats_path(tmp_path / "c.npz").write_text(json.dumps({"aliases": {"mode_1__L0.x": "mode_0__L0.missing"}}))
+    cf = load_capture(tmp_path / "c.npz")  # no schema_version: read as version 0
+    with pytest.raises(StorageError, match=r"cannot read array mode_1__L0.x"):
+        cf.array("1", "L0.x")
+    with pytest.raises(StorageError, match="cannot read array mode_9_output"):
+        cf.array("9", "output")
+
+
+def test_manifest_order_and_metadata(tmp_path):
+    arrays = {"mode_a_output": np.zeros(1, np.float32), "mode_b_output": np.ones(1, np.float32),
+              "mode_c_output": np.ones(1, np.float32), "token_ids": np.arange(2)}
+    write_npz(tmp_path / "o.npz", arrays)
+    write_json(stats_path(tmp_path / "o.npz"), {"schema_version": 1, "modes": {
+        "c": {"tensors": {"output": {"basis": "original"}}}, "a": {}}})
+    cf = load_capture(tmp_path / "o.npz")
+    assert cf.modes() == ["c", "a", "b"]          # manifest order first, then the rest in file order
+    assert cf.tensor_meta("c", "output") == {"basis": "original"}
+    assert cf.tensor_meta("a", "output") == {} and cf.tensor_meta("zz", "output") == {}
+    assert cf.tensors("b") == ["output"] and cf.tensors("zz") == []
+    write_npz(tmp_path / "p.npz", arrays)
+    assert load_capture(tmp_path / "p.npz").tensor_meta("a", "output") == {}   # no manifest
+
+
+def test_compressed_npz_is_deflated(tmp_path):
+    import zipfile
+    write_npz(tmp_path / "z.npz", {"mode_0_output": np.zeros(1000, np.float32)}, compress=True)
+    with zipfile.ZipFile(tmp_path / "z.npz") as zf:
+        info = zf.infolist()[0]
+        assert info.compress_type == zipfile.ZIP_DEFLATED and info.date_time == (1980, 1, 1, 0, 0, 0)
+    write_npz(tmp_path / "s.npz", {"mode_0_output": np.zeros(1000, np.float32)})
+    with zipfile.ZipFile(tmp_path / "s.npz") as zf:
+        assert zf.infolist()[0].compress_type == zipfile.ZIP_STORED
+
+
+def test_entries_carry_zip64_headers(tmp_path):
+    """Entries are streamed with force_zip64: without it an array over 4 GiB fails when its entry is closed.
+    The local header of every entry carries the zip64 extra field (id 0x0001)."""
+    import struct
+    write_npz(tmp_path / "z.npz", {"mode_0_output": np.zeros(10, np.float32)})
+    raw = (tmp_path / "z.npz").read_bytes()
+    assert raw[:4] == b"PK\x03\x04"
+    name_len, extra_len = struct.unpack("<HH", raw[26:30])
+    extra = raw[30 + name_len:30 + name_len + extra_len]
+    assert extra_len > 0 and struct.unpack("<H", extra[:2])[0] == 0x0001
+
+
+def test_block_io_keys_and_the_capture_path(tmp_path):
+    from harness.storage import array_key
+    assert [array_key("0", t) for t in ("input", "output", "residual")] == \
+        ["mode_0_input", "mode_0_output", "mode_0_residual"]
+    write_npz(tmp_path / "c.npz", {"mode_0_residual": np.zeros(1, np.float32)})
+    cf = load_capture(tmp_path / "c.npz")
+    assert cf.path == tmp_path / "c.npz" and cf.tensors("0") == ["residual"]
+
+
+def test_space_message_says_how_much_is_free(tmp_path, monkeypatch):
+    import collections
+    import harness.files as files
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
+    with pytest.raises(StorageError, match=r"about 10\.0 MiB needed, 5\.0 MiB free in "):
+        check_writable(tmp_path / "x.npz", 10 * 2 ** 20)
+    check_writable(tmp_path / "x.npz", 4 * 2 ** 20)   # 4 MiB + 10 % fits in 5 MiB

@@ -1,0 +1,141 @@
+"""Run mutmut over the emulation core and the file format, one module at a time.
+
+    python tools/mutation.py [--max-children N] [MODULE ...]      # default: every module of MODULES
+
+MODULE is a dotted name (harness.ops.quant). Each module's mutants are run with
+``mutmut run 'MODULE.*'``; mutmut keeps its results in mutants/ and only runs
+mutants without a result (edit a module and its mutants are regenerated).
+``--rerun-survivors`` runs the surviving mutants again (after adding tests).
+``--sample N`` runs a seeded random sample of N mutants per module instead of all
+(for a quick estimate on a busy machine; the report says which modules were sampled).
+Wall time per module goes to mutants/mutation-timing.json for the report.
+
+Operator subset: mutmut's string operator is narrowed to strings that look
+like identifiers or keys (no spaces, at most 40 characters), one variant each
+("XX...XX"). Messages and docstrings are left alone: a changed error message
+is not a bug these tests are meant to catch, and they tripled the mutant count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the modules of [tool.mutmut] only_mutate, as dotted names, in the order they are run
+MODULES = (
+    "harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harness.ops.scan", "harness.ops.hadamard",
+    "harness.metrics", "harness.compare", "harness.storage", "harness.observers", "harness.data",
+    "harness.modules", "harness.build", "harness.weights", "harness.calibration",
+    "harness.files", "harness.quamba_ckpt",
+)
+
+
+def _narrow_string_operator() -> None:
+    import libcst as cst
+    from mutmut.mutation import mutators
+
+    def operator_string(node):
+        if not isinstance(node, cst.SimpleString):
+            return
+        body = node.evaluated_value if isinstance(node.evaluated_value, str) else ""
+        if " " in body or len(body) > 40 or node.value.lstrip("rRbBuU").startswith(('"""', "'''")):
+            return
+        for variant in mutators.operator_string(node):
+            yield variant
+            return  # the first variant is "XX" + s + "XX"
+
+    ops = mutators.mutation_operators
+    for i, (kind, fn) in enumerate(ops):
+        if fn is mutators.operator_string:
+            ops[i] = (kind, operator_string)
+
+
+def _survivors(module: str) -> list[str]:
+    from mutmut.__main__ import SourceFileMutationData, status_by_exit_code
+    path = Path(*module.split(".")).with_suffix(".py")
+    m = SourceFileMutationData(path=path)
+    m.load()
+    now = {k for k, code in m.exit_code_by_key.items() if status_by_exit_code[code] in ("survived", "no tests")}
+    baseline = ROOT / "docs" / "mutation-baseline.json"   # survivors of the first (baseline) run
+    before = set(json.loads(baseline.read_text()).get(module, {}).get("survivors", [])) if baseline.is_file() else set()
+    return sorted((now | before) & set(m.exit_code_by_key))
+
+
+def _all_mutants(module: str) -> list[str]:
+    from mutmut.mutation.data import SourceFileMutationData
+    path = Path(*module.split(".")).with_suffix(".py")
+    if not (ROOT / "mutants" / f"{path}.meta").is_file():
+        _generate()
+    m = SourceFileMutationData(path=path)
+    m.load()
+    return sorted(m.exit_code_by_key)
+
+
+def _generate() -> None:
+    from mutmut.__main__ import copy_also_copy_files, copy_src_dir, create_mutants, setup_source_paths
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    copy_src_dir()
+    copy_also_copy_files()
+    setup_source_paths()
+    create_mutants(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("modules", nargs="*", default=list(MODULES))
+    ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
+    ap.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again")
+    ap.add_argument("--sample", type=int, default=0, help="run N mutants per module, chosen at random (seeded)")
+    ap.add_argument("--seed", type=int, default=12)
+    args = ap.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        print(f"error: unknown module(s) {', '.join(unknown)}; valid: {', '.join(MODULES)}", file=sys.stderr)
+        return 2
+    os.chdir(ROOT)
+    _narrow_string_operator()
+    from mutmut.__main__ import _run
+    timing_path = ROOT / "mutants" / "mutation-timing.json"
+    if args.rerun_survivors:  # one mutmut run for all of them: one clean-test pass instead of one per module
+        names = [n for module in args.modules for n in _survivors(module)] if (ROOT / "mutants").is_dir() else []
+        if names:
+            start = time.perf_counter()
+            _run(names, args.max_children)
+            timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+            timing[f"survivors of {len(args.modules)} modules (rerun)"] = {
+                "seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children,
+                "mutants_run": len(names), "load_avg_1min": os.getloadavg()[0],
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            timing_path.write_text(json.dumps(timing, indent=1))
+        return 0
+    for module in args.modules:
+        names = [f"{module}.*"]
+        if args.sample:
+            import random
+            names = random.Random(f"{args.seed}:{module}").sample(_all_mutants(module), args.sample)
+            sample_path = ROOT / "mutants" / "mutation-sample.json"
+            samples = json.loads(sample_path.read_text()) if sample_path.is_file() else {}
+            samples[module] = sorted(set(samples.get(module, [])) | set(names))
+            sample_path.write_text(json.dumps(samples, indent=1))
+        start = time.perf_counter()
+        try:
+            _run(names, args.max_children)
+        except SystemExit as e:  # mutmut exits on a failing clean run; stop there
+            if e.code not in (0, None):
+                return int(e.code) if isinstance(e.code, int) else 1
+        timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+        key = f"{module} (sample {args.sample}, seed {args.seed})" if args.sample else module
+        timing[key] = {"seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children,
+                       "mutants_run": len(names) if not names[0].endswith(".*") else "all",
+                       "load_avg_1min": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        timing_path.write_text(json.dumps(timing, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

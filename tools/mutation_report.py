@@ -1,0 +1,184 @@
+"""Turn mutmut's results (mutants/) into docs/mutation.md: score per module, every survivor with a verdict.
+
+    python tools/mutation_report.py [--save-baseline] [--out docs/mutation.md]
+
+Score = killed / (mutants - equivalent), where killed includes timeouts (a mutant
+that hangs the tests is caught) and "no tests" counts as not killed. Verdicts
+live in tools/mutation_verdicts.toml, keyed by mutant name:
+
+    [equivalent]     mutant = "why no test can tell it apart"
+    [tested]         mutant = "the test added for it"   (for survivors of the baseline)
+
+--save-baseline records the current results as the "before" column
+(docs/mutation-baseline.json); run it once, on the first measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from mutation import MODULES  # noqa: E402
+
+BASELINE = ROOT / "docs" / "mutation-baseline.json"
+VERDICTS = ROOT / "tools" / "mutation_verdicts.toml"
+CORE = {"harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harness.ops.scan", "harness.ops.hadamard",
+        "harness.build", "harness.weights", "harness.modules", "harness.observers", "harness.calibration",
+        "harness.data"}
+
+
+UNCHECKED = ("not checked", "check was interrupted by user", "skipped")
+
+
+def _results(module: str) -> dict[str, str] | None:
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.stats import status_by_exit_code
+    path = Path(*module.split(".")).with_suffix(".py")
+    if not (ROOT / "mutants" / f"{path}.meta").is_file():
+        return None
+    m = SourceFileMutationData(path=path)
+    m.load()
+    return {k: status_by_exit_code[v] for k, v in m.exit_code_by_key.items()}
+
+
+def _counts(results: dict[str, str], equivalent: set[str]) -> dict:
+    killed = sum(s in ("killed", "timeout", "caught by type check") for s in results.values())
+    survived = [k for k, s in results.items() if s in ("survived", "no tests", "suspicious", "segfault")]
+    unchecked = [k for k, s in results.items() if s in ("not checked", "check was interrupted by user", "skipped")]
+    eq = [k for k in survived if k in equivalent]
+    scored = len(results) - len(eq) - len(unchecked)
+    return {"mutants": len(results), "killed": killed, "survived": len(survived) - len(eq), "equivalent": len(eq),
+            "unchecked": len(unchecked), "score": (killed / scored) if scored else None, "survivors": survived}
+
+
+def _diff_line(name: str) -> str:
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    try:
+        diff = get_diff_for_mutant(name)
+    except Exception as e:  # a module edited since the run: the mutant no longer exists
+        return f"(diff unavailable: {type(e).__name__})"
+    minus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    plus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    return f"`{' / '.join(minus)[:110]}` → `{' / '.join(plus)[:110]}`"
+
+
+def _baseline_score(b: dict | None, equivalent: dict) -> float | None:
+    """Score of the baseline run, with today's equivalence verdicts (they may be written after it ran)."""
+    if not b or not b.get("checked"):
+        return None
+    survivors = set(b["survivors"])
+    eq = len(survivors & set(equivalent))
+    scored = len(b["checked"]) - eq
+    return (len(b["checked"]) - len(survivors)) / scored if scored else None
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "mutation.md")
+    ap.add_argument("--save-baseline", action="store_true")
+    args = ap.parse_args(argv)
+    os.chdir(ROOT)
+    verdicts = tomllib.loads(VERDICTS.read_text()) if VERDICTS.is_file() else {}
+    equivalent, tested = verdicts.get("equivalent", {}), verdicts.get("tested", {})
+    baseline = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
+    results = {}
+    for m in MODULES:
+        r = _results(m)
+        if r is None:
+            continue
+        if m in baseline:  # mutants not run again keep their baseline verdict (tests were only added)
+            survivors, checked = set(baseline[m]["survivors"]), set(baseline[m].get("checked", []))
+            r = {k: ("survived" if k in survivors else "killed") if s == "not checked" and k in checked else s
+                 for k, s in r.items()}
+        if any(s not in UNCHECKED for s in r.values()):
+            results[m] = r
+    counts = {m: _counts(r, set(equivalent)) for m, r in results.items()}
+    if args.save_baseline:
+        for m, c in counts.items():
+            if m not in baseline:
+                baseline[m] = {**c, "checked": sorted(k for k, s in results[m].items() if s not in UNCHECKED)}
+        BASELINE.write_text(json.dumps(baseline, indent=1) + "\n")
+    timing_path = ROOT / "mutants" / "mutation-timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+
+    out = ["# Mutation testing", "",
+           f"Generated by `make mutation` (`python tools/mutation.py && python tools/mutation_report.py`) on "
+           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, mutmut 3.8.1, one worker (`--max-children 1`).",
+           "", "How it is run (pyproject `[tool.mutmut]`, `tools/mutation.py`):", "",
+           "- mutants of every module listed below; per mutant, only the tests that call the mutated function "
+           "(mutmut's per-function test selection), cheapest test files first, stopping at the first failure;",
+           "- the unit and block-level tests take part; the subprocess CLI tests and the end-to-end tests that run "
+           "whole pipelines (`test_mode_contracts`, `test_fp_contracts`, `test_lean`, `test_shipped_model`, "
+           "`test_calibration`, `test_unrotate`) do not (10+ s per mutant on a loaded machine): a mutant that only "
+           "they catch counts as surviving;",
+           "- a mutant is a timeout only past (mutmut's estimate + 30 s) x 10 CPU seconds (a real hang); timeouts "
+           "count as killed;",
+           "- `--sample N` runs a seeded random sample of N mutants of a module (column \"not run\" > 0); the score "
+           "is then the score of the sample;",
+           "- operators: all of mutmut's, except that string literals are mutated only when they look like "
+           "identifiers or keys (no spaces, at most 40 characters) and only as `\"XX…XX\"` (messages and docstrings "
+           "are not mutated);",
+           "- score = killed (timeouts included) / (mutants − equivalent); \"no tests\" counts as surviving.",
+           "", "## Score per module", "",
+           "| module | part | mutants | killed | survived | equivalent | not run | score before | score now | run time |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for m in MODULES:
+        if m not in counts:
+            out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | not run | | | | | | | |")
+            continue
+        c, b = counts[m], baseline.get(m)
+        runs = [(k[len(m):].strip(" ()") or "all", t) for k, t in timing.items() if k == m or k.startswith(m + " (")]
+        secs = " + ".join(f"{t['seconds']:.0f} s ({t.get('mutants_run', 'all')}: {what})" for what, t in runs) or "—"
+        out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | {c['mutants']} | {c['killed']} | {c['survived']} | "
+                   f"{c['equivalent']} | {c['unchecked']} | {_pct(_baseline_score(b, equivalent))} | {_pct(c['score'])} | {secs} |")
+    for key, t in timing.items():
+        if key.startswith("survivors of"):
+            out.append(f"\nRerun of the survivors after the tests were added ({key}): {t['mutants_run']} mutants, "
+                       f"{t['seconds']:.0f} s, {t['date']}.")
+    for part, members in (("emulation core", CORE), ("file format and comparison", set(MODULES) - CORE)):
+        cs = [counts[m] for m in MODULES if m in members and m in counts]
+        if cs and sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs):
+            killed = sum(c["killed"] for c in cs)
+            scored = sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs)
+            out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants killed ({_pct(killed / scored)}).")
+    out += ["", "## Surviving mutants and verdicts", "",
+            "Every mutant that survived (now, or in an earlier run) with its verdict: the test added for it, "
+            "or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
+    for m in MODULES:
+        names = set(counts.get(m, {}).get("survivors", [])) | set((baseline.get(m) or {}).get("survivors", []))
+        names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in results.get(m, {})}
+        if not names:
+            continue
+        out += [f"### `{m}`", ""]
+        for name in sorted(names, key=lambda n: (n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1]))):
+            status = results[m].get(name, "gone")
+            if name in equivalent:
+                verdict = f"equivalent: {equivalent[name]}"
+            elif name in tested:
+                verdict = f"{'killed' if status == 'killed' else status.upper()}: {tested[name]}"
+            elif status in ("killed", "timeout"):
+                verdict = "killed by the tests added in this change"
+            else:
+                verdict = f"**{status}, no verdict yet**"
+            out.append(f"- `{name.split('.', 1)[1]}` {_diff_line(name)}: {verdict}")
+        out.append("")
+    if verdicts.get("notes"):
+        out += ["## Notes", ""] + [f"- {n}" for n in verdicts["notes"]] + [""]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(out) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
