@@ -16,8 +16,8 @@ from torch import nn
 
 from .spec import HookPoint, QTensor
 
-__all__ = ["POINTS", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name", "parse_point", "point_sort_key",
-           "select_points", "Captured", "capture", "TapError"]
+__all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name", "parse_point", "point_sort_key",
+           "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE", "resolve_layers"]
 
 # point -> what it holds (README "Capture points" is generated from the same words)
 POINTS: dict[str, str] = {
@@ -37,6 +37,11 @@ POINTS: dict[str, str] = {
     "block.out": "mixer output before the residual add [batch, seqlen, d_model]",
     "block.residual": "residual stream after the block [batch, seqlen, d_model]",
 }
+# Points the harness computes beside the hooks (harness.analysis): not taps, chosen by their own options.
+DERIVED_POINTS: dict[str, str] = {
+    "block.isolated": "mixer output of the block run on the reference's block input (--isolated) [batch, seqlen, d_model]",
+}
+ISOLATED = "block.isolated"
 BLOCK_IO = ("block.in", "block.out", "block.residual")
 TAP_POINTS = tuple(p for p in POINTS if p not in BLOCK_IO)
 # Points in the residual-stream basis: stored in the checkpoint's original basis unless --basis rotated.
@@ -49,20 +54,50 @@ class TapError(ValueError):
     """An unknown tap or layer; the message lists the valid ones."""
 
 
+# one --layers item: all, a block index, a negative index from the end (-1 the last), a range A-B
+LAYER_SPEC_RE = re.compile(r"^(all|-?\d+|\d+-\d+)$")
+
+
+def resolve_layers(spec: list, n_layer: int) -> list[int]:
+    """--layers items (ints or strings: "all", "3", "-1", "0-5") -> sorted distinct block indices."""
+    chosen: set[int] = set()
+    valid = f"(valid: 0..{n_layer - 1}, -1..-{n_layer} from the end, all, or a range such as 0-{n_layer - 1})"
+    for item in spec:
+        text = str(item).strip()
+        if not LAYER_SPEC_RE.match(text):
+            raise TapError(f"invalid --layers item {text!r} {valid}")
+        if text == "all":
+            chosen |= set(range(n_layer))
+            continue
+        if re.match(r"^\d+-\d+$", text):
+            lo, hi = (int(v) for v in text.split("-"))
+            if lo > hi or hi >= n_layer:
+                raise TapError(f"--layers range {text!r} does not fit: the model has {n_layer} blocks {valid}")
+            chosen |= set(range(lo, hi + 1))
+            continue
+        i = int(text)
+        if not -n_layer <= i < n_layer:
+            raise TapError(f"layer {i} was requested, but the model has {n_layer} blocks {valid}")
+        chosen.add(i % n_layer)
+    if not chosen:
+        raise TapError(f"--layers is empty {valid}")
+    return sorted(chosen)
+
+
 def point_name(layer: int, point: str) -> str:
     return f"L{layer}.{point}"
 
 
 def parse_point(name: str) -> tuple[int, str]:
     m = _NAME_RE.match(name)
-    if not m or m.group(2) not in POINTS:
+    if not m or (m.group(2) not in POINTS and m.group(2) not in DERIVED_POINTS):
         raise TapError(f"invalid capture point {name!r}; expected L<layer>.<point> with point one of: {', '.join(POINTS)}")
     return int(m.group(1)), m.group(2)
 
 
 def point_sort_key(name: str) -> tuple[int, int]:
     layer, point = parse_point(name)
-    return layer, list(POINTS).index(point)
+    return layer, (list(POINTS) + list(DERIVED_POINTS)).index(point)
 
 
 def select_points(layers: list[int], taps: list[str] | None) -> list[str]:

@@ -50,7 +50,15 @@ def _positive_int(text: str) -> int:
 
 
 _alpha = _checked(float, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
-_layer = _checked(_int, lambda v: 0 <= v < 100_000, "a block index (0, 1, ...)")
+def _layer(text: str) -> str:
+    """One --layers item: all, a block index, -1 (the last; -2 the one before), or a range A-B."""
+    from .capture import LAYER_SPEC_RE
+
+    text = text.strip()
+    if len(text) > 30 or not LAYER_SPEC_RE.match(text):
+        raise argparse.ArgumentTypeError(f"must be all, a block index (0, 1, ...), -1 for the last, or a range "
+                                         f"such as 0-5, got {text!r}")
+    return text
 _seed = _checked(_int, lambda v: 0 <= v < 2**63, "an integer in 0..2^63-1")
 
 
@@ -111,7 +119,17 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("capture and output")
     _opt(g, "output_file", type=Path, default=Path("first_layer_io_all_modes.npz"),
          help="the .npz to write; the stats go to <name>_stats.json (default: first_layer_io_all_modes.npz)")
-    _opt(g, "layers", type=_layer, nargs="+", default=[0], help="blocks whose input/output/residual are captured (default: 0)")
+    _opt(g, "layers", type=_layer, nargs="+", default=["0"],
+         help="blocks whose input/output/residual are captured: indices, all, -1 (the last), ranges 0-5 (default: 0)")
+    _opt(g, "isolated", action="store_true", help="also run each captured block on the reference's input to it: "
+                                                 "L<i>.block.isolated (the error the layer adds by itself)")
+    _opt(g, "end-to-end", action="store_true", help="run every block, the final norm and lm_head: logits, KL, "
+                                                   "top-1 agreement, cross-entropy and perplexity against the reference")
+    _opt(g, "samples", type=_positive_int, default=1, help="disjoint windows of --seq_len tokens from the text, "
+                                                          "each run alone; metrics per sample and as mean with 95 %% CI")
+    _opt(g, "sensitivity", action="store_true", help="KL of the model with only one captured layer in each mode "
+                                                    "(one extra forward per layer and mode; implies --end-to-end)")
+    _opt(g, "device", choices=("cpu", "cuda"), default="cpu", help="where the emulation runs (default: cpu)")
     _opt(g, "taps", nargs="+", default=[], metavar="TAP",
          help=f"internal points for every captured layer: all, {', '.join(TAP_POINTS)}, or L<i>.<point>")
     _opt(g, "basis", choices=("original", "rotated"), default="original",
@@ -152,7 +170,9 @@ def _config_from_args(args: argparse.Namespace):
         calib_file=args.calib_file, cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
         layers=args.layers, taps=args.taps, basis=args.basis, stats_only=args.stats_only, resume=args.resume,
         compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
-        rerun=args.rerun, reference_required=args.reference is not None)
+        rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
+        isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
+        device=args.device, keep_arrays=False)
 
 
 def _interrupted(e) -> int:
@@ -233,7 +253,7 @@ def _compare(argv: list[str] | None, prog: str | None) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
     from .compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
-    from .report import comparison_tables
+    from .report import comparison_tables, sensitivity_tables
     from .storage import StorageError, check_output, check_writable, load_capture, pending_path, stats_path, write_json
 
     out = args.json or args.save_comparison
@@ -265,6 +285,9 @@ def _compare(argv: list[str] | None, prog: str | None) -> int:
     titles = {m: e.get("title", "") for m, e in (cf.manifest or {}).get("modes", {}).items()}
     print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
     print(comparison_tables(comparison, titles))
+    sensitivity = (cf.manifest or {}).get("sensitivity")
+    if sensitivity or any(t.endswith(".block.isolated") for rows in comparison["modes"].values() for t in rows):
+        print(sensitivity_tables(comparison, sensitivity, args.reference))
     if out is not None:
         write_json(out, comparison)
         print(f"\nwrote {out}")
@@ -344,9 +367,9 @@ def _modes_main(argv: list[str]) -> int:
 
 
 def _points_main(argv: list[str]) -> int:
-    from .capture import POINTS
+    from .capture import DERIVED_POINTS, POINTS
 
-    for point, what in POINTS.items():
+    for point, what in {**POINTS, **DERIVED_POINTS}.items():
         print(f"L<i>.{point:<16} {what}")
     return 0
 

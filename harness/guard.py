@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import threading
@@ -155,6 +156,7 @@ class OutputLock:
                     raise LockError(self._busy()) from None
                 try:
                     self.path.unlink()  # stale: its run no longer exists
+                    self._remove_stale_temporaries()
                 except FileNotFoundError:
                     pass
                 except OSError as e:
@@ -167,6 +169,16 @@ class OutputLock:
             self.held = True
             return self
         raise LockError(self._busy())
+
+    def _remove_stale_temporaries(self) -> None:
+        """The temporary .npz a killed run was streaming into (files.temp_file names, ``.<name>.*.tmp``):
+        only its run, now gone, wrote there while holding this lock."""
+        name = self.path.name[:-len(".lock")]
+        for tmp in self.path.parent.glob(f".{glob.escape(name)}.*.tmp"):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
 
     def _owner_alive(self) -> bool:
         try:

@@ -24,28 +24,28 @@ import numpy as np
 import torch
 
 from . import __version__
-from .build import build_backbone, hadamard_kernel_support
+from .analysis import RefInputs, run_mode, stack
+from .build import hadamard_kernel_support
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
-from .capture import RESIDUAL_BASIS, TapError, capture, parse_point, select_points
-from .compare import compare_modes, same_basis
+from .collect import Collector, block_io_names
+from .capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
 from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, check_token_ids, read_sample
 from .loading import ModelDirError
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
-from .ops.hadamard import hadamard_transform
 from .quamba_pair import checkpoint_calibration, needs_float, open_models
-from .report import mode_summary, short_comparison
+from .report import mode_summary, sensitivity_tables, short_comparison
+from .samples import end_to_end_rows, mode_sample_rows, run_studies
+from .runchecks import check_finite
 from .resume import ResumeError, previous_modes, recorded_recipe
 from .guard import LockError, OutputLock, fault_point, progress
-from .storage import SCHEMA_VERSION, StorageError, array_key, check_output, check_writable, dedup_arrays, \
-    pending_path, research_stats, stats_path, tensor_name, write_pair
+from .storage import SCHEMA_VERSION, PairWriter, StorageError, check_output, check_writable, pending_path, \
+    research_stats, stats_path, tensor_name
 from .weights import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "mamba-tiny"
-# Tensors whose values depend on the residual-stream basis (compared only between equal bases).
-_BASIS_POINTS = RESIDUAL_BASIS + ("norm.out", "out_proj.out", "had.out")
 
 
 class RunError(ValueError):
@@ -68,7 +68,7 @@ class RunConfig:
     calib: CalibrationSettings = field(default_factory=CalibrationSettings)
     calib_file: Path = DEFAULT_CALIB_FILE
     cache_dir: Path | None = None
-    layers: list[int] = field(default_factory=lambda: [0])
+    layers: list = field(default_factory=lambda: [0])  # block indices or "all", "-1", "0-5" (capture.resolve_layers)
     taps: list[str] = field(default_factory=list)
     basis: str = "original"
     stats_only: bool = False
@@ -79,14 +79,21 @@ class RunConfig:
     argv: list[str] = field(default_factory=list)
     rerun: list[str] = field(default_factory=list)  # with resume: modes run again although the file holds them
     reference_required: bool = False  # --reference was given: it must be one of the run's (or the file's) modes
+    samples: int = 1                  # disjoint windows of seq_len tokens (analysis, samples)
+    isolated: bool = False            # L{i}.block.isolated: each captured block on the reference's input
+    end_to_end: bool = False          # final norm + lm_head: logits, KL, top-1, cross-entropy, perplexity
+    sensitivity: bool = False         # KL with one block at a time in the mode (implies end_to_end)
+    device: str = "cpu"
+    keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
 
 
 @dataclass
 class RunOutcome:
     stats: dict                                   # the _stats.json content
-    by_mode: dict[str, dict[str, np.ndarray]]     # mode -> tensor -> array (before dedup; also with --stats-only)
+    by_mode: dict[str, dict[str, np.ndarray]]     # mode -> tensor -> array (before dedup; also with --stats-only);
+                                                  # with keep_arrays=False only the reference's
     failed: list[str]
-    token_ids: np.ndarray                         # (1, seq_len) int64
+    token_ids: np.ndarray                         # (samples, seq_len) int64
 
 
 def _timestamp() -> str:
@@ -102,53 +109,20 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def _basis_of(recipe: ModeRecipe, point: str, basis: str) -> str | None:
-    if point not in _BASIS_POINTS:
-        return None
-    if recipe.rotate == "no":
-        return "original"
-    return basis if point in RESIDUAL_BASIS else "rotated"
-
-
-def _run_mode(recipe: ModeRecipe, bank: WeightBank, calibs: dict[str, CalibrationResult | Exception],
-              ids: torch.Tensor, points: list[str], depth: int, basis: str) -> tuple[dict, dict]:
-    """Run one mode; returns (arrays by tensor name, stats entry). Raises on failure."""
-    calib = calibs.get(recipe.prep)
-    if recipe.needs_calibration and isinstance(calib, Exception):
-        raise RuntimeError(f"calibration failed: {calib}")
-    scales = calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
-    model = build_backbone(recipe, bank, scales, depth)
-    with capture(model, points) as captured:
-        model(ids)
-    arrays, tensors = {}, {}
-    for point in points:
-        if point not in captured:
-            continue  # a site the recipe does not have (had.out without rotation)
-        cap = captured[point]
-        site = parse_point(point)[1]
-        values = cap.values
-        if recipe.rotate == "yes" and basis == "original" and site in RESIDUAL_BASIS:
-            values = hadamard_transform(values, transpose=True).to(torch.float32)
-        name = tensor_name(point)
-        arrays[name] = values.numpy()
-        tensors[name] = {"point": point, "basis": _basis_of(recipe, site, basis),
-                         **tensor_stats(arrays[name], None if cap.codes is None else cap.codes.numpy(), cap.scale,
-                                        cap.n_clipped, cap.dtype)}
-    return arrays, tensors
-
-
 def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: int, points: list[str]) -> dict:
     return {
         "harness_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": _version("transformers"), "numpy": np.__version__, "platform": platform.platform(),
-        "device": "cpu", "torch_threads": torch.get_num_threads(),
+        "device": cfg.device, "torch_threads": torch.get_num_threads(),
         "model": {"path": str(ckpt.path), "format": ckpt.format, "dims": asdict(ckpt.dims),
                   "stored_dtype": ckpt.stored_dtype(), "hash": prefix[depth],
                   "hash_scope": f"sha256 over dims, embedding and blocks 0..{depth} (deeper blocks are never read)"},
         "tokenizer": {"path": str(tok.path), "sha256": hashlib.sha256(Path(tok.path).read_bytes()).hexdigest(),
                       "eos_id": tok.eos_id},
         "sample": {"text_file": str(text.path), "sha256": text.sha256, "documents": text.n_documents,
-                   "documents_used": text.documents_used, "tokens": int(ids.shape[1]), "token_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()},
+                   "documents_used": text.documents_used, "tokens": int(ids.shape[1]), "samples": int(ids.shape[0]),
+                   "windows": [[k * int(ids.shape[1]), (k + 1) * int(ids.shape[1])] for k in range(ids.shape[0])],
+                   "token_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()},
         "seed": cfg.calib.seed, "basis": cfg.basis, "layers": cfg.layers, "taps": cfg.taps, "points": points,
     }
 
@@ -187,10 +161,17 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
                        f"({', '.join(r.name for r in recipes)}); add it to --modes or choose one of them")
     if cfg.basis not in ("original", "rotated"):
         raise RunError(f"unknown basis {cfg.basis!r}; valid: original, rotated")
-    if not cfg.layers or min(cfg.layers) < 0:
-        raise RunError(f"--layers must be non-negative block indices, got {cfg.layers}")
-    points = select_points(sorted(set(cfg.layers)), cfg.taps)
-    depth = max(parse_point(p)[0] for p in points)
+    if cfg.device not in ("cpu", "cuda"):
+        raise RunError(f"unknown device {cfg.device!r}; valid: cpu, cuda")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RunError("--device cuda was asked for, but torch sees no CUDA device here "
+                       f"(torch {torch.__version__}); run with --device cpu")
+    if cfg.resume and (cfg.samples > 1 or cfg.isolated or cfg.end_to_end or cfg.sensitivity):
+        raise RunError("--resume does not combine with --samples > 1, --isolated, --end-to-end or --sensitivity "
+                       "yet; write a new --output_file instead")
+    if cfg.samples < 1:
+        raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
+    select_points([0], cfg.taps)  # an unknown tap is an input error before anything is opened
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
         check_writable(path)
@@ -199,9 +180,17 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     if models.quamba is None and cfg.mamba_model_path is not None:
         print(f"warning: --mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it",
               file=sys.stderr)
-    if depth >= ckpt.dims.n_layer:
-        raise RunError(f"layer {depth} was requested, but {cfg.model} has {ckpt.dims.n_layer} blocks "
-                       f"(valid: 0..{ckpt.dims.n_layer - 1})")
+    n_layer = ckpt.dims.n_layer
+    cfg.layers = resolve_layers(cfg.layers, n_layer)
+    points = select_points(cfg.layers, cfg.taps)
+    depth = max(parse_point(p)[0] for p in points)
+    if depth >= n_layer:
+        raise RunError(f"layer {depth} was requested, but {cfg.model} has {n_layer} blocks "
+                       f"(valid: 0..{n_layer - 1})")
+    if cfg.isolated:
+        points += [point_name(i, ISOLATED) for i in sorted({parse_point(p)[0] for p in points})]
+    if cfg.end_to_end or cfg.sensitivity:  # the whole model runs: every block is read and calibrated
+        depth = n_layer - 1
     float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
     if float_less:
         raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights or no rotation), but "
@@ -221,11 +210,11 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     progress.phase = "reading the text"
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing (GIL released) overlaps with tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
-        text = read_sample(tok, cfg.text_file, cfg.seq_len)
+        text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
             if models.needs_calibration(recipes) else None
         prefix = hashing.result()
-    ids = text.ids
+    ids = text.ids.reshape(cfg.samples, cfg.seq_len)
     check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
     if calib_text is not None:
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
@@ -277,60 +266,96 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     provenance["calibration"] = next(iter(infos.values()), None)
     provenance["calibration_by_prep"] = infos
 
-    arrays_by_mode: dict[str, dict[str, np.ndarray]] = {}
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}
-    for mode, k in kept.items():  # file order first; modes run again take their place
-        if mode not in todo_names:
-            modes[mode] = {**k.entry, "resumed": True}
-            if k.entry.get("status") == "ok" and not k.complete:  # cannot be re-run: never kept as ok
-                modes[mode].update(status="error", error=f"arrays incomplete in the resumed file "
-                                   f"({', '.join(k.missing)}) and its recorded recipe is not valid")
-            if k.arrays:
-                arrays_by_mode[mode] = k.arrays
-            emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
-    for n, recipe in enumerate(todo):
+    timestamp, model_path = _timestamp(), Path(cfg.model)
+    meta = {"token_ids": ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
+            "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
+    with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup) as writer:  # arrays streamed as modes finish
+        for key, arr in meta.items():
+            writer.add(key, arr)
+        collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays)
+        for mode, k in kept.items():  # file order first; modes run again take their place
+            if mode not in todo_names:
+                modes[mode] = {**k.entry, "resumed": True}
+                if k.entry.get("status") == "ok" and not k.complete:  # cannot be re-run: never kept as ok
+                    modes[mode].update(status="error", error=f"arrays incomplete in the resumed file "
+                                       f"({', '.join(k.missing)}) and its recorded recipe is not valid")
+                if k.arrays:
+                    collector.add(mode, k.arrays)
+                emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
+        state = _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit)
+        order = list(kept) + [r.name for r in todo if r.name not in kept]
+        ordered = {m: modes[m] for m in order if m in modes}
+        modes.clear()
+        modes.update(ordered)
+        comparison = collector.finish(order)
+        provenance["model"]["tensors_read"] = ckpt.read_summary()
+        if models.quamba is not None and models.float_ckpt is not None:
+            provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path),
+                                                  "format": models.float_ckpt.format,
+                                                  "tensors_read": models.float_ckpt.read_summary()}
+        studies = run_studies(cfg, recipes, bank, calibs, modes, state, emit, _scales)
+        return _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids)
+
+
+def _scales(recipe: ModeRecipe, calibs: dict):
+    """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
+    calib = calibs.get(recipe.prep)
+    if recipe.needs_calibration and isinstance(calib, Exception):
+        raise RuntimeError(f"calibration failed: {calib}")
+    return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
+
+
+def _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit) -> dict:
+    """Run every mode, the reference first; each finished mode goes to the collector (compared, written,
+    released). Returns what the studies need: per-mode sample rows and end-to-end metrics, the reference's
+    logits and block inputs."""
+    samples = [ids[k:k + 1] for k in range(ids.shape[0])]
+    whole = cfg.end_to_end or cfg.sensitivity
+    state = {"samples": samples, "rows": {}, "e2e": {}, "ref_logits": None, "ref_inputs": None}
+    ref_ps = None
+    iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
+    wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
+    for n, recipe in enumerate(sorted(todo, key=lambda r: r.name != cfg.reference)):
         progress.phase = f"running mode {recipe.name}"
         start = time.perf_counter()
         base = {"title": recipe.title, "recipe": recipe.knobs()}
+        arrays = None
         try:
-            arrays, tensors = _run_mode(recipe, bank, calibs, ids, points, depth, cfg.basis)
+            is_ref = recipe.name == cfg.reference
+            if iso_layers and not is_ref and state["ref_inputs"] is None:
+                raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, "
+                                   f"but it failed")
+            run = run_mode(recipe, bank, _scales(recipe, calibs), samples, points, depth, cfg.basis,
+                           None if is_ref else state["ref_inputs"], whole, wanted if is_ref else (), cfg.device)
+            arrays, tensors = run.arrays, run.tensors
+            if run.logits:
+                arrays["logits"] = stack(run.logits)
+                tensors["logits"] = {"point": "logits", "basis": None, **tensor_stats(arrays["logits"])}
+            if is_ref:
+                state.update(ref_logits=run.logits, ref_inputs=RefInputs(recipe.rotate == "yes", run.block_inputs))
+                ref_ps = run.per_sample
             modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
                                   "tensors": tensors, **research_stats(tensors)}
-            arrays_by_mode[recipe.name] = arrays
-            _check_finite(recipe.name, modes[recipe.name], arrays)
+            check_finite(recipe.name, modes[recipe.name], arrays)
+            if ref_ps is not None and cfg.samples > 1:
+                state["rows"][recipe.name] = mode_sample_rows(ref_ps, run.per_sample, recipe.name, modes, cfg.reference)
+            if run.logits and state["ref_logits"] is not None:
+                state["e2e"][recipe.name] = end_to_end_rows(state["ref_logits"], run.logits, samples)
+            del run
         except Exception as e:  # a failing mode is recorded, the others go on
+            arrays = None
             modes[recipe.name] = {"status": "error", **base, "error": f"{type(e).__name__}: {e}",
                                   "traceback": traceback.format_exc()}
             print(f"error: mode {recipe.name} failed: {type(e).__name__}: {e}", file=sys.stderr)
         emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
+        if arrays is not None:
+            progress.phase = f"writing mode {recipe.name}"
+            collector.add(recipe.name, arrays)
         if n == 0:
             fault_point("modes")
-    order = list(kept) + [r.name for r in todo if r.name not in kept]
-    modes = {m: modes[m] for m in order if m in modes}
-    arrays_by_mode = {m: arrays_by_mode[m] for m in order if m in arrays_by_mode}
-    _check_quantized_differ(recipes, modes, arrays_by_mode, cfg.reference)
-    provenance["model"]["tensors_read"] = ckpt.read_summary()
-    if models.quamba is not None and models.float_ckpt is not None:
-        provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path), "format": models.float_ckpt.format,
-                                              "tensors_read": models.float_ckpt.read_summary()}
-    return _finish(cfg, list(modes), modes, arrays_by_mode, provenance, ids, emit)
-
-
-def _check_finite(mode: str, entry: dict, arrays: dict[str, np.ndarray]) -> None:
-    """A mode whose tensors hold NaN or Inf fails (its arrays are kept): bad numbers are never a pass."""
-    problems = []
-    for name, arr in arrays.items():
-        meta = entry["tensors"][name]
-        if meta["nan_count"] or meta["inf_count"]:
-            where = np.unravel_index(int(np.argmax(~np.isfinite(arr).reshape(-1))), arr.shape)
-            problems.append(f"{name}: {meta['nan_count']} NaN and {meta['inf_count']} Inf of {arr.size} values, "
-                            f"first at {tuple(int(i) for i in where)}")
-    if problems:
-        entry.update(status="error", error="non-finite values (arrays kept): " + "; ".join(problems),
-                     nonfinite=problems)
-        print(f"error: mode {mode} produced non-finite values (its arrays are kept): {problems[0]}"
-              + (f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""), file=sys.stderr)
+    return state
 
 
 def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
@@ -358,55 +383,21 @@ def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], 
     return result
 
 
-def _check_quantized_differ(recipes, modes, arrays_by_mode, reference: str) -> None:
-    """MODES.md contract 9: a mode that quantizes must not reproduce the float reference bit for bit."""
-    ref = arrays_by_mode.get(reference)
-    ref_recipe = next((r for r in recipes if r.name == reference), None)
-    if ref is None or ref_recipe is None or ref_recipe.needs_calibration:
-        return
-    for recipe in recipes:
-        arrays = arrays_by_mode.get(recipe.name)
-        if recipe.name == reference or not recipe.needs_calibration or arrays is None or "resumed" in modes[recipe.name]:
-            continue
-        outputs = [t for t in arrays if t == "output" or t.endswith(".block.out")]
-        if outputs and all(t in ref and np.array_equal(ref[t], arrays[t]) for t in outputs):
-            modes[recipe.name].update(status="error", error=(
-                f"the output is bit-identical to {reference} although the recipe quantizes: "
-                "the quantization did not take effect"))
-            arrays_by_mode.pop(recipe.name)
-
-
-def _finish(cfg, names, modes, arrays_by_mode, provenance, ids, emit) -> RunOutcome:
-    failed = [m for m in names if modes[m]["status"] != "ok"]
-    comparison = None
-    if cfg.reference in arrays_by_mode:
-        tensors = {m: list(a) for m, a in arrays_by_mode.items()}
-        comparable = same_basis(lambda m, t: modes[m].get("tensors", {}).get(t, {}).get("basis"), cfg.reference)
-        try:
-            comparison = compare_modes(tensors, lambda m, t: arrays_by_mode[m][t], cfg.reference, comparable)
-            block_io = [t for t in arrays_by_mode[cfg.reference] if t in ("input", "output", "residual") or ".block." in t]
-            emit(short_comparison(comparison, block_io))
-        except Exception as e:  # never lose the arrays over the comparison
-            comparison = {"error": f"{type(e).__name__}: {e}"}
-            print(f"error: the comparison failed ({type(e).__name__}: {e}); the arrays are written", file=sys.stderr)
-    else:
+def _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids) -> RunOutcome:
+    failed = [m for m in modes if modes[m]["status"] != "ok"]
+    if comparison is None:
         emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
+    elif "error" not in comparison:
+        emit(short_comparison(comparison, block_io_names(collector.ref_arrays)))
+        if cfg.isolated or cfg.sensitivity:
+            emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
     model_path = Path(cfg.model)
-    arrays: dict[str, np.ndarray] = {"token_ids": ids.numpy().astype(np.int64),
-                                     "timestamp": np.array(_timestamp()), "model": np.array(model_path.name),
-                                     "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
-    if not cfg.stats_only:
-        for mode, by_tensor in arrays_by_mode.items():
-            arrays.update({array_key(mode, t): v for t, v in by_tensor.items()})
-    aliases = {}
-    if cfg.dedup:
-        arrays, aliases = dedup_arrays(arrays)
-    stats = {"schema_version": SCHEMA_VERSION, "timestamp": str(arrays["timestamp"]), "model": model_path.name,
+    stats = {"schema_version": SCHEMA_VERSION, "timestamp": timestamp, "model": model_path.name,
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
-             "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": aliases,
-             "comparison": comparison, "failed_modes": failed}
+             "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": writer.aliases,
+             "comparison": comparison, "failed_modes": failed, **studies}
     progress.phase = "writing the files"
-    stats = write_pair(Path(cfg.output_file), arrays, stats, cfg.compress)
+    stats = writer.commit(stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
          + (f"; failed modes: {', '.join(failed)}" if failed else ""))
-    return RunOutcome(stats, arrays_by_mode, failed, ids.numpy())
+    return RunOutcome(stats, collector.by_mode, failed, ids.numpy())

@@ -227,6 +227,17 @@ class QuambaCheckpoint:
             self._embedding = w
         return self._embedding
 
+    def lm_head(self) -> tuple[torch.Tensor | QTensor, float | None, float | None]:
+        """(weight, input scale, alpha): the fp16 (vocab, d_model) lm_head (norm_f folded and rotated,
+        modelutils_mamba.py:64-70) with (None, None); or a W8A8B16O16Linear's unpadded int8 codes (vocab,
+        d_model), norm_f's output scale (QRMSNorm, qNorm.py:38-39) and the stored fp32 alpha = s_w * s_in
+        (qLinearLayer.py:771-784)."""
+        if self.kinds["lm_head"] != "W8A8B16O16Linear":
+            return self._get("lm_head.weight").to(torch.float32), None, None
+        codes = self._get("lm_head.weight").t()[:self.dims.vocab_size].contiguous()
+        return (QTensor(codes, self._scalar("lm_head.b")), self._scalar("backbone.norm_f.output_scale"),
+                self._scalar("lm_head.alpha"))
+
     def stored_dtype(self) -> str:
         return "int8"
 

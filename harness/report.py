@@ -5,7 +5,8 @@ import math
 
 from tabulate import tabulate
 
-__all__ = ["mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes"]
+__all__ = ["mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes", "end_to_end_table",
+           "sensitivity_tables"]
 
 _RULE = "=" * 98
 _TABLE_COLUMNS = ("mse", "mae", "rmse", "max_abs", "rel_l2", "sqnr_db", "cosine", "pearson", "p50", "p90", "p99")
@@ -119,3 +120,48 @@ def short_comparison(comparison: dict, tensors: list[str]) -> str:
                      disable_numparse=True)
     notes = "".join(f"\n{line}" for line in undefined_notes(comparison))
     return f"\ncomparison against {comparison['reference']}:\n{table}{identical_text(comparison)}{notes}"
+
+
+def _value(v) -> str:
+    if isinstance(v, dict) and "mean" in v:
+        lo, hi = v.get("ci95", [None, None])
+        return f"{fmt(v['mean'])} [{fmt(lo)}, {fmt(hi)}]"
+    return fmt(v)
+
+
+def end_to_end_table(e2e: dict, reference: str) -> str:
+    """stats["end_to_end"] as a table: KL(ref || mode), top-1 agreement, cross-entropy, perplexity."""
+    rows = [[m, _value(v.get("kl")), _value(v.get("top1_agreement")), _value(v.get("cross_entropy")),
+             _value(v.get("perplexity"))] for m, v in e2e.items()]
+    return (f"\nEnd to end against {reference} (mean [95 % CI] over samples where several ran):\n"
+            + tabulate(rows, headers=["mode", "KL(ref||mode)", "top-1 agreement", "cross-entropy (nats)",
+                                      "perplexity"], disable_numparse=True))
+
+
+def sensitivity_tables(comparison: dict | None, sensitivity: dict | None, reference: str) -> str:
+    """Per mode, the captured layers ranked by isolated SQNR (lowest first; accumulated SQNR where the file
+    has no isolated outputs) with the share of the end-to-end KL each explains alone (--sensitivity)."""
+    modes = dict((comparison or {}).get("modes", {}))
+    parts = []
+    for mode in list(dict.fromkeys(list(modes) + list(sensitivity or {}))):
+        rows = []
+        by_layer = (sensitivity or {}).get(mode, {})
+        layers = sorted({int(t.split(".")[0][1:]) for t in modes.get(mode, {}) if t.startswith("L") and
+                         t.endswith((".block.isolated", ".block.out"))} | ({0} if "output" in modes.get(mode, {}) else set())
+                        | {int(k) for k in by_layer})
+        for layer in layers:
+            rows_of = modes.get(mode, {})
+            iso = rows_of.get(f"L{layer}.block.isolated", {}).get("sqnr_db")
+            acc = rows_of.get("output" if layer == 0 else f"L{layer}.block.out", {}).get("sqnr_db")
+            kl = by_layer.get(str(layer), {})
+            rows.append([layer, iso, acc, kl.get("kl"), kl.get("kl_share")])
+        if not rows or len(rows) < 2 and not by_layer:
+            continue
+        key = 1 if any(r[1] is not None for r in rows) else 2
+        rows.sort(key=lambda r: (r[key] is None, r[key] if isinstance(r[key], (int, float)) else 0.0, r[0]))
+        parts.append(f"\nSensitivity of mode {mode} against {reference} (layers ranked by "
+                     f"{'isolated' if key == 1 else 'accumulated'} SQNR, worst first):\n"
+                     + tabulate([[fmt(c) if not isinstance(c, int) else c for c in r] for r in rows],
+                                headers=["layer", "isolated SQNR dB", "accumulated SQNR dB", "KL alone",
+                                         "share of mode's KL"], disable_numparse=True))
+    return "".join(parts)

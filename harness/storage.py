@@ -3,7 +3,9 @@
 Array keys (all float32 unless noted):
 
     mode_{mode}_input | _output | _residual   layer 0: block input, mixer output, residual after
-    mode_{mode}__L{i}.{point}                 any other capture point (capture.POINTS), e.g. mode_2-4__L0.ssm.u
+    mode_{mode}__L{i}.{point}                 any other capture point (capture.POINTS), e.g. mode_2-4__L0.ssm.u,
+                                              and L{i}.block.isolated (--isolated)
+    mode_{mode}__logits                       --end-to-end: [batch, seq, vocab] (a leading sample axis with --samples N > 1)
     token_ids                                 int64 [1, seq_len]
     timestamp, model, pretrained_dir (str), seq_len (int)   scalar metadata of the research tool
 
@@ -47,7 +49,7 @@ __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array
            "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays", "load_capture",
            "CaptureFile", "check_writable", "json_safe", "METADATA_KEYS", "write_pair", "check_output",
            "pending_path", "file_sha256", "MAX_MANIFEST_BYTES", "RESEARCH_STAT_KEYS",
-           "research_stats"]
+           "research_stats", "PairWriter"]
 
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (0, 1, 2)
@@ -56,7 +58,7 @@ MAX_MANIFEST_BYTES = 1 << 30
 RESEARCH_STAT_KEYS = ("shape", "first_10", "mean", "std", "min", "max")
 METADATA_KEYS = ("timestamp", "model", "pretrained_dir", "seq_len")
 _LAYER0_NAMES = {"L0.block.in": "input", "L0.block.out": "output", "L0.block.residual": "residual"}
-_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+)$")
+_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+|logits)$")
 
 
 def tensor_name(point: str) -> str:
@@ -138,6 +140,93 @@ def pending_path(npz_path: Path) -> Path:
     return spath.with_name(f".{spath.name}.pending")
 
 
+class PairWriter:
+    """The .npz of a pair written member by member as results arrive, then committed with its manifest.
+
+    ``add(key, array)`` appends one .npy member to a temporary .npz next to the target (nothing
+    is held in memory after it returns); ``commit(stats)`` closes and fsyncs it, hashes it and
+    commits the pair exactly as ``write_pair`` (pending manifest, then the two renames with
+    signals deferred). Leaving the ``with`` block without a commit (an exception, a signal)
+    removes the temporary file: the previous pair is untouched. With ``dedup``, an array ("__"
+    key) bit-identical to one added before is not stored again; ``aliases`` maps it to that key.
+    """
+
+    def __init__(self, path: Path, compress: bool = False, dedup: bool = False) -> None:
+        self.path = Path(path)
+        self.method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+        self.dedup, self.aliases, self.keys = dedup, {}, []
+        self._seen: dict[tuple, str] = {}
+        self._tmp: str | None = None
+        self._file = self._zip = None
+        self.stats: dict | None = None
+
+    def __enter__(self) -> "PairWriter":
+        check_writable(self.path)
+        check_writable(stats_path(self.path))
+        self._tmp = temp_file(self.path)
+        self._file = open(self._tmp, "wb")
+        self._zip = zipfile.ZipFile(self._file, "w", compression=self.method, allowZip64=True)
+        return self
+
+    def add(self, key: str, arr) -> None:
+        arr = np.asanyarray(arr)
+        if self.dedup:
+            sig = (arr.dtype.str, arr.shape, hashlib.sha256(np.ascontiguousarray(arr).tobytes()).digest())
+            if "__" in key and sig in self._seen:
+                self.aliases[key] = self._seen[sig]
+                return
+            self._seen.setdefault(sig, key)
+        check_writable(self.path, arr.nbytes)
+        info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+        info.compress_type = self.method
+        with self._zip.open(info, "w", force_zip64=True) as fh:
+            np.lib.format.write_array(fh, arr, allow_pickle=False)
+        self.keys.append(key)
+        if len(self.keys) == 1:
+            fault_point("write-npz")
+
+    def commit(self, stats: dict) -> dict:
+        """Close the .npz and commit the pair; returns the manifest written (with ``npz``)."""
+        self._zip.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        spath, pending = stats_path(self.path), pending_path(self.path)
+        stats = {**stats, "npz": {"file": self.path.name, "sha256": file_sha256(self._tmp),
+                                  "bytes": os.path.getsize(self._tmp)}}
+        tmp_stats = temp_file(spath)
+        npz_renamed = False
+        try:
+            body = _json_bytes(stats)
+            write_file(tmp_stats, lambda f: f.write(body), fault="write-stats")
+            os.replace(tmp_stats, pending)
+            with deferred_signals():
+                os.replace(self._tmp, self.path)
+                npz_renamed = True
+                fault_point("between-renames")
+                os.replace(pending, spath)
+                progress.committed = True
+            fsync_dir(self.path.parent)
+        finally:
+            remove_files(tmp_stats)
+            if not npz_renamed:
+                remove_files(pending)
+        self._tmp, self.stats = None, stats
+        return stats
+
+    def __exit__(self, *exc) -> None:
+        if self._tmp is not None:
+            try:
+                if self._zip is not None:
+                    self._zip.close()
+            except Exception:  # a half-written member: the file is removed anyway
+                pass
+            if self._file is not None and not self._file.closed:
+                self._file.close()
+            remove_files(self._tmp)
+            self._tmp = None
+
+
 def write_pair(path: Path, arrays: dict[str, np.ndarray], stats: dict, compress: bool = False) -> dict:
     """Write the .npz and its _stats.json as one unit (see the module docstring); returns the stats written.
 
@@ -145,33 +234,11 @@ def write_pair(path: Path, arrays: dict[str, np.ndarray], stats: dict, compress:
     before the commit the previous pair is untouched and no temporary file is left.
     """
     path = Path(path)
-    spath, pending = stats_path(path), pending_path(path)
-    nbytes = sum(np.asarray(a).nbytes for a in arrays.values())
-    check_writable(path, nbytes)
-    check_writable(spath)
-    tmp_npz = tmp_stats = None
-    npz_renamed = False
-    try:
-        tmp_npz = temp_file(path)
-        write_file(tmp_npz, _npz_writer(arrays, compress))
-        stats = {**stats, "npz": {"file": path.name, "sha256": file_sha256(tmp_npz),
-                                  "bytes": os.path.getsize(tmp_npz)}}
-        tmp_stats = temp_file(spath)
-        body = _json_bytes(stats)
-        write_file(tmp_stats, lambda f: f.write(body), fault="write-stats")
-        os.replace(tmp_stats, pending)
-        with deferred_signals():
-            os.replace(tmp_npz, path)
-            npz_renamed = True
-            fault_point("between-renames")
-            os.replace(pending, spath)
-            progress.committed = True
-        fsync_dir(path.parent)
-    finally:
-        remove_files(tmp_npz, tmp_stats)
-        if not npz_renamed:
-            remove_files(pending)
-    return stats
+    check_writable(path, sum(np.asarray(a).nbytes for a in arrays.values()))
+    with PairWriter(path, compress) as writer:
+        for key, arr in arrays.items():
+            writer.add(key, arr)
+        return writer.commit(stats)
 
 
 def read_json(path: Path) -> dict:

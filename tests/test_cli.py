@@ -68,7 +68,7 @@ def test_failing_mode_is_recorded_and_exit_code_is_1(tmp_path):
     (["--percentile_alpha", "1.5"], "must be in (0, 1]"),
     (["--calib_data_num", "100000"], "--calib_data_num 100000 is too many"),
     (["--taps", "ssm.v"], "unknown tap 'ssm.v'"),
-    (["--layers", "7"], "has 2 blocks (valid: 0..1)"),
+    (["--layers", "7"], "has 2 blocks (valid: 0..1,"),
     (["--output_file", "no/such/dir/out.npz"], "directory no/such/dir does not exist"),
 ])
 def test_bad_input_exits_2_with_a_clear_message_and_no_files(hf_dir, tmp_path, args, message):

@@ -1,0 +1,189 @@
+"""Every layer, isolated and end to end, against transformers' own fp32 forward (issue 9's targets).
+
+Side by side on a mamba-130m-shaped seeded checkpoint (seq 512), each measurement in its own
+process, wall and CPU time (the machine is shared: CPU time is the steadier number):
+
+  hf         transformers' fp32 MambaForCausalLM forward (logits), one sample
+  one_mode   the emulation's fp32 mode through all 24 blocks, the final norm and lm_head
+  calibrate  calibration of all 24 layers (cold cache), and one transformers forward over the same
+             calibration tokens (the "one calibration forward pass of the whole model")
+  all        the main job: all eight modes, --layers all --isolated --end-to-end, calibration cached;
+             peak RSS of the process (with --taps-all: --taps all as well)
+
+Writes benchmarks/results_layers.json. --quick: a small shape and short sequences (smoke run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODES = ["fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
+
+
+def _peak_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _timed(fn):
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, {"wall_s": round(time.perf_counter() - wall, 3), "cpu_s": round(time.process_time() - cpu, 3)}
+
+
+def _ids(a: dict):
+    from harness.data import DEFAULT_TEXT_FILE, read_sample
+    from harness.loading import load_tokenizer
+
+    return read_sample(load_tokenizer(Path(a["model"])), DEFAULT_TEXT_FILE, a["seq_len"]).ids
+
+
+def _child_hf(a: dict) -> dict:
+    import torch
+    from transformers import MambaForCausalLM
+
+    model = MambaForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
+    ids = _ids(a)
+    with torch.no_grad():
+        model(input_ids=ids[:, :16])  # warm-up
+        _, t = _timed(lambda: model(input_ids=ids).logits)
+    return t
+
+
+def _child_one_mode(a: dict) -> dict:
+    import torch
+
+    from harness.analysis import build_head
+    from harness.build import build_backbone
+    from harness.modes import resolve_modes
+    from harness.quamba_pair import open_models
+
+    models = open_models(Path(a["model"]), None)
+    (recipe,) = resolve_modes(["fp32"], None)
+    ids = _ids(a)
+    n = models.bank.dims.n_layer
+
+    def forward():
+        model = build_backbone(recipe, models.bank, None, n - 1)
+        with torch.no_grad():
+            return build_head(recipe, models.bank)(model(ids))
+    _, prep = _timed(forward)  # first call also prepares (reads, rotates) the weights
+    _, t = _timed(forward)
+    return {**t, "first_call_with_weight_preparation": prep}
+
+
+def _child_calibrate(a: dict) -> dict:
+    import torch
+    from transformers import MambaForCausalLM
+
+    from harness.calibration import CalibrationSettings, calibrate
+    from harness.data import DEFAULT_CALIB_FILE, calibration_windows
+    from harness.loading import load_tokenizer
+    from harness.quamba_pair import open_models
+
+    models = open_models(Path(a["model"]), None)
+    settings = CalibrationSettings(a["calib_samples"], a["calib_seqlen"])
+    text = calibration_windows(load_tokenizer(Path(a["model"])), DEFAULT_CALIB_FILE, settings.num_samples,
+                               settings.seqlen, settings.seed)
+    n = models.bank.dims.n_layer
+    prefix = models.primary.prefix_hashes(n - 1)
+    _, t = _timed(lambda: calibrate(models.bank, text.ids, settings, n - 1, prefix, Path(a["cache"])))
+    hf = MambaForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        _, f = _timed(lambda: [hf(input_ids=text.ids[k:k + settings.batch_size]).logits
+                               for k in range(0, text.ids.shape[0], settings.batch_size)])
+    return {"calibration": t, "one_forward": f}
+
+
+def _child_all(a: dict) -> dict:
+    from harness.calibration import CalibrationSettings
+    from harness.pipeline import RunConfig, run
+
+    cfg = RunConfig(model=Path(a["model"]), modes=a["modes"], output_file=Path(a["out"]) / "all.npz",
+                    seq_len=a["seq_len"], calib=CalibrationSettings(a["calib_samples"], a["calib_seqlen"]),
+                    cache_dir=Path(a["cache"]), layers=["all"], taps=["all"] if a["taps_all"] else [],
+                    isolated=True, end_to_end=True, keep_arrays=False, stats_only=a["taps_all"])
+    outcome, t = _timed(lambda: run(cfg, emit=lambda _s: None))
+    assert not outcome.failed, outcome.failed
+    return {**t, "calibration": outcome.stats["provenance"]["calibration"]["source"],
+            "npz_mb": round(os.path.getsize(cfg.output_file) / 2**20, 1)}
+
+
+CHILDREN = {"hf": _child_hf, "one_mode": _child_one_mode, "calibrate": _child_calibrate, "all": _child_all}
+
+
+def _spawn(kind: str, args: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], capture_output=True,
+                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small shape, short sequences (smoke run)")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--calib-samples", type=int, default=8)
+    p.add_argument("--calib-seqlen", type=int, default=512)
+    p.add_argument("--only", nargs="+", choices=list(CHILDREN), default=list(CHILDREN), help="measure only these")
+    p.add_argument("--taps-all", action="store_true", help="the main job with --taps all (peak-memory target)")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        out = CHILDREN[args.child[0]](json.loads(args.child[1]))
+        print(json.dumps({**out, "peak_mb": round(_peak_mb(), 1)}))
+        return 0
+    shape = "mamba-130m"
+    if args.quick:
+        args.seq_len, args.calib_samples, args.calib_seqlen, shape = 64, 2, 64, "mamba-130m"
+    from checkpoints import write_random_checkpoint
+
+    res: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                             "loadavg_before": os.getloadavg()},
+                 "shape": shape, "seq_len": args.seq_len, "calib": [args.calib_samples, args.calib_seqlen],
+                 "modes": MODES, "quick": args.quick}
+    with tempfile.TemporaryDirectory(prefix="bench-layers-") as tmp:
+        work = Path(tmp)
+        model = write_random_checkpoint(work / shape, shape)
+        common = {"model": str(model), "seq_len": args.seq_len, "calib_samples": args.calib_samples,
+                  "calib_seqlen": args.calib_seqlen, "cache": str(work / "cache"), "out": str(work),
+                  "modes": MODES, "taps_all": args.taps_all}
+        for kind in [k for k in CHILDREN if k in args.only]:
+            res[kind] = _spawn(kind, common)
+            print(kind, json.dumps(res[kind]), flush=True)
+    hf = res.get("hf")
+    if hf and "one_mode" in res:
+        res["one_mode_over_hf"] = {k: round(res["one_mode"][k] / hf[k], 3) for k in ("wall_s", "cpu_s")}
+    if hf and "all" in res:
+        res["all_over_8_hf"] = {k: round(res["all"][k] / (8 * hf[k]), 3) for k in ("wall_s", "cpu_s")}
+    if "calibrate" in res:
+        c = res["calibrate"]
+        res["calibration_over_one_forward"] = {k: round(c["calibration"][k] / c["one_forward"][k], 3)
+                                               for k in ("wall_s", "cpu_s")}
+    res["machine"]["loadavg_after"] = os.getloadavg()
+    out = Path(__file__).resolve().parent / ("results_layers_quick.json" if args.quick else "results_layers.json")
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in res.items() if k.endswith(("_hf", "_forward"))}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Analyses that run the model more than once: every sample, isolated layers, end to end, sensitivity.
+
+For one mode, ``run_mode`` builds the emulated backbone once and, for each sample (one
+forward of batch 1 each, so a sample's arrays do not depend on the others):
+
+* captures the chosen points (``harness.capture``);
+* with ``isolated``: runs each captured block again on the *reference's* input to that
+  block (``L{i}.block.in`` of the reference, in the original basis; rotated into the mode's
+  basis when the mode rotates) and stores the mixer output as ``L{i}.block.isolated``;
+* with ``end_to_end``: continues through every block, the final norm and lm_head
+  (``Head``), giving float32 logits (batch, seq, vocab).
+
+``sensitivity`` runs the reference model with a single block replaced by the mode's.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from .build import act_dtype, build_backbone
+from .capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, point_name
+from .metrics import tensor_stats
+from .modes import ModeRecipe
+from .modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
+from .ops.hadamard import hadamard_transform
+from .ops.linear import float_linear, int8_gemm
+from .ops.quant import round_to_dtype, to_output
+from .spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
+from .storage import tensor_name
+from .weights import WeightBank, lm_head_weight
+
+__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "basis_of", "sensitivity_kl", "stack"]
+
+_BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
+
+
+def basis_of(recipe: ModeRecipe, site: str, basis: str) -> str | None:
+    """The basis a stored tensor is in (None for points the rotation does not touch)."""
+    if site not in _BASIS_POINTS:
+        return None
+    if recipe.rotate == "no":
+        return "original"
+    return basis if site in RESIDUAL_BASIS + (ISOLATED,) else "rotated"
+
+
+class Head(nn.Module):
+    """Final RMSNorm and lm_head: residual (batch, seq, d_model) fp32 -> logits (batch, seq, vocab) fp32.
+
+    Float recipes (the Quamba1 recipe keeps both in floating point): the norm in fp32 arithmetic
+    with its weight, lm_head in the recipe's weight dtype (fp16 for int8 weights), output rounded
+    to act_dtype. Rotated recipes fold norm_f's weight into lm_head and rotate it (as the blocks,
+    modelutils_mamba.py:64-70). A Quamba checkpoint's W8A8B16O16Linear lm_head: norm_f output
+    quantized at its output scale (RNE), int8 GEMM, times the stored fp32 alpha, fp16 output.
+    """
+
+    def __init__(self, norm: EmuRMSNorm, weight: torch.Tensor | QTensor, out: FloatOut, alpha: float | None = None):
+        super().__init__()
+        self.norm, self.weight, self.out, self.alpha = norm, weight, out, alpha
+
+    @torch.no_grad()
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        x = self.norm(residual)
+        if isinstance(self.weight, QTensor):
+            acc = int8_gemm(x.codes, self.weight.codes).to(torch.float32)
+            return to_output(torch.tensor(self.alpha, dtype=torch.float32) * acc, self.out)
+        return float_linear(x, self.weight, self.out)
+
+
+# bank -> (dtype, rotate, prep) -> (norm weight or None, lm_head weight): prepared once per run, shared between modes
+_HEADS: "weakref.WeakKeyDictionary[WeightBank, dict]" = weakref.WeakKeyDictionary()
+
+
+def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -> tuple[torch.Tensor | None, torch.Tensor]:
+    cache = _HEADS.setdefault(bank, {})
+    if (dtype, rotate, prep) not in cache and prep == "quamba" and rotate:  # Quamba's own fp16 head
+        cache[(dtype, rotate, prep)] = (None, lm_head_weight(bank.ckpt))
+    if (dtype, rotate, prep) not in cache:
+        ckpt = bank.ckpt
+        w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
+        w = round_to_dtype(w.to(torch.float32), dtype)
+        norm_w = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), dtype)
+        if rotate:
+            folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
+            norm_w, w = None, round_to_dtype(hadamard_transform(folded), dtype)
+        cache[(dtype, rotate, prep)] = (norm_w, w)
+    return cache[(dtype, rotate, prep)]
+
+
+def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
+    dims, rotate = bank.dims, recipe.rotate == "yes"
+    act = FloatOut(act_dtype(recipe))
+    if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
+        weight, s_in, alpha = bank.given.lm_head()
+        if isinstance(weight, QTensor):
+            # QRMSNorm: rint (half even) at the output scale (qNorm.py:38-39, notes §2.6 step 1)
+            return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(s_in, Rounding.HALF_EVEN)), weight,
+                        FloatOut(torch.float16), alpha)
+        return Head(EmuRMSNorm(None, dims.norm_eps, act), weight, act)
+    norm_w, w = _float_head(bank, FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], rotate,
+                            recipe.prep)
+    return Head(EmuRMSNorm(norm_w, dims.norm_eps, act), w, act)
+
+
+def stack(per_sample: list[np.ndarray]) -> np.ndarray:
+    """One sample: the array itself (research layout); several: a leading sample axis."""
+    return per_sample[0] if len(per_sample) == 1 else np.stack(per_sample)
+
+
+@dataclass
+class ModeRun:
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)        # tensor -> array (sample axis when N > 1)
+    tensors: dict[str, dict] = field(default_factory=dict)             # tensor -> stats entry
+    per_sample: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    logits: list[np.ndarray] = field(default_factory=list)             # per sample (1, seq, vocab) fp32
+    block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per sample, own basis
+
+
+def _to_mode_basis(x: torch.Tensor, rotate: bool) -> torch.Tensor:
+    return hadamard_transform(x).to(torch.float32) if rotate else x
+
+
+def _to_original(x: torch.Tensor, rotate: bool) -> torch.Tensor:
+    return hadamard_transform(x, transpose=True).to(torch.float32) if rotate else x
+
+
+def convert(x: torch.Tensor, from_rotated: bool, to_rotated: bool) -> torch.Tensor:
+    """A residual-stream tensor from one basis to the other (unchanged, bit for bit, when they agree)."""
+    return x if from_rotated == to_rotated else _to_mode_basis(_to_original(x, from_rotated), to_rotated)
+
+
+@dataclass
+class RefInputs:
+    """The reference's block inputs in its own basis (rotated or not): per sample, layer -> (1, seq, d_model)."""
+
+    rotated: bool
+    by_sample: list[dict[int, torch.Tensor]]
+
+
+def isolated_out(block: EmuMambaBlock, ref_in: torch.Tensor, ref_rotated: bool, rotate: bool) -> torch.Tensor:
+    """The block's mixer output (in the mode's basis) on the reference's input (in the reference's basis)."""
+    with torch.no_grad():
+        out, _ = block(convert(ref_in, ref_rotated, rotate))
+    return out
+
+
+def to_device(module: nn.Module, device: str) -> nn.Module:
+    """Move every tensor an emulated module holds (plain attributes, QTensor codes) to `device`, in place.
+
+    The weight bank stays on the CPU; the embedding is looked up there and its rows moved.
+    """
+    if device == "cpu":
+        return module
+    for m in module.modules():
+        for name, value in list(vars(m).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(m, name, value.to(device))
+            elif isinstance(value, QTensor):
+                setattr(m, name, QTensor(value.codes.to(device), value.scale, value.n_clipped))
+        if isinstance(m, EmuBackbone):
+            m.embed = lambda ids, embed=m.embed: embed(ids.cpu()).to(device)
+    return module
+
+
+def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.Tensor], points: list[str],
+             depth: int, basis: str, ref_inputs: RefInputs | None = None, end_to_end: bool = False,
+             keep_inputs: tuple[int, ...] = (), device: str = "cpu") -> ModeRun:
+    """Run one mode on every sample (ids (1, seq) each); the points L{i}.block.isolated in `points` are
+    replayed on ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference
+    itself); end_to_end: run all blocks and the head. The result's ``block_inputs`` are the mode's own
+    inputs of the isolated layers and `keep_inputs` (its basis): the RefInputs of the other modes.
+    device "cuda": the modules' tensors move there and every op runs under torch.device("cuda");
+    arrays come back to the CPU (untested: README "Device").
+    """
+    model = to_device(build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth), device)
+    head = to_device(build_head(recipe, bank), device) if end_to_end else None
+    with torch.device(device):
+        return _run_samples(recipe, model, head, samples, points, basis, ref_inputs, keep_inputs, device)
+
+
+def _run_samples(recipe, model, head, samples, points, basis, ref_inputs, keep_inputs, device) -> ModeRun:
+    rotate = recipe.rotate == "yes"
+    iso_layers = [parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED]
+    hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
+    own = [point_name(i, "block.in") for i in sorted(set(iso_layers) | set(keep_inputs))] if ref_inputs is None else []
+    run = ModeRun()
+    codes: dict[str, list] = {}
+    meta: dict[str, tuple] = {}
+    for k, ids in enumerate(samples):
+        with capture(model, sorted(set(hooked + own))) as captured:
+            residual = model(ids.to(device))
+        for point in hooked:
+            if point not in captured:
+                continue  # a site the recipe does not have (had.out without rotation)
+            cap = captured[point]
+            site = parse_point(point)[1]
+            values = cap.values
+            if rotate and basis == "original" and site in RESIDUAL_BASIS:
+                values = hadamard_transform(values, transpose=True).to(torch.float32)
+            name = tensor_name(point)
+            run.per_sample.setdefault(name, []).append(values.numpy())
+            codes.setdefault(name, []).append(None if cap.codes is None else cap.codes.numpy())
+            meta[name] = (point, site, cap.scale, cap.n_clipped, cap.dtype)
+        for layer in iso_layers:
+            name = point_name(layer, ISOLATED)
+            if ref_inputs is None:  # the mode's own input, in its own basis
+                ref_in, ref_rotated = captured[point_name(layer, "block.in")].values, rotate
+            else:
+                ref_in, ref_rotated = ref_inputs.by_sample[k][layer], ref_inputs.rotated
+            out = isolated_out(model.blocks[layer], ref_in.to(device), ref_rotated, rotate).cpu()
+            out = _to_original(out, rotate) if basis == "original" else out
+            run.per_sample.setdefault(name, []).append(out.numpy())
+            codes.setdefault(name, []).append(None)
+            meta[name] = (name, ISOLATED, None, None, "float32")
+        if ref_inputs is None and own:
+            run.block_inputs.append({parse_point(p)[0]: captured[p].values for p in own})
+        if head is not None:
+            run.logits.append(head(residual).to(torch.float32).cpu().numpy())
+    for name, values in run.per_sample.items():
+        point, site, scale, n_clipped, dtype = meta[name]
+        run.arrays[name] = stack(values)
+        c = codes[name]
+        clipped = None if n_clipped is None or len(values) > 1 else n_clipped
+        run.tensors[name] = {"point": point, "basis": basis_of(recipe, site, basis),
+                             **tensor_stats(run.arrays[name], None if c[0] is None else stack(c), scale, clipped, dtype)}
+    return run
+
+
+@torch.no_grad()
+def sensitivity_kl(recipe: ModeRecipe, bank: WeightBank, scales, ref_recipe: ModeRecipe, ref_scales,
+                   samples: list[torch.Tensor], ref_inputs: RefInputs, ref_logits: list[np.ndarray],
+                   layers: list[int], kl, device: str = "cpu") -> dict[int, list[float]]:
+    """layer -> per-sample KL(reference || model with only that block in `recipe`).
+
+    The reference's residual entering block i (its captured block input) plus the mode's block i
+    output on it (converted to the reference's basis), then the reference's blocks i+1.. and head.
+    """
+    rotate, ref_rotate = recipe.rotate == "yes", ref_inputs.rotated
+    mode_model = to_device(build_backbone(recipe, bank, scales, max(layers)), device)
+    ref_model = to_device(build_backbone(ref_recipe, bank, ref_scales, bank.dims.n_layer - 1), device)
+    ref_head = to_device(build_head(ref_recipe, bank), device)
+    out: dict[int, list[float]] = {}
+    with torch.device(device):
+        for layer in layers:
+            out[layer] = []
+            for k in range(len(samples)):
+                ref_in = ref_inputs.by_sample[k][layer].to(device)
+                mixed = isolated_out(mode_model.blocks[layer], ref_in, ref_inputs.rotated, rotate)
+                residual = ref_in + convert(mixed, rotate, ref_rotate)  # in the reference's own basis
+                for block in ref_model.blocks[layer + 1:]:
+                    _, residual = block(residual)
+                out[layer].append(kl(ref_logits[k], ref_head(residual).to(torch.float32).cpu().numpy()))
+    return out

@@ -1,0 +1,63 @@
+"""End-to-end metrics of next-token distributions: KL, top-1 agreement, cross-entropy, perplexity.
+
+logits: (batch, seq, vocab) float; ids: (batch, seq) int64, the tokens the logits were computed on.
+All sums in float64 over log_softmax of the logits, 64 positions at a time (README "Metric formulas"):
+
+    KL(ref || mode)    mean over positions t of  sum_v p_ref(v|t) * (log p_ref(v|t) - log p_mode(v|t))
+    top-1 agreement    fraction of positions t where argmax_v ref = argmax_v mode
+    cross-entropy      mean over t = 0..seq-2 of  -log p(ids[t+1] | t)   (nats; the last position has no next token)
+    perplexity         exp(cross-entropy)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["log_probs", "kl_divergence", "top1_agreement", "cross_entropy", "end_to_end_metrics"]
+
+
+_CHUNK = 64  # positions per float64 log_softmax: [64, vocab] buffers instead of [seq, vocab]
+
+
+def log_probs(logits) -> torch.Tensor:
+    return torch.log_softmax(torch.as_tensor(logits).to(torch.float64), dim=-1)
+
+
+def _positions(x) -> torch.Tensor:
+    """(..., vocab) -> (positions, vocab), a view where possible."""
+    x = torch.as_tensor(x)
+    return x.reshape(-1, x.shape[-1])
+
+
+def kl_divergence(ref_logits, logits) -> float:
+    ref, mode = _positions(ref_logits), _positions(logits)
+    total = 0.0
+    for start in range(0, ref.shape[0], _CHUNK):
+        lp_ref, lp = log_probs(ref[start:start + _CHUNK]), log_probs(mode[start:start + _CHUNK])
+        total += float((lp_ref.exp() * (lp_ref - lp)).sum())
+    return total / ref.shape[0]
+
+
+def top1_agreement(ref_logits, logits) -> float:
+    a, b = torch.as_tensor(ref_logits).argmax(-1), torch.as_tensor(logits).argmax(-1)
+    return float((a == b).to(torch.float64).mean())
+
+
+def cross_entropy(logits, ids) -> float:
+    x = torch.as_tensor(logits)[:, :-1]
+    target = torch.as_tensor(ids)[:, 1:].reshape(-1)
+    if target.numel() == 0:
+        return math.nan
+    rows = x.reshape(-1, x.shape[-1])
+    total = 0.0
+    for start in range(0, rows.shape[0], _CHUNK):
+        lp = log_probs(rows[start:start + _CHUNK])
+        total -= float(lp.gather(-1, target[start:start + _CHUNK, None]).sum())
+    return total / target.numel()
+
+
+def end_to_end_metrics(ref_logits, logits, ids) -> dict[str, float]:
+    ce = cross_entropy(logits, ids)
+    return {"kl": kl_divergence(ref_logits, logits), "top1_agreement": top1_agreement(ref_logits, logits),
+            "cross_entropy": ce, "perplexity": math.exp(ce) if math.isfinite(ce) else math.nan}
