@@ -193,9 +193,9 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
         depth = n_layer - 1
     float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
     if float_less:
-        raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights or no rotation), but "
-                       f"{cfg.model} is a quantized Quamba checkpoint: pass --mamba_model_path DIR (the float "
-                       f"model it was made from), or run only int8 modes (e.g. --modes quant_only)")
+        raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights, no rotation or "
+                       f"prep=exact), but {cfg.model} is a quantized Quamba checkpoint: pass --mamba_model_path DIR "
+                       f"(the float model it was made from), or run only int8 modes (e.g. --modes quant_only)")
     tok = models.tokenizer(cfg.tokenizer)
     inputs = _input_files(cfg, models, tok)
     for path in (out, stats_path(out), pending_path(out)):

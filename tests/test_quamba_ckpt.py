@@ -204,7 +204,7 @@ def test_export_with_quantized_embedding_and_lm_head(hf_dir, tmp_path):
     assert cfg["embedding_cfg"] == {"layer": "W8O16Embedding"} and cfg["lm_head_cfg"] == {"layer": "W8A8B16O16Linear"}
     q = open_quamba(out)
     rows = q.embedding().to(torch.float32)
-    table = WeightBank(open_checkpoint(hf_dir)).embed(torch.arange(4096)[None], True, torch.float16, "int8")[0]
+    table = WeightBank(open_checkpoint(hf_dir)).embed(torch.arange(4096)[None], True, torch.float16, "quamba", "int8")[0]
     step = ours["backbone.embedding.scales"].to(torch.float32)[:, None]
     inside = ours["backbone.embedding.weight"] > -128  # the signed-max row scale saturates some negatives
     assert bool(((rows - table).abs() <= step)[inside].all())  # within one step of the fp16 rows elsewhere
@@ -217,6 +217,17 @@ def test_fp32_without_the_float_model_is_a_clear_error(handmade, tmp_path):
     r = _capture(["--model", handmade, "--modes", "fp32", "0", *FAST], tmp_path)
     assert r.returncode == 2 and "need the float model" in r.stderr and "--mamba_model_path" in r.stderr
     assert "Traceback" not in r.stderr and not list(tmp_path.glob("*.npz"))
+
+
+def test_prep_exact_on_a_checkpoint_needs_the_float_model(handmade, tmp_path):
+    """A checkpoint holds prep=quamba's codes: a prep=exact int8 mode must not silently run them."""
+    modes = tmp_path / "modes.json"
+    modes.write_text('{"modes": {"0x": {"base": "0", "prep": "exact"}}}')
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _capture(["--model", handmade, "--modes_file", modes, "--modes", "0x", *FAST], out)
+    assert r.returncode == 2 and "0x need the float model" in r.stderr and "prep=exact" in r.stderr
+    assert "Traceback" not in r.stderr and not list(out.glob("*.npz"))
 
 
 def test_research_command_line_and_shell_variables(exported, hf_dir, tmp_path):
