@@ -18,8 +18,6 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,17 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MODES = ["fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
+from common import MODES, peak_mb, spawn  # noqa: E402
 
 
-def _peak_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _timed(fn):
@@ -129,13 +119,6 @@ def _child_all(a: dict) -> dict:
 CHILDREN = {"hf": _child_hf, "one_mode": _child_one_mode, "calibrate": _child_calibrate, "all": _child_all}
 
 
-def _spawn(kind: str, args: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], capture_output=True,
-                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"{kind} child failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -149,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.child:
         out = CHILDREN[args.child[0]](json.loads(args.child[1]))
-        print(json.dumps({**out, "peak_mb": round(_peak_mb(), 1)}))
+        print(json.dumps({**out, "peak_mb": round(peak_mb(), 1)}))
         return 0
     shape = "mamba-130m"
     if args.quick:
@@ -167,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                   "calib_seqlen": args.calib_seqlen, "cache": str(work / "cache"), "out": str(work),
                   "modes": MODES, "taps_all": args.taps_all}
         for kind in [k for k in CHILDREN if k in args.only]:
-            res[kind] = _spawn(kind, common)
+            res[kind] = spawn(__file__, kind, common)
             print(kind, json.dumps(res[kind]), flush=True)
     hf = res.get("hf")
     if hf and "one_mode" in res:

@@ -25,10 +25,8 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,18 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MODES = ["fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
+from common import MODES, peak_mb, spawn  # noqa: E402
 
 
-def _peak_mb() -> float:
-    """High-water RSS of this process in MB (VmHWM: per address space, so nothing inherited from the parent)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 # ---------------------------------------------------------------- child procedures (one per process)
@@ -154,13 +143,6 @@ def _child_scan(a: dict) -> dict:
 CHILDREN = {"harness": _child_harness, "naive": _child_naive, "floor": _child_floor, "scan": _child_scan}
 
 
-def _spawn(kind: str, args: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], capture_output=True,
-                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"{kind} child failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 # ---------------------------------------------------------------- the parent
 
@@ -172,12 +154,12 @@ def _side_by_side(model: Path, work: Path, args) -> dict:
     # slower for a while, and (a) and (c) should be measured under the same conditions,
     # so they alternate after it.
     for i in range(args.naive_runs):
-        runs["naive"].append(_spawn("naive", common))
+        runs["naive"].append(spawn(__file__, "naive", common))
         print(f"  naive run {i + 1}/{args.naive_runs}: {runs['naive'][-1]['seconds']:.2f} s", flush=True)
     for i in range(args.runs):
         cache = work / f"cache-{i}"  # a cold calibration cache for every harness run
-        runs["harness"].append(_spawn("harness", {**common, "out": str(work), "cache": str(cache)}))
-        runs["floor"].append(_spawn("floor", common))
+        runs["harness"].append(spawn(__file__, "harness", {**common, "out": str(work), "cache": str(cache)}))
+        runs["floor"].append(spawn(__file__, "floor", common))
         print(f"  run {i + 1}/{args.runs}: harness {runs['harness'][-1]['seconds']:.2f} s, "
               f"floor {runs['floor'][-1]['seconds']:.2f} s", flush=True)
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
@@ -188,8 +170,8 @@ def _side_by_side(model: Path, work: Path, args) -> dict:
 def _default_calibration(model: Path, work: Path, args) -> dict:
     common = {"model": str(model), "modes": MODES, "seq_len": 512, "calib_samples": 512, "calib_seqlen": 512,
               "out": str(work), "cache": str(work / "cache-default")}
-    cold = _spawn("harness", common)
-    warm = _spawn("harness", common)
+    cold = spawn(__file__, "harness", common)
+    warm = spawn(__file__, "harness", common)
     return {"cold_s": cold["seconds"], "warm_s": warm["seconds"], "warm_source": warm["calibration"],
             "cold_peak_mb": cold["peak_mb"]}
 
@@ -206,7 +188,7 @@ def _big_checkpoint(work: Path, args) -> dict:
     size_mb = (path / "model.safetensors").stat().st_size / 2**20
     print(f"  wrote {size_mb:.0f} MiB in {time.perf_counter() - t:.0f} s", flush=True)
     try:
-        r = _spawn("harness", {"model": str(path), "modes": ["fp32", "0"], "seq_len": 512, "calib_samples": 8,
+        r = spawn(__file__, "harness", {"model": str(path), "modes": ["fp32", "0"], "seq_len": 512, "calib_samples": 8,
                                "calib_seqlen": 512, "out": str(work), "cache": str(work / "cache-big")})
     finally:
         shutil.rmtree(path)
@@ -238,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.child:
         out = CHILDREN[args.child[0]](json.loads(args.child[1]))
-        print(json.dumps({**out, "peak_mb": _peak_mb()}))
+        print(json.dumps({**out, "peak_mb": peak_mb()}))
         return 0
     if args.quick:
         args.runs, args.naive_runs, args.calib_samples, args.calib_seqlen, args.seq_len = 1, 1, 2, 128, 128
@@ -266,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         res["ratio_to_floor"] = med["harness"] / med["floor"]
         res["peak_mb_harness"] = res["side_by_side"]["peak_mb"]["harness"]
         print("scan at seqlen", args.seq_len, flush=True)
-        scan = _spawn("scan", {"seq_len": args.seq_len, "d_inner": 1536})
+        scan = spawn(__file__, "scan", {"seq_len": args.seq_len, "d_inner": 1536})
         res["scan"] = {**scan, "speedup_vs_transformers": scan["transformers_ms"] / scan["harness_reference_ms"]}
         if not args.skip_default_calib:
             print("default calibration 512 x 512, all modes, cold then cached", flush=True)
@@ -274,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             tiny = {"model": str(ROOT / "models" / "mamba-tiny"), "modes": ["fp32", "0", "2-1", "2-2", "2-4"],
                     "seq_len": 512, "calib_samples": 512, "calib_seqlen": 512, "out": str(work),
                     "cache": str(work / "cache-tiny")}
-            res["tiny_essential_cold_s"] = _spawn("harness", tiny)["seconds"]
+            res["tiny_essential_cold_s"] = spawn(__file__, "harness", tiny)["seconds"]
         shutil.rmtree(model)
         if not args.skip_big:
             print("mamba-1.4b-shaped fp16 checkpoint, layer-0 capture", flush=True)

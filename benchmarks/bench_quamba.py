@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MODES = ["fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
+from common import MODES, spawn  # noqa: E402
+
 
 
 def _child_quamba(a: dict) -> dict:
@@ -69,13 +69,6 @@ def _child_floor(a: dict) -> dict:
 CHILDREN = {"quamba": _child_quamba, "floor": _child_floor}
 
 
-def _spawn(kind: str, args: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], capture_output=True,
-                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"{kind} child failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -105,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         common = {"quamba": str(quamba), "float": str(model), "seq_len": args.seq_len, "out": str(work)}
         runs: dict[str, list[dict]] = {"quamba": [], "floor": []}
         for i in range(args.runs):
-            runs["quamba"].append(_spawn("quamba", common))
-            runs["floor"].append(_spawn("floor", common))
+            runs["quamba"].append(spawn(__file__, "quamba", common))
+            runs["floor"].append(spawn(__file__, "floor", common))
             print(f"  run {i + 1}/{args.runs}: harness {runs['quamba'][-1]['seconds']:.2f} s, "
                   f"floor {runs['floor'][-1]['seconds']:.2f} s", flush=True)
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}

@@ -8,7 +8,6 @@ Every option is accepted with underscores and with dashes (--seq_len, --seq-len)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

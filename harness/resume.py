@@ -44,8 +44,8 @@ def previous_modes(cfg, provenance: dict, calib_text) -> dict[str, Kept]:
         raise ResumeError(f"--resume: {out} has no stats file ({stats_path(out).name}), so what it holds cannot be "
                        f"checked; use another --output_file or drop --resume (which replaces the file)")
     if old.get("stats_only") or cfg.stats_only:
-        raise ResumeError(f"--resume does not work with --stats-only files (they hold no arrays to keep); "
-                       f"use another --output_file or drop --resume")
+        raise ResumeError("--resume does not work with --stats-only files (they hold no arrays to keep); "
+                          "use another --output_file or drop --resume")
     old_prov = old.get("provenance") if isinstance(old.get("provenance"), dict) else {}
     for what, new, was in (("model", provenance["model"]["hash"], (old_prov.get("model") or {}).get("hash")),
                            ("token ids", provenance["sample"]["token_ids_sha256"], (old_prov.get("sample") or {}).get("token_ids_sha256")),

@@ -114,7 +114,6 @@ def test_conv_output_rounds_half_away(bank):
 
 def test_online_hadamard_rounds_half_away(bank):
     """q = sat8(RNA(t * f32(1/sqrt(n) / s_H))) with t the unnormalized transform in fp32."""
-    block = _block(bank, "0")
     n = bank.ckpt.dims.d_inner
     y = torch.randn(1, 2, n, generator=torch.Generator().manual_seed(2)).half().float()
     t = hadamard_transform(y, normalized=False).to(torch.float32).reshape(-1)
