@@ -94,13 +94,10 @@ def _add_mode_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "reference", default=None, help="mode the printed comparison is against (default: fp32)")
 
 
-def _add_data_options(p: argparse.ArgumentParser) -> None:
-    from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE
+def _add_calibration_options(g) -> None:
+    """The calibration options of capture and export (one definition: same names, ranges and defaults)."""
+    from .data import DEFAULT_CALIB_FILE
 
-    g = p.add_argument_group("data and calibration")
-    _opt(g, "seq_len", type=_positive_int, default=512, help="tokens in the test sample (default: 512)")
-    _opt(g, "text_file", type=Path, default=DEFAULT_TEXT_FILE,
-         help="test text: JSON lines ({'text': ...}) or plain text (default: the shipped held-out text)")
     _opt(g, "calib_data_num", type=_positive_int, default=512, help="calibration samples (default: 512)")
     _opt(g, "calib_seqlen", type=_positive_int, default=512, help="tokens per calibration sample (default: 512)")
     _opt(g, "calib_file", type=Path, default=DEFAULT_CALIB_FILE, help="calibration text (default: the shipped one)")
@@ -110,6 +107,16 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "cache_dir", type=Path, default=None,
          help="calibration cache (default: $QUAMBA_HARNESS_CACHE or ~/.cache/quamba-harness)")
     _opt(g, "no_cache", action="store_true", help="neither read nor write the calibration cache")
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    from .data import DEFAULT_TEXT_FILE
+
+    g = p.add_argument_group("data and calibration")
+    _opt(g, "seq_len", type=_positive_int, default=512, help="tokens in the test sample (default: 512)")
+    _opt(g, "text_file", type=Path, default=DEFAULT_TEXT_FILE,
+         help="test text: JSON lines ({'text': ...}) or plain text (default: the shipped held-out text)")
+    _add_calibration_options(g)
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
@@ -302,7 +309,6 @@ def _compare(argv: list[str] | None, prog: str | None) -> int:
 
 
 def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    from .data import DEFAULT_CALIB_FILE
 
     p = argparse.ArgumentParser(prog=prog, description="Calibrate every layer of a float Mamba model and write a "
                                 "Quamba1 W8A8 checkpoint (config.json, pytorch_model.bin, tokenizer) as Quamba's "
@@ -316,15 +322,7 @@ def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
          help="store lm_head as W8A8B16O16Linear and norm_f with its output scale (Quamba's --quantize_lm_head; "
               "one more calibration pass through every layer); default: fp16, as Quamba1")
     g = p.add_argument_group("calibration (as for capture; the calibration cache is shared)")
-    _opt(g, "calib_data_num", type=_positive_int, default=512, help="calibration samples (default: 512)")
-    _opt(g, "calib_seqlen", type=_positive_int, default=512, help="tokens per calibration sample (default: 512)")
-    _opt(g, "calib_file", type=Path, default=DEFAULT_CALIB_FILE, help="calibration text (default: the shipped one)")
-    _opt(g, "percentile_alpha", type=_alpha, default=0.9995, help="percentile of the s_u and s_h observers")
-    _opt(g, "calib_batch_size", type=_positive_int, default=8, help="calibration samples per forward (default: 8)")
-    _opt(g, "seed", type=int, default=42, help="seed of the order of calibration documents (default: 42)")
-    _opt(g, "cache_dir", type=Path, default=None,
-         help="calibration cache (default: $QUAMBA_HARNESS_CACHE or ~/.cache/quamba-harness)")
-    _opt(g, "no_cache", action="store_true", help="neither read nor write the calibration cache")
+    _add_calibration_options(g)
     _opt(p, "quiet", action="store_true", help="print only errors and the output directory")
     return p
 

@@ -174,6 +174,21 @@ def _sylvester(m: int) -> torch.Tensor:
     return 1.0 - 2.0 * parity.to(torch.float64)
 
 
+def _butterflies(x: torch.Tensor, dtype: torch.dtype, b: int, m: int) -> torch.Tensor:
+    """(..., b*m) -> (-1, b, m) in `dtype`: the Sylvester_m butterflies within each of the b chunks, one bit of
+    the position index per pass from the lowest up (a + b, a - b), ping-ponging two buffers."""
+    y = x.to(dtype, copy=True).reshape(-1, b, m)  # a copy: the passes write into it
+    buf = torch.empty_like(y)
+    h = 1
+    while h < m:
+        src, dst = y.view(-1, b, m // (2 * h), 2, h), buf.view(-1, b, m // (2 * h), 2, h)
+        torch.add(src[..., 0, :], src[..., 1, :], out=dst[..., 0, :])
+        torch.sub(src[..., 0, :], src[..., 1, :], out=dst[..., 1, :])
+        y, buf = buf, y
+        h *= 2
+    return y
+
+
 def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool = False) -> torch.Tensor:
     """Had_n @ v for every vector v along the last dim (Had_n.T @ v with transpose=True).
 
@@ -183,15 +198,7 @@ def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool
     n = x.shape[-1]
     b, m = hadamard_factors(n)
     lead = x.shape[:-1]
-    y = x.to(torch.float64, copy=True).reshape(-1, b, m)  # a copy: the passes write into it
-    buf = torch.empty_like(y)
-    h = 1
-    while h < m:  # Sylvester butterflies, one bit of the position index per pass, ping-ponging two buffers
-        src, dst = y.view(-1, b, m // (2 * h), 2, h), buf.view(-1, b, m // (2 * h), 2, h)
-        torch.add(src[..., 0, :], src[..., 1, :], out=dst[..., 0, :])
-        torch.sub(src[..., 0, :], src[..., 1, :], out=dst[..., 1, :])
-        y, buf = buf, y
-        h *= 2
+    y = _butterflies(x, torch.float64, b, m)
     if b > 1:
         base = _base_matrix(b)
         y = (base.t() if transpose else base) @ y   # out[c, j] = sum_d H[c, d] y[d, j]
@@ -219,15 +226,7 @@ def hadamard_transform_fht(x: torch.Tensor, scale: float | None = None) -> torch
     n = x.shape[-1]
     b, m = hadamard_factors(n)
     lead = x.shape[:-1]
-    y = x.to(torch.float32, copy=True).reshape(-1, b, m)
-    buf = torch.empty_like(y)
-    h = 1
-    while h < m:
-        src, dst = y.view(-1, b, m // (2 * h), 2, h), buf.view(-1, b, m // (2 * h), 2, h)
-        torch.add(src[..., 0, :], src[..., 1, :], out=dst[..., 0, :])
-        torch.sub(src[..., 0, :], src[..., 1, :], out=dst[..., 1, :])
-        y, buf = buf, y
-        h *= 2
+    y = _butterflies(x, torch.float32, b, m)
     if b > 1:
         # out[r] = ((s_r0 x_0 + s_r1 x_1) + s_r2 x_2) + ... in fp32, term by term, all rows r at once:
         # s_rc * x_c is exact (s = +-1), so acc + s_rc * x_c rounds exactly like the kernel's acc +- x_c
