@@ -309,7 +309,6 @@ def _compare(argv: list[str] | None, prog: str | None) -> int:
 
 
 def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
-
     p = argparse.ArgumentParser(prog=prog, description="Calibrate every layer of a float Mamba model and write a "
                                 "Quamba1 W8A8 checkpoint (config.json, pytorch_model.bin, tokenizer) as Quamba's "
                                 "save_pretrained does.")
