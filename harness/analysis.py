@@ -35,7 +35,7 @@ from .spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
 from .storage import tensor_name
 from .weights import WeightBank, lm_head_weight
 
-__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "basis_of", "sensitivity_kl", "stack"]
+__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "keep_only", "basis_of", "sensitivity_kl", "stack"]
 
 _BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
 
@@ -92,6 +92,21 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -
     return cache[(dtype, rotate, prep)]
 
 
+def _head_key(recipe: ModeRecipe) -> tuple[torch.dtype, bool, str]:
+    return FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], recipe.rotate == "yes", recipe.prep
+
+
+def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
+    """Release the prepared blocks and heads that none of `recipes` (the modes still to run) uses.
+
+    Peak memory then holds the weight variants of the modes to come, not of every mode run so far.
+    """
+    bank.keep_only({(r.weights, r.rotate == "yes", r.prep) for r in recipes})
+    heads = _HEADS.get(bank, {})
+    for key in [k for k in heads if k not in {_head_key(r) for r in recipes}]:
+        del heads[key]
+
+
 def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
     dims, rotate = bank.dims, recipe.rotate == "yes"
     act = FloatOut(act_dtype(recipe))
@@ -102,8 +117,7 @@ def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
             return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(s_in, Rounding.HALF_EVEN)), weight,
                         FloatOut(torch.float16), alpha)
         return Head(EmuRMSNorm(None, dims.norm_eps, act), weight, act)
-    norm_w, w = _float_head(bank, FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], rotate,
-                            recipe.prep)
+    norm_w, w = _float_head(bank, *_head_key(recipe))
     return Head(EmuRMSNorm(norm_w, dims.norm_eps, act), w, act)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .analysis import RefInputs, run_mode, stack
+from .analysis import RefInputs, keep_only, run_mode, stack
 from .build import hadamard_kernel_support
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .collect import Collector, block_io_names
@@ -317,7 +317,8 @@ def _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emi
     ref_ps = None
     iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
     wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
-    for n, recipe in enumerate(sorted(todo, key=lambda r: r.name != cfg.reference)):
+    ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
+    for n, recipe in enumerate(ordered):
         progress.phase = f"running mode {recipe.name}"
         start = time.perf_counter()
         base = {"title": recipe.title, "recipe": recipe.knobs()}
@@ -353,6 +354,7 @@ def _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emi
         if arrays is not None:
             progress.phase = f"writing mode {recipe.name}"
             collector.add(recipe.name, arrays)
+        keep_only(bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
         if n == 0:
             fault_point("modes")
     return state

@@ -183,6 +183,14 @@ class WeightBank:
                 self._layers[key] = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
         return self._layers[key]
 
+    def keep_only(self, variants: set[tuple[str, bool, str]]) -> None:
+        """Forget every prepared (weights, rotate, prep) variant not in `variants`, and the raw float
+        tensors (read again on demand): a caller running modes one after the other calls it after each
+        with what the modes still to come need, so memory holds those variants, not every one seen."""
+        self._raw.clear()
+        for key in [k for k in self._layers if k[1:] not in variants]:
+            del self._layers[key]
+
     def release(self, layer: int) -> None:
         """Forget the raw and prepared tensors of one block (a caller walking every layer keeps memory flat)."""
         self._raw.pop(layer, None)
