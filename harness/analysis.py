@@ -35,7 +35,7 @@ from .spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
 from .storage import tensor_name
 from .weights import WeightBank, lm_head_weight
 
-__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "keep_only", "basis_of", "sensitivity_kl", "stack"]
+__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "per_sample_of", "keep_only", "basis_of", "sensitivity_kl", "stack"]
 
 _BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
 
@@ -133,6 +133,7 @@ class ModeRun:
     per_sample: dict[str, list[np.ndarray]] = field(default_factory=dict)
     logits: list[np.ndarray] = field(default_factory=list)             # per sample (1, seq, vocab) fp32
     block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per sample, own basis
+    residuals: list[torch.Tensor] = field(default_factory=list)  # per sample, while the blocks run
 
 
 def _to_mode_basis(x: torch.Tensor, rotate: bool) -> torch.Tensor:
@@ -189,66 +190,97 @@ def to_device(module: nn.Module, device: str) -> nn.Module:
 
 def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.Tensor], points: list[str],
              depth: int, basis: str, ref_inputs: RefInputs | None = None, end_to_end: bool = False,
-             keep_inputs: tuple[int, ...] = (), device: str = "cpu") -> ModeRun:
+             keep_inputs: tuple[int, ...] = (), device: str = "cpu", on_layer=None) -> ModeRun:
     """Run one mode on every sample (ids (1, seq) each); the points L{i}.block.isolated in `points` are
     replayed on ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference
     itself); end_to_end: run all blocks and the head. The result's ``block_inputs`` are the mode's own
     inputs of the isolated layers and `keep_inputs` (its basis): the RefInputs of the other modes.
+
+    The blocks run one at a time over every sample, so each block's points are complete (every sample)
+    when it finishes: with ``on_layer(arrays, tensors)`` they are handed over block by block and not
+    kept (memory then holds one block's activations); without, they are collected in the result.
     device "cuda": the modules' tensors move there and every op runs under torch.device("cuda");
     arrays come back to the CPU (untested: README "Device").
     """
     model = to_device(build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth), device)
     head = to_device(build_head(recipe, bank), device) if end_to_end else None
-    with on_device(device):
-        return _run_samples(recipe, model, head, samples, points, basis, ref_inputs, keep_inputs, device)
-
-
-def _run_samples(recipe, model, head, samples, points, basis, ref_inputs, keep_inputs, device) -> ModeRun:
-    rotate = recipe.rotate == "yes"
-    iso_layers = [parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED]
-    hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
-    own = [point_name(i, "block.in") for i in sorted(set(iso_layers) | set(keep_inputs))] if ref_inputs is None else []
     run = ModeRun()
-    codes: dict[str, list] = {}
-    meta: dict[str, tuple] = {}
-    for k, ids in enumerate(samples):
-        with capture(model, sorted(set(hooked + own))) as captured:
-            residual = model(ids.to(device))
-        for point in hooked:
-            if point not in captured:
-                continue  # a site the recipe does not have (had.out without rotation)
-            cap = captured[point]
-            site = parse_point(point)[1]
-            values = cap.values
-            if rotate and basis == "original" and site in RESIDUAL_BASIS:
-                values = hadamard_transform(values, transpose=True).to(torch.float32)
-            name = tensor_name(point)
-            run.per_sample.setdefault(name, []).append(values.numpy())
-            codes.setdefault(name, []).append(None if cap.codes is None else cap.codes.numpy())
-            meta[name] = (point, site, cap.scale, cap.n_clipped, cap.dtype)
-        for layer in iso_layers:
-            name = point_name(layer, ISOLATED)
-            if ref_inputs is None:  # the mode's own input, in its own basis
-                ref_in, ref_rotated = captured[point_name(layer, "block.in")].values, rotate
-            else:
-                ref_in, ref_rotated = ref_inputs.by_sample[k][layer], ref_inputs.rotated
-            out = isolated_out(model.blocks[layer], ref_in.to(device), ref_rotated, rotate).cpu()
-            out = _to_original(out, rotate) if basis == "original" else out
-            run.per_sample.setdefault(name, []).append(out.numpy())
-            codes.setdefault(name, []).append(None)
-            meta[name] = (name, ISOLATED, None, None, "float32")
-        if ref_inputs is None and own:
-            run.block_inputs.append({parse_point(p)[0]: captured[p].values for p in own})
+
+    def collect(arrays: dict[str, np.ndarray], tensors: dict[str, dict]) -> None:
+        run.arrays.update(arrays)
+        run.tensors.update(tensors)
+        for name, arr in arrays.items():
+            run.per_sample[name] = per_sample_of(arr, len(samples))
+
+    with on_device(device):
+        _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, device, run, on_layer or collect)
         if head is not None:
-            run.logits.append(head(residual).to(torch.float32).cpu().numpy())
-    for name, values in run.per_sample.items():
+            run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
+    run.residuals = []
+    return run
+
+
+def per_sample_of(arr: np.ndarray, n: int) -> list[np.ndarray]:
+    """The per-sample arrays of a stored array (the inverse of ``stack``)."""
+    return [arr] if n == 1 else list(arr)
+
+
+def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, device, run: ModeRun, deliver) -> None:
+    rotate = recipe.rotate == "yes"
+    iso_layers = {parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED}
+    hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
+    own = {point_name(i, "block.in") for i in iso_layers | set(keep_inputs)} if ref_inputs is None else set()
+    if own:
+        run.block_inputs = [{} for _ in samples]
+    run.residuals = [model.embed(ids.to(device)) for ids in samples]
+    for layer, block in enumerate(model.blocks):
+        layer_hooked = [p for p in hooked if parse_point(p)[0] == layer]  # in the order of `points`
+        wanted = layer_hooked + sorted(p for p in own if parse_point(p)[0] == layer and p not in layer_hooked)
+        per_sample: dict[str, list[np.ndarray]] = {}
+        codes: dict[str, list] = {}
+        meta: dict[str, tuple] = {}
+        for k in range(len(samples)):
+            with capture(model, wanted) as captured:
+                _, run.residuals[k] = block(run.residuals[k])
+            for point in layer_hooked:
+                if point not in captured:
+                    continue  # a site the recipe does not have (had.out without rotation)
+                cap = captured[point]
+                site = parse_point(point)[1]
+                values = cap.values
+                if rotate and basis == "original" and site in RESIDUAL_BASIS:
+                    values = hadamard_transform(values, transpose=True).to(torch.float32)
+                name = tensor_name(point)
+                per_sample.setdefault(name, []).append(values.numpy())
+                codes.setdefault(name, []).append(None if cap.codes is None else cap.codes.numpy())
+                meta[name] = (point, site, cap.scale, cap.n_clipped, cap.dtype)
+            if layer in iso_layers:
+                name = point_name(layer, ISOLATED)
+                if ref_inputs is None:  # the mode's own input, in its own basis
+                    ref_in, ref_rotated = captured[point_name(layer, "block.in")].values, rotate
+                else:
+                    ref_in, ref_rotated = ref_inputs.by_sample[k][layer], ref_inputs.rotated
+                out = isolated_out(block, ref_in.to(device), ref_rotated, rotate).cpu()
+                out = _to_original(out, rotate) if basis == "original" else out
+                per_sample.setdefault(name, []).append(out.numpy())
+                codes.setdefault(name, []).append(None)
+                meta[name] = (name, ISOLATED, None, None, "float32")
+            if point_name(layer, "block.in") in own:
+                run.block_inputs[k][layer] = captured[point_name(layer, "block.in")].values
+        if per_sample:
+            deliver(*_layer_arrays(recipe, basis, per_sample, codes, meta))
+
+
+def _layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    arrays, tensors = {}, {}
+    for name, values in per_sample.items():
         point, site, scale, n_clipped, dtype = meta[name]
-        run.arrays[name] = stack(values)
+        arrays[name] = stack(values)
         c = codes[name]
         clipped = None if n_clipped is None or len(values) > 1 else n_clipped
-        run.tensors[name] = {"point": point, "basis": basis_of(recipe, site, basis),
-                             **tensor_stats(run.arrays[name], None if c[0] is None else stack(c), scale, clipped, dtype)}
-    return run
+        tensors[name] = {"point": point, "basis": basis_of(recipe, site, basis),
+                         **tensor_stats(arrays[name], None if c[0] is None else stack(c), scale, clipped, dtype)}
+    return arrays, tensors
 
 
 @torch.no_grad()

@@ -37,11 +37,12 @@ def input_tensor_for(tensor: str) -> str:
 
 
 def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference: str,
-                  comparable: Callable[[str, str], str | None] | None = None) -> dict:
+                  comparable: Callable[[str, str], str | None] | None = None, groups: bool = True) -> dict:
     """Metrics of every mode against `reference` for every tensor both have.
 
     tensors: mode -> tensor names; get(mode, tensor) -> array; comparable(mode, tensor)
-    returns a reason to skip the pair (e.g. different bases) or None.
+    returns a reason to skip the pair (e.g. different bases) or None. groups=False leaves out
+    "identical_groups" (a caller that compares part of the tensors finds them from digests).
     """
     if reference not in tensors:
         raise CompareError(f"reference mode {reference!r} is not in the file; modes present: {', '.join(tensors) or 'none'}")
@@ -68,7 +69,8 @@ def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference:
                 row["input_differs"] = not _equal(get(reference, src), get(mode, src))
             rows[tensor] = row
         out["modes"][mode] = rows
-    out["identical_groups"] = identical_groups(tensors, get)
+    if groups:
+        out["identical_groups"] = identical_groups(tensors, get)
     return out
 
 

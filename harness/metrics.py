@@ -41,11 +41,13 @@ def _norm(a: np.ndarray) -> float:
 def _d(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
     if ref.shape != test.shape:
         raise ValueError(f"shape mismatch: reference {list(ref.shape)} vs test {list(test.shape)}")
-    return test.astype(np.float64) - ref.astype(np.float64)
+    # C order whatever the inputs' layout: numpy's sums follow the memory order, so a transposed view
+    # would give other last bits than its contiguous copy (a spilled .npy is contiguous)
+    return test.astype(np.float64, order="C") - ref.astype(np.float64, order="C")
 
 
 def _flat64(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float64).reshape(-1)
+    return x.astype(np.float64, order="C").reshape(-1)
 
 
 def _ratio(num: float, den: float) -> float:

@@ -11,8 +11,6 @@ import hashlib
 import os
 import platform
 import sys
-import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -24,23 +22,21 @@ import numpy as np
 import torch
 
 from . import __version__
-from .analysis import RefInputs, keep_only, run_mode, stack
 from .build import hadamard_kernel_support
 from .calibration import CalibrationResult, CalibrationSettings, calibrate
 from .collect import Collector, block_io_names
 from .capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
 from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, check_token_ids, read_sample
 from .loading import ModelDirError
-from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
 from .quamba_pair import checkpoint_calibration, needs_float, open_models
-from .report import mode_summary, sensitivity_tables, short_comparison
-from .samples import end_to_end_rows, mode_sample_rows, run_studies
-from .runchecks import check_finite
+from .report import sensitivity_tables, short_comparison
+from .samples import run_studies
+from .runmodes import run_todo, scales_of
 from .resume import ResumeError, previous_modes, recorded_recipe
 from .guard import LockError, OutputLock, fault_point, progress
 from .storage import SCHEMA_VERSION, PairWriter, StorageError, check_output, check_writable, pending_path, \
-    research_stats, stats_path, tensor_name
+    stats_path
 from .weights import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
@@ -274,7 +270,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup) as writer:  # arrays streamed as modes finish
         for key, arr in meta.items():
             writer.add(key, arr)
-        collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays)
+        collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays,
+                              Path(cfg.output_file).parent)
         for mode, k in kept.items():  # file order first; modes run again take their place
             if mode not in todo_names:
                 modes[mode] = {**k.entry, "resumed": True}
@@ -283,8 +280,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                                        f"({', '.join(k.missing)}) and its recorded recipe is not valid")
                 if k.arrays:
                     collector.add(mode, k.arrays)
+                    collector.end(mode)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
-        state = _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit)
+        state = run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit)
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
         modes.clear()
@@ -295,69 +293,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path),
                                                   "format": models.float_ckpt.format,
                                                   "tensors_read": models.float_ckpt.read_summary()}
-        studies = run_studies(cfg, recipes, bank, calibs, modes, state, emit, _scales)
+        studies = run_studies(cfg, recipes, bank, calibs, modes, state, emit, scales_of)
         return _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids)
-
-
-def _scales(recipe: ModeRecipe, calibs: dict):
-    """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
-    calib = calibs.get(recipe.prep)
-    if recipe.needs_calibration and isinstance(calib, Exception):
-        raise RuntimeError(f"calibration failed: {calib}")
-    return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
-
-
-def _run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit) -> dict:
-    """Run every mode, the reference first; each finished mode goes to the collector (compared, written,
-    released). Returns what the studies need: per-mode sample rows and end-to-end metrics, the reference's
-    logits and block inputs."""
-    samples = [ids[k:k + 1] for k in range(ids.shape[0])]
-    whole = cfg.end_to_end or cfg.sensitivity
-    state = {"samples": samples, "rows": {}, "e2e": {}, "ref_logits": None, "ref_inputs": None}
-    ref_ps = None
-    iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
-    wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
-    ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
-    for n, recipe in enumerate(ordered):
-        progress.phase = f"running mode {recipe.name}"
-        start = time.perf_counter()
-        base = {"title": recipe.title, "recipe": recipe.knobs()}
-        arrays = None
-        try:
-            is_ref = recipe.name == cfg.reference
-            if iso_layers and not is_ref and state["ref_inputs"] is None:
-                raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, "
-                                   f"but it failed")
-            run = run_mode(recipe, bank, _scales(recipe, calibs), samples, points, depth, cfg.basis,
-                           None if is_ref else state["ref_inputs"], whole, wanted if is_ref else (), cfg.device)
-            arrays, tensors = run.arrays, run.tensors
-            if run.logits:
-                arrays["logits"] = stack(run.logits)
-                tensors["logits"] = {"point": "logits", "basis": None, **tensor_stats(arrays["logits"])}
-            if is_ref:
-                state.update(ref_logits=run.logits, ref_inputs=RefInputs(recipe.rotate == "yes", run.block_inputs))
-                ref_ps = run.per_sample
-            modes[recipe.name] = {"status": "ok", **base, "seconds": round(time.perf_counter() - start, 3),
-                                  "tensors": tensors, **research_stats(tensors)}
-            check_finite(recipe.name, modes[recipe.name], arrays)
-            if ref_ps is not None and cfg.samples > 1:
-                state["rows"][recipe.name] = mode_sample_rows(ref_ps, run.per_sample, recipe.name, modes, cfg.reference)
-            if run.logits and state["ref_logits"] is not None:
-                state["e2e"][recipe.name] = end_to_end_rows(state["ref_logits"], run.logits, samples)
-            del run
-        except Exception as e:  # a failing mode is recorded, the others go on
-            arrays = None
-            modes[recipe.name] = {"status": "error", **base, "error": f"{type(e).__name__}: {e}",
-                                  "traceback": traceback.format_exc()}
-            print(f"error: mode {recipe.name} failed: {type(e).__name__}: {e}", file=sys.stderr)
-        emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
-        if arrays is not None:
-            progress.phase = f"writing mode {recipe.name}"
-            collector.add(recipe.name, arrays)
-        keep_only(bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
-        if n == 0:
-            fault_point("modes")
-    return state
 
 
 def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
@@ -390,7 +327,7 @@ def _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer
     if comparison is None:
         emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
     elif "error" not in comparison:
-        emit(short_comparison(comparison, block_io_names(collector.ref_arrays)))
+        emit(short_comparison(comparison, block_io_names(collector.ref_names)))
         if cfg.isolated or cfg.sensitivity:
             emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
     model_path = Path(cfg.model)

@@ -191,7 +191,8 @@ def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, mon
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     held = run_modes(hf_dir, tmp_path / "a", ["fp32", "1", "2-4"], **kw)
     lean = run_modes(hf_dir, tmp_path / "b", ["fp32", "1", "2-4"], keep_arrays=False, **kw)
-    assert list(lean.by_mode) == ["fp32"]   # only the reference stays in memory
+    assert lean.by_mode == {}   # nothing stays in memory: the reference's arrays were spilled to disk
+    assert not list((tmp_path / "b").glob(".quamba-harness-reference-*"))  # and the spill removed
     streamed = [(tmp_path / d / "capture.npz").read_bytes() for d in ("a", "b")]
     assert streamed[0] == streamed[1]
     cf = load_capture(tmp_path / "a" / "capture.npz")

@@ -52,3 +52,18 @@ def test_every_tensor_stats_field():
     many = np.arange(12, dtype=np.float32)
     assert tensor_stats(many)["first_10"] == list(range(10))
     assert tensor_stats(np.ones(1, np.float32), np.ones(1, np.int8), 1.0, 0)["clipped_fraction"] == 0.0
+
+
+def test_metrics_do_not_depend_on_the_memory_layout():
+    """A transposed view and its contiguous copy (what a spilled .npy holds) give the same bits: numpy
+    sums in memory order, so without the C-order copy the reference read back from disk moved the
+    last bit of mse and rel_l2 (found when the reference arrays went to a spill file)."""
+    rng = np.random.default_rng(0)  # a seed where the two orders round differently (checked: seeds 0 and 9 of 0..9)
+    base = rng.standard_normal((2, 48, 32)).astype(np.float32)
+    ref = base.transpose(0, 2, 1)                       # (2, 32, 48), not C-contiguous
+    test = (ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-3).astype(np.float32)
+    test_view = np.ascontiguousarray(test.transpose(0, 2, 1)).transpose(0, 2, 1)
+    assert not ref.flags.c_contiguous and not test_view.flags.c_contiguous
+    strided = error_metrics(ref, test_view)
+    contiguous = error_metrics(np.ascontiguousarray(ref), np.ascontiguousarray(test))
+    assert {k: v for k, v in strided.items()} == contiguous
