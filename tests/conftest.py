@@ -14,6 +14,19 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(2)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_subprocess_under_mutation(monkeypatch):
+    """Under mutmut (`make mutation`) a test that runs the harness in a subprocess is skipped: the child
+    would import mutmut's trampolined copy without mutmut's state and fail whatever the mutant."""
+    if os.environ.get("MUTANT_UNDER_TEST"):
+        import subprocess
+
+        def refuse(*_a, **_k):
+            pytest.skip("runs the harness in a subprocess: not part of the mutation run")
+        monkeypatch.setattr(subprocess, "run", refuse)
+        monkeypatch.setattr(subprocess, "Popen", refuse)
 SHIPPED = ROOT / "models" / "mamba-tiny"
 TOKENIZER = SHIPPED / "tokenizer.json"
 
