@@ -25,6 +25,7 @@ from torch import nn
 
 from .build import act_dtype, build_backbone
 from .capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, point_name
+from .memory import release_freed
 from .metrics import tensor_stats
 from .modes import ModeRecipe
 from .modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
@@ -269,6 +270,8 @@ def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, 
                 run.block_inputs[k][layer] = captured[point_name(layer, "block.in")].values
         if per_sample:
             deliver(*_layer_arrays(recipe, basis, per_sample, codes, meta))
+            del per_sample, codes
+            release_freed()  # the block's activations, gone to the file, leave the process too
 
 
 def _layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.ndarray], dict[str, dict]]:

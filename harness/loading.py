@@ -118,6 +118,10 @@ class Checkpoint:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ModelDirError(f"{file}: bad entry for tensor {key!r} ({type(e).__name__}: {e})") from None
 
+    def drop_pages(self) -> None:
+        for handle in (h for h in self._handles.values() if isinstance(h, MappedSafetensors)):
+            handle.drop_pages()  # the resident pages of the memory-mapped weight files
+
     def read_summary(self) -> dict:
         """Which tensors were read, their bytes, and the size of the weight files, for provenance."""
         files = {f for f in self._key_file.values()}
@@ -218,6 +222,11 @@ class MappedSafetensors:
                 end - begin != math.prod(shape) * torch.empty((), dtype=dtype).element_size():
             raise ValueError(f"data_offsets {[begin, end]} do not fit the file or the shape {list(shape)}")
         return shape, dtype
+
+    def drop_pages(self) -> None:
+        """Drop the resident pages (read again when touched: the map is private, never written)."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def get_tensor(self, key: str) -> torch.Tensor:
         info = self._header[key]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .loading import Checkpoint
+from .memory import release_freed
 from .ops.hadamard import hadamard_transform, hadamard_transform_fht
 from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
 from .spec import FLOAT_DTYPES, QTensor
@@ -190,6 +191,10 @@ class WeightBank:
         self._raw.clear()
         for key in [k for k in self._layers if k[1:] not in variants]:
             del self._layers[key]
+        for ckpt in (self.ckpt, self.given):
+            if hasattr(ckpt, "drop_pages"):
+                ckpt.drop_pages()
+        release_freed()
 
     def release(self, layer: int) -> None:
         """Forget the raw and prepared tensors of one block (a caller walking every layer keeps memory flat)."""

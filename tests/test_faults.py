@@ -43,11 +43,13 @@ def _capture(model, out_dir, modes, env, cache=None, extra=()):
 
 
 def _leftovers(directory):
-    """Files other than the pair (temporary files, pending manifests, locks), also in the calibration cache."""
+    """Files other than the pair (temporary files, pending manifests, locks), also in the calibration cache,
+    and directories other than the cache (the reference's spill directory)."""
     names = []
-    for root, _dirs, files in os.walk(directory):
+    for root, dirs, files in os.walk(directory):
         names += [f for f in files if f not in ("out.npz", "out_stats.json") and not
                   (f.startswith("calib-") and f.endswith(".json"))]
+        names += [d + "/" for d in dirs if d != "cache"]
     return names
 
 

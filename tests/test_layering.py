@@ -10,6 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "harness"
 # module -> harness modules it may import (STYLE.md (c), adapted to this package's files)
 ALLOWED = {
     "spec": set(),
+    "memory": set(),
     "ops.quant": {"spec"},
     "ops.linear": {"spec", "ops.quant"},
     "ops.conv1d": {"spec", "ops.quant"},
@@ -25,7 +26,7 @@ ALLOWED = {
     "modes": set(),
     "loading": {"spec"},
     "data": {"files", "loading"},
-    "weights": {"spec", "loading", "ops.hadamard", "ops.quant"},
+    "weights": {"spec", "loading", "memory", "ops.hadamard", "ops.quant"},
     "build": {"spec", "modes", "modules", "weights", "ops.hadamard", "ops.linear", "ops.scan"},
     "calibration": {"spec", "build", "guard", "modes", "observers", "weights"},
     "quamba_ckpt": {"spec", "loading", "ops.quant", "weights"},
@@ -37,7 +38,7 @@ ALLOWED = {
     "endmetrics": set(),
     "runchecks": set(),
     "collect": {"compare", "storage"},
-    "analysis": {"build", "capture", "metrics", "modes", "modules", "ops.hadamard", "ops.linear", "ops.quant", "spec",
+    "analysis": {"build", "capture", "memory", "metrics", "modes", "modules", "ops.hadamard", "ops.linear", "ops.quant", "spec",
                  "storage", "weights"},
     "samples": {"analysis", "capture", "compare", "endmetrics", "guard", "intervals", "metrics", "report", "storage"},
     "report": set(),

@@ -89,3 +89,17 @@ def test_tokenizer_lookup(hf_dir, tmp_path):
 def test_layer_tensor_table_covers_the_mixer():
     assert set(LAYER_TENSORS) == {"norm_weight", "in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj",
                                   "dt_bias", "A_log", "D", "out_proj"}
+
+
+def test_dropping_the_mapped_pages_keeps_every_tensor_and_its_values(hf_dir):
+    """The weight bank drops the checkpoint's resident pages between modes: tensors read before (zero-copy
+    views of the map) and after must still hold the file's values."""
+    from harness.memory import release_freed
+
+    ckpt = open_checkpoint(hf_dir)
+    before = ckpt.raw_layer(0)
+    copies = {k: v.clone() for k, v in before.items() if v is not None}
+    ckpt.drop_pages()
+    assert all(torch.equal(before[k], v) for k, v in copies.items())
+    assert all(torch.equal(ckpt.raw_layer(0)[k], v) for k, v in copies.items())
+    assert isinstance(release_freed(), bool)
