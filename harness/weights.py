@@ -182,6 +182,7 @@ class WeightBank:
                 self._layers[key] = quamba_fp16_layer(self.raw(layer), rotate)
             else:
                 self._layers[key] = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
+            release_freed()  # the float64 folding and rotation buffers, freed, leave the process too
         return self._layers[key]
 
     def keep_only(self, variants: set[tuple[str, bool, str]]) -> None:
