@@ -1,0 +1,75 @@
+"""The main job's cheaper fixed costs compute exactly what the plain formulas compute.
+
+error_metrics forms each intermediate once and takes the percentiles with one partition
+(metrics.abs_percentiles): every field must equal, bit for bit, the single metric functions
+(the plain formulas) and np.percentile's default "linear" method.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from harness.metrics import METRICS, abs_percentiles, error_metrics, max_abs
+
+
+def _same(x: float, y: float) -> bool:
+    return (math.isnan(x) and math.isnan(y)) or x == y
+
+
+def _arrays():
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 4, 5, 6, 10, 11, 99, 100, 101, 1000, 1001, 4097):
+        yield np.abs(rng.standard_normal(n))
+        yield rng.integers(0, 3, n).astype(np.float64)          # heavy ties, zeros
+        yield np.full(n, 0.1)                                     # all equal
+        yield np.abs(rng.standard_normal(n) * 10.0 ** rng.integers(-310, 300, n))  # subnormal to huge
+    yield np.array([0.0, -0.0, 5e-324, 1.7976931348623157e308])
+    yield np.abs(rng.standard_normal(512 * 96)).astype(np.float32).astype(np.float64)
+
+
+def test_abs_percentiles_equal_numpy_percentile():
+    for values in _arrays():
+        want = np.percentile(values, [50, 90, 99])
+        got = abs_percentiles(np.abs(values).copy())
+        assert [float(w) for w in want] == list(got), (values.size, want, got)
+
+
+def _pairs():
+    rng = np.random.default_rng(11)
+    for shape in [(1,), (2,), (3, 5), (1, 64, 48), (2, 33, 17), (1, 512, 96)]:
+        ref = rng.standard_normal(shape).astype(np.float32)
+        yield ref, (ref + 0.01 * rng.standard_normal(shape)).astype(np.float32)
+        yield ref, np.round(ref * 4).astype(np.float32) / 4                         # ties in |d|
+        yield ref.astype(np.float16), (ref + 0.1).astype(np.float16)
+        yield ref.astype(np.float64), ref.astype(np.float64)                         # d = 0
+        yield np.zeros(shape, np.float32), ref                                       # zero reference
+        yield np.full(shape, 2.0, np.float32), ref                                   # constant reference
+    big = rng.standard_normal((40, 30)).astype(np.float32)
+    yield big.T, (big + 0.5 * rng.standard_normal(big.shape)).astype(np.float32).T   # F-ordered inputs
+    yield big[:, ::3], big[:, 1::3]                                                  # strided views
+    yield rng.integers(-5, 5, (4, 9)).astype(np.int8), rng.integers(-5, 5, (4, 9)).astype(np.int8)
+
+
+def test_error_metrics_equal_the_single_formulas_bit_for_bit():
+    for ref, test in _pairs():
+        row = error_metrics(ref, test)
+        for name, fn in METRICS.items():
+            assert _same(row[name], fn(ref, test)), (name, ref.shape, ref.dtype, row[name], fn(ref, test))
+        assert (row["max_abs"], row["max_abs_index"]) == max_abs(ref, test)
+        d = np.abs(test.astype(np.float64) - ref.astype(np.float64))
+        assert [row["p50"], row["p90"], row["p99"]] == [float(v) for v in np.percentile(d, [50, 90, 99])]
+
+
+def test_error_metrics_leaves_its_inputs_alone():
+    ref = np.random.default_rng(1).standard_normal((3, 50)).astype(np.float64)
+    test = ref[::-1].copy()
+    before = (ref.copy(), test.copy())
+    error_metrics(ref, test)
+    assert np.array_equal(ref, before[0]) and np.array_equal(test, before[1])
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 5), (2, 3, 4, 5), (1, 512, 768), (3, 1001, 7)])
+def test_sum_of_a_contiguous_array_is_the_sum_of_its_flat_view(shape):
+    """error_metrics reuses sum(d * d) for the sqnr, which sums the flattened d: the same order for C-contiguous d."""
+    x = np.random.default_rng(3).standard_normal(shape) * 10.0 ** np.random.default_rng(4).integers(-8, 8, shape)
+    assert float(np.sum(x * x)) == float(np.sum(x.reshape(-1) * x.reshape(-1)))
