@@ -73,3 +73,27 @@ def test_sum_of_a_contiguous_array_is_the_sum_of_its_flat_view(shape):
     """error_metrics reuses sum(d * d) for the sqnr, which sums the flattened d: the same order for C-contiguous d."""
     x = np.random.default_rng(3).standard_normal(shape) * 10.0 ** np.random.default_rng(4).integers(-8, 8, shape)
     assert float(np.sum(x * x)) == float(np.sum(x.reshape(-1) * x.reshape(-1)))
+
+
+def test_compare_modes_compares_each_pair_once_with_the_same_answers(monkeypatch):
+    import harness.compare as compare
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 6, 4)).astype(np.float32)
+    y = rng.standard_normal((1, 6, 4)).astype(np.float32)
+    arrays = {"ref": {"input": x, "output": y, "residual": x + y},
+              "same": {"input": x.copy(), "output": y.copy(), "residual": x + y},        # identical to ref
+              "out": {"input": x.copy(), "output": y + 1, "residual": x + y},            # output differs only
+              "in": {"input": x + 1, "output": y + 1, "residual": x + y + 2}}            # its input differs
+    calls = []
+    real = compare._equal
+    monkeypatch.setattr(compare, "_equal", lambda a, b: calls.append(1) or real(a, b))
+    out = compare.compare_modes({m: list(a) for m, a in arrays.items()}, lambda m, t: arrays[m][t], "ref")
+    for mode in ("same", "out", "in"):
+        for tensor, row in out["modes"][mode].items():
+            assert row["identical"] == bool(np.array_equal(arrays["ref"][tensor], arrays[mode][tensor]))
+            assert row["input_differs"] == (not np.array_equal(arrays["ref"]["input"], arrays[mode]["input"]))
+    assert out["identical_groups"] == [["ref", "same"]]
+    # 3 modes x 3 tensors against the reference, then identical_groups: same vs ref again (memoized),
+    # out vs ref (input, identical, memoized) and its output (memoized), in vs ref (memoized) and in vs out
+    assert len(calls) == 9 + 1
