@@ -33,7 +33,7 @@ from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_
 from .loading import ModelDirError
 from .metrics import tensor_stats
 from .modes import ModeError, ModeRecipe, resolve_modes
-from .quamba_pair import checkpoint_calibration, needs_float, open_models
+from .quamba_pair import check_pair, checkpoint_calibration, needs_float, open_models
 from .report import mode_summary, sensitivity_tables, short_comparison
 from .samples import end_to_end_rows, mode_sample_rows, run_studies
 from .runchecks import check_finite
@@ -208,8 +208,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                 emit: Callable[[str], None]) -> RunOutcome:
     ckpt = models.primary
     progress.phase = "reading the text"
-    with ThreadPoolExecutor(max_workers=1) as pool:  # hashing (GIL released) overlaps with tokenizing
+    with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (result taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
+        pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
         text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
             if models.needs_calibration(recipes) else None
@@ -253,8 +254,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     fault_point("before-calibration")
     if models.quamba is not None:
         provenance["model"]["quamba"] = models.quamba.info()
-        if models.float_ckpt is not None:
-            provenance["model"]["pairing"] = models.pairing(depth)
+        if pairing is not None:
+            provenance["model"]["pairing"] = models.pairing(depth, pairing)
     # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
     # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
     calibs = {}
