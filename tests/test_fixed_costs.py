@@ -97,3 +97,29 @@ def test_compare_modes_compares_each_pair_once_with_the_same_answers(monkeypatch
     # 3 modes x 3 tensors against the reference, then identical_groups: same vs ref again (memoized),
     # out vs ref (input, identical, memoized) and its output (memoized), in vs ref (memoized) and in vs out
     assert len(calls) == 9 + 1
+
+
+@pytest.mark.parametrize("extra", [-36045 + 512, -1, 0, 1, 9000])
+def test_sample_tokenized_one_document_at_a_time_has_the_same_ids(extra):
+    """read_sample encodes only the documents it needs, one at a time; the ids are the first seq_len of
+    the whole file's stream (documents encoded two at a time, joined by end-of-text)."""
+    from conftest import SHIPPED
+    from harness.data import DEFAULT_TEXT_FILE, read_sample, tokenize_file
+    from harness.loading import load_tokenizer
+
+    tok = load_tokenizer(SHIPPED)
+    stream = tokenize_file(tok, DEFAULT_TEXT_FILE)
+    first = len(tok.encode_documents([json_text(DEFAULT_TEXT_FILE, 0)])[0]) + 1  # + end-of-text
+    assert first == 36045
+    seq_len = first + extra
+    encoded = []
+    real = tok.encode_documents
+    tok.encode_documents = lambda docs: encoded.append(len(docs)) or real(docs)
+    sample = read_sample(tok, DEFAULT_TEXT_FILE, seq_len)
+    assert sample.ids.tolist() == [stream[:seq_len].tolist()]
+    assert sample.documents_used == (1 if seq_len <= first else 2) == len(encoded) and set(encoded) == {1}
+
+
+def json_text(path, n):
+    import json
+    return json.loads(path.read_text().splitlines()[n])["text"]
