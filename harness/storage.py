@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import StorageError, atomic_write, check_output, check_writable, file_kind, file_sha256, fsync_dir, \
-    remove_files, temp_file, write_file
+from .files import StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_kind, file_sha256, \
+    fsync_dir, remove_files, temp_file, write_file
 from .guard import deferred_signals, fault_point, progress
 
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
@@ -144,7 +144,8 @@ class PairWriter:
     """The .npz of a pair written member by member as results arrive, then committed with its manifest.
 
     ``add(key, array)`` appends one .npy member to a temporary .npz next to the target (nothing
-    is held in memory after it returns); ``commit(stats)`` closes and fsyncs it, hashes it and
+    is held in memory after it returns; a worker thread hashes the finished members meanwhile,
+    files.TrailingSha256); ``commit(stats)`` closes and fsyncs it, hashes what is left and
     commits the pair exactly as ``write_pair`` (pending manifest, then the two renames with
     signals deferred). Leaving the ``with`` block without a commit (an exception, a signal)
     removes the temporary file: the previous pair is untouched. With ``dedup``, an array ("__"
@@ -157,7 +158,7 @@ class PairWriter:
         self.dedup, self.aliases, self.keys = dedup, {}, []
         self._seen: dict[tuple, str] = {}
         self._tmp: str | None = None
-        self._file = self._zip = None
+        self._file = self._zip = self._hash = None
         self.stats: dict | None = None
 
     def __enter__(self) -> "PairWriter":
@@ -165,6 +166,7 @@ class PairWriter:
         check_writable(stats_path(self.path))
         self._tmp = temp_file(self.path)
         self._file = open(self._tmp, "wb")
+        self._hash = TrailingSha256(self._tmp)
         self._zip = zipfile.ZipFile(self._file, "w", compression=self.method, allowZip64=True)
         return self
 
@@ -181,6 +183,8 @@ class PairWriter:
         info.compress_type = self.method
         with self._zip.open(info, "w", force_zip64=True) as fh:
             np.lib.format.write_array(fh, arr, allow_pickle=False)
+        self._file.flush()  # the member is complete (zipfile rewrote its header): hash it behind the writer
+        self._hash.final(self._file.tell())
         self.keys.append(key)
         if len(self.keys) == 1:
             fault_point("write-npz")
@@ -192,8 +196,8 @@ class PairWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         spath, pending = stats_path(self.path), pending_path(self.path)
-        stats = {**stats, "npz": {"file": self.path.name, "sha256": file_sha256(self._tmp),
-                                  "bytes": os.path.getsize(self._tmp)}}
+        size = os.path.getsize(self._tmp)
+        stats = {**stats, "npz": {"file": self.path.name, "sha256": self._hash.hexdigest(size), "bytes": size}}
         tmp_stats = temp_file(spath)
         npz_renamed = False
         try:
@@ -215,6 +219,8 @@ class PairWriter:
         return stats
 
     def __exit__(self, *exc) -> None:
+        if self._hash is not None:  # waits for the worker
+            self._hash.close()
         if self._tmp is not None:
             try:
                 if self._zip is not None:

@@ -25,6 +25,10 @@ def _arrays():
         yield np.abs(rng.standard_normal(n) * 10.0 ** rng.integers(-310, 300, n))  # subnormal to huge
     yield np.array([0.0, -0.0, 5e-324, 1.7976931348623157e308])
     yield np.abs(rng.standard_normal(512 * 96)).astype(np.float32).astype(np.float64)
+    channels = np.abs(rng.standard_normal(768)) * 10.0 ** rng.integers(-3, 3, 768)  # per-channel scales, (1, 512, 768)
+    yield (np.abs(rng.standard_normal((512, 768))) * channels).reshape(-1)
+    yield np.round(np.abs(rng.standard_normal(3 * 2 ** 15)) * 8) / 8            # large, heavy ties
+    yield np.r_[np.zeros(2 ** 15), np.abs(rng.standard_normal(2 ** 14 + 3))]      # half zeros
 
 
 def test_abs_percentiles_equal_numpy_percentile():
@@ -32,6 +36,20 @@ def test_abs_percentiles_equal_numpy_percentile():
         want = np.percentile(values, [50, 90, 99])
         got = abs_percentiles(np.abs(values).copy())
         assert [float(w) for w in want] == list(got), (values.size, want, got)
+
+
+def test_order_stats_fall_back_when_the_sample_misleads():
+    from harness.metrics import _order_stats
+
+    values = np.arange(1, 2 ** 15 + 1, dtype=np.float64)
+    values[::17] = 0.0  # every sampled element (step 17 for this size) is 0: the brackets miss
+    keys = values.copy().view(np.int64)
+    assert _order_stats(keys, [100, 16383, 16384]) is None
+    assert list(abs_percentiles(values.copy())) == [float(v) for v in np.percentile(values, [50, 90, 99])]
+    sample_ok = np.abs(np.random.default_rng(3).standard_normal(2 ** 15))
+    got = _order_stats(sample_ok.copy().view(np.int64), [5, 6, 16383, 32766, 32767])
+    assert got == {r: int(v) for r, v in zip([5, 6, 16383, 32766, 32767],
+                                             np.sort(sample_ok).view(np.int64)[[5, 6, 16383, 32766, 32767]])}
 
 
 def _pairs():
@@ -123,3 +141,33 @@ def test_sample_tokenized_one_document_at_a_time_has_the_same_ids(extra):
 def json_text(path, n):
     import json
     return json.loads(path.read_text().splitlines()[n])["text"]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_npz_hash_taken_behind_the_writer_is_the_files(tmp_path, compress):
+    """PairWriter hashes finished members in a worker thread while it writes; the sha256 in the manifest is
+    still file_sha256 of the .npz on disk, and load_capture accepts the pair."""
+    from harness.files import TrailingSha256, file_sha256
+    from harness.storage import PairWriter, load_capture
+
+    rng = np.random.default_rng(2)
+    arrays = {f"mode_{m}_{t}": rng.standard_normal((1, 300, 70)).astype(np.float32)
+              for m in ("fp32", "0") for t in ("input", "output")}
+    arrays["mode_0__L0.ssm.u"] = arrays["mode_fp32_input"]  # deduplicated: never written
+    out = tmp_path / "c.npz"
+    with PairWriter(out, compress, dedup=True) as writer:
+        for key, arr in arrays.items():
+            writer.add(key, arr)
+        stats = writer.commit({"schema_version": 2, "modes": {}})
+    assert stats["npz"]["sha256"] == file_sha256(out) and stats["npz"]["bytes"] == out.stat().st_size
+    assert load_capture(out).manifest["npz"]["sha256"] == file_sha256(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz", "c_stats.json"]  # no temporary left
+
+    part = tmp_path / "part.bin"  # regions declared final in several steps, out of step with the reads
+    data = rng.integers(0, 256, 3_000_001, dtype=np.uint8).tobytes()
+    part.write_bytes(data)
+    h = TrailingSha256(part)
+    for end in (0, 1, 1 << 20, (1 << 20) + 5, 2_999_999):
+        h.final(end)
+    assert h.hexdigest(len(data)) == file_sha256(part)
+    h.close()
