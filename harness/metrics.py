@@ -70,12 +70,46 @@ def _sqnr_sums(noise: float, signal: float) -> float:
 _PERCENTS = np.array([50.0, 90.0, 99.0])
 
 
+def _order_stats(keys: np.ndarray, ranks: list[int]) -> dict[int, int] | None:
+    """{rank: the rank-th smallest of keys} from a sorted sample: each run of adjacent ranks is bracketed by
+    two sample values lo <= hi; if below = #(keys < lo) <= rank and rank < below + #(lo <= keys <= hi), the
+    answer is the (rank - below)-th smallest of the few keys in [lo, hi] (sorted, exactly those occupy
+    positions below .. below + count - 1). None when the array is small or a bracket misses (the caller
+    then partitions the whole array)."""
+    n = keys.size
+    if n < 1 << 14:
+        return None
+    step = n >> 11
+    while math.gcd(step, 210) != 1:  # coprime to 2, 3, 5, 7: the sample walks across the channels of (..., C)
+        step += 1
+    sample = np.sort(keys[::step])
+    m, out = sample.size, {}
+    groups = [[ranks[0]]]
+    for r in ranks[1:]:
+        if r == groups[-1][-1] + 1:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    for g in groups:
+        j, k = g[0] * m // n - 64, g[-1] * m // n + 64  # the bracket's sample positions; beyond the sample: open
+        lo, hi = (sample[j] if j > 0 else None), (sample[k] if k < m - 1 else None)
+        ge, le = (None if lo is None else keys >= lo), (None if hi is None else keys <= hi)
+        below = 0 if ge is None else n - int(np.count_nonzero(ge))
+        mask = ge if le is None else (le if ge is None else np.logical_and(ge, le, out=ge))
+        inside = keys.copy() if mask is None else keys[mask]
+        if not (below <= g[0] and g[-1] < below + inside.size):
+            return None
+        inside.partition([r - below for r in g])
+        out.update({r: int(inside[r - below]) for r in g})
+    return out
+
+
 def abs_percentiles(values: np.ndarray) -> tuple[float, float, float]:
     """p50, p90, p99 of finite non-negative float64 `values` (1-D, reordered in place): exactly
-    ``np.percentile(values, [50, 90, 99])`` (method "linear"), but with one partition at the six
-    neighbouring ranks of the int64 view (the bit patterns of non-negative floats sort as the floats do)
-    instead of a copy partitioned at eight; the interpolation repeats numpy 2.4's ``_quantile`` and
-    ``_lerp`` operation for operation."""
+    ``np.percentile(values, [50, 90, 99])`` (method "linear"), but the six neighbouring order statistics
+    are selected on the int64 view (the bit patterns of non-negative floats sort as the floats do), from a
+    sample's brackets (``_order_stats``) or else one partition, instead of a copy partitioned at eight
+    ranks; the interpolation repeats numpy 2.4's ``_quantile`` and ``_lerp`` operation for operation."""
     n = values.size
     virtual = (n - 1) * np.true_divide(_PERCENTS, 100)
     prev = np.floor(virtual)
@@ -83,8 +117,13 @@ def abs_percentiles(values: np.ndarray) -> tuple[float, float, float]:
     above = virtual >= n - 1
     prev[above], nxt[above] = -1, -1
     prev_i, next_i = prev.astype(np.intp), nxt.astype(np.intp)
-    values.view(np.int64).partition(np.unique(np.concatenate((prev_i, next_i)) % n))
-    lo, hi = values[prev_i], values[next_i]
+    ranks = np.unique(np.concatenate((prev_i, next_i)) % n)
+    stats = _order_stats(values.view(np.int64), [int(r) for r in ranks])
+    if stats is None:
+        values.view(np.int64).partition(ranks)
+        lo, hi = values[prev_i], values[next_i]
+    else:
+        lo, hi = (np.array([stats[int(i) % n] for i in idx], np.int64).view(np.float64) for idx in (prev_i, next_i))
     gamma = np.asanyarray(virtual - prev_i, dtype=virtual.dtype)
     diff = hi - lo
     out = np.add(lo, diff * gamma)
