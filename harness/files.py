@@ -141,7 +141,7 @@ class TrailingSha256:
 
     ``final(end)`` says the first `end` bytes will not change any more (written and flushed); a worker
     thread reads them back (from the page cache) and hashes them while the writer goes on, so that
-    ``hexdigest(size)`` only has the tail left to hash. The digest is file_sha256's of the same bytes.
+    ``hexdigest()`` (the file complete) only has the tail left to hash. The digest is file_sha256's.
     """
 
     def __init__(self, path: Path | str) -> None:
@@ -164,8 +164,8 @@ class TrailingSha256:
             self._jobs.append(self._pool.submit(self._feed, self._queued, end))
             self._queued = end
 
-    def hexdigest(self, size: int) -> str:
-        self.final(size)
+    def hexdigest(self) -> str:
+        self.final(os.fstat(self._fd).st_size)
         for job in self._jobs:
             job.result()
         return self._hash.hexdigest()

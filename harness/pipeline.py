@@ -208,7 +208,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                 emit: Callable[[str], None]) -> RunOutcome:
     ckpt = models.primary
     progress.phase = "reading the text"
-    with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (result taken below) overlap tokenizing
+    with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
         text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order

@@ -20,13 +20,12 @@ Schema versions of the manifest (``schema_version``):
        shape, first_10, mean, std, min, max (``research_stats``), beside "tensors".
 Files without a manifest (the research tool's) are read as version 0.
 
-The pair is one unit (``write_pair``): the .npz goes to a temporary file, is fsynced
-and hashed; the manifest (with that hash) goes to ``.<name>_stats.json.pending``;
-then, with SIGINT/SIGTERM deferred, the .npz is renamed into place and the pending
-manifest renamed over ``_stats.json``: that last rename is the commit point. A
-reader (``load_capture``) checks the hash: a match is a complete pair; a mismatch
-with a matching pending manifest (a run killed between the two renames) is the new
-pair, read with the pending manifest; any other mismatch is refused with the reason.
+The pair is one unit (``write_pair``): the .npz goes to a temporary file, is fsynced and hashed;
+the manifest (with that hash) goes to ``.<name>_stats.json.pending``; then, with SIGINT/SIGTERM
+deferred, the .npz is renamed into place and the pending manifest renamed over ``_stats.json``:
+that last rename is the commit point. A reader (``load_capture``) checks the hash: a match is a
+complete pair; a mismatch with a matching pending manifest (a run killed between the two renames)
+is the new pair, read with the pending manifest; any other mismatch is refused with the reason.
 """
 from __future__ import annotations
 
@@ -143,13 +142,12 @@ def pending_path(npz_path: Path) -> Path:
 class PairWriter:
     """The .npz of a pair written member by member as results arrive, then committed with its manifest.
 
-    ``add(key, array)`` appends one .npy member to a temporary .npz next to the target (nothing
-    is held in memory after it returns; a worker thread hashes the finished members meanwhile,
-    files.TrailingSha256); ``commit(stats)`` closes and fsyncs it, hashes what is left and
-    commits the pair exactly as ``write_pair`` (pending manifest, then the two renames with
-    signals deferred). Leaving the ``with`` block without a commit (an exception, a signal)
-    removes the temporary file: the previous pair is untouched. With ``dedup``, an array ("__"
-    key) bit-identical to one added before is not stored again; ``aliases`` maps it to that key.
+    ``add(key, array)`` appends one .npy member to a temporary .npz next to the target (nothing is held
+    in memory after it returns; a worker thread hashes finished members, files.TrailingSha256);
+    ``commit(stats)`` closes and fsyncs it, hashes the rest and commits the pair exactly as ``write_pair``
+    (pending manifest, then the two renames with signals deferred). Leaving the ``with`` block without a
+    commit (an exception, a signal) removes the temporary file: the previous pair is untouched. With
+    ``dedup``, an array ("__" key) bit-identical to one added before is not stored again; ``aliases`` maps it.
     """
 
     def __init__(self, path: Path, compress: bool = False, dedup: bool = False) -> None:
@@ -196,8 +194,8 @@ class PairWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         spath, pending = stats_path(self.path), pending_path(self.path)
-        size = os.path.getsize(self._tmp)
-        stats = {**stats, "npz": {"file": self.path.name, "sha256": self._hash.hexdigest(size), "bytes": size}}
+        stats = {**stats, "npz": {"file": self.path.name, "sha256": self._hash.hexdigest(),
+                                  "bytes": os.path.getsize(self._tmp)}}
         tmp_stats = temp_file(spath)
         npz_renamed = False
         try:
