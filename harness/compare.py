@@ -48,6 +48,7 @@ def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference:
         raise CompareError(f"reference mode {reference!r} is not in the file; modes present: {', '.join(tensors) or 'none'}")
     out: dict = {"reference": reference, "modes": {}, "skipped": {}}
     ref_names = set(tensors[reference])
+    equal = _memo_equal(get)
     for mode, names in tensors.items():
         if mode == reference:
             continue
@@ -63,15 +64,28 @@ def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference:
                 out["skipped"].setdefault(mode, {})[tensor] = reason
                 continue
             row = error_metrics(ref, test)
-            row["identical"] = _equal(ref, test)
+            row["identical"] = equal(reference, mode, tensor)
             src = input_tensor_for(tensor)
             if src in ref_names and src in names:
-                row["input_differs"] = not _equal(get(reference, src), get(mode, src))
+                row["input_differs"] = not equal(reference, mode, src)
             rows[tensor] = row
         out["modes"][mode] = rows
     if groups:
-        out["identical_groups"] = identical_groups(tensors, get)
+        out["identical_groups"] = identical_groups(tensors, get, equal)
     return out
+
+
+def _memo_equal(get: ArrayGetter) -> Callable[[str, str, str], bool]:
+    """equal(mode_a, mode_b, tensor): ``_equal`` of the two modes' arrays, each pair compared once
+    (a block's input is asked for by every tensor it feeds, and again by identical_groups)."""
+    seen: dict[tuple[str, str, str], bool] = {}
+
+    def equal(a: str, b: str, tensor: str) -> bool:
+        key = (a, b, tensor) if a <= b else (b, a, tensor)
+        if key not in seen:
+            seen[key] = _equal(get(a, tensor), get(b, tensor))
+        return seen[key]
+    return equal
 
 
 def _equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -94,14 +108,16 @@ def same_basis(basis_of: Callable[[str, str], str | None], reference: str) -> Ca
     return check
 
 
-def identical_groups(tensors: Mapping[str, list[str]], get: ArrayGetter) -> list[list[str]]:
-    """Groups (of 2 or more) of modes whose every shared tensor is bit-identical."""
+def identical_groups(tensors: Mapping[str, list[str]], get: ArrayGetter,
+                     equal: Callable[[str, str, str], bool] | None = None) -> list[list[str]]:
+    """Groups (of 2 or more) of modes whose every shared tensor is bit-identical (`equal`: a memo of compare_modes)."""
+    equal = equal or (lambda a, b, t: _equal(get(a, t), get(b, t)))
     groups: list[list[str]] = []
     for mode in tensors:
         for group in groups:
             head = group[0]
             shared = [t for t in tensors[mode] if t in tensors[head]]
-            if shared and all(_equal(get(head, t), get(mode, t)) for t in shared):
+            if shared and all(equal(head, mode, t) for t in shared):
                 group.append(mode)
                 break
         else:

@@ -78,10 +78,11 @@ def read_documents(path: Path) -> list[str]:
     return docs
 
 
-def _token_stream(tokenizer: Tokenizer, docs: list[str]) -> Iterator[list[int]]:
-    """Each document's ids followed by the end-of-text id; tokenized two documents at a time, lazily."""
-    for start in range(0, len(docs), 2):
-        for ids in tokenizer.encode_documents(docs[start:start + 2]):
+def _token_stream(tokenizer: Tokenizer, docs: list[str], batch: int = 2) -> Iterator[list[int]]:
+    """Each document's ids followed by the end-of-text id; tokenized `batch` documents at a time, lazily
+    (each document is encoded on its own either way: the ids do not depend on the batch)."""
+    for start in range(0, len(docs), batch):
+        for ids in tokenizer.encode_documents(docs[start:start + batch]):
             yield ids + ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
 
 
@@ -97,7 +98,7 @@ def read_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
     docs = read_documents(path)
     ids: list[int] = []
     used = 0
-    for doc_ids in _token_stream(tokenizer, docs):
+    for doc_ids in _token_stream(tokenizer, docs, batch=1):  # one at a time: a sample rarely needs the next one
         ids += doc_ids
         used += 1
         if len(ids) >= seq_len:

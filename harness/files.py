@@ -8,12 +8,13 @@ import os
 import shutil
 import stat
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .guard import fault_point
 
 __all__ = ["StorageError", "check_output", "check_writable", "file_sha256", "file_kind", "temp_file", "write_file",
-           "fsync_dir", "remove_files", "atomic_write"]
+           "fsync_dir", "remove_files", "atomic_write", "TrailingSha256"]
 
 
 class StorageError(ValueError):
@@ -133,3 +134,42 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+
+
+class TrailingSha256:
+    """sha256 of a file that is only ever appended to, hashed behind its writer.
+
+    ``final(end)`` says the first `end` bytes will not change any more (written and flushed); a worker
+    thread reads them back (from the page cache) and hashes them while the writer goes on, so that
+    ``hexdigest()`` (the file complete) only has the tail left to hash. The digest is file_sha256's.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._hash = hashlib.sha256()
+        self._queued = 0
+        self._pool = ThreadPoolExecutor(max_workers=1)  # one worker: the regions are hashed in order
+        self._jobs: list[Future] = []
+
+    def _feed(self, start: int, end: int) -> None:
+        while start < end:
+            block = os.pread(self._fd, min(1 << 20, end - start), start)
+            if not block:
+                raise OSError(f"the file ended at byte {start} of {end} while it was hashed")
+            self._hash.update(block)
+            start += len(block)
+
+    def final(self, end: int) -> None:
+        if end > self._queued:
+            self._jobs.append(self._pool.submit(self._feed, self._queued, end))
+            self._queued = end
+
+    def hexdigest(self) -> str:
+        self.final(os.fstat(self._fd).st_size)
+        for job in self._jobs:
+            job.result()
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        os.close(self._fd)

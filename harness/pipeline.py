@@ -29,7 +29,7 @@ from .capture import ISOLATED, TapError, parse_point, point_name, resolve_layers
 from .data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, DataError, calibration_windows, check_token_ids, read_sample
 from .loading import ModelDirError
 from .modes import ModeError, ModeRecipe, resolve_modes
-from .quamba_pair import checkpoint_calibration, needs_float, open_models
+from .quamba_pair import check_pair, checkpoint_calibration, needs_float, open_models
 from .report import sensitivity_tables, short_comparison
 from .samples import run_studies
 from .runmodes import run_todo, scales_of
@@ -204,8 +204,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                 emit: Callable[[str], None]) -> RunOutcome:
     ckpt = models.primary
     progress.phase = "reading the text"
-    with ThreadPoolExecutor(max_workers=1) as pool:  # hashing (GIL released) overlaps with tokenizing
+    with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
+        pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
         text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
             if models.needs_calibration(recipes) else None
@@ -249,8 +250,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     fault_point("before-calibration")
     if models.quamba is not None:
         provenance["model"]["quamba"] = models.quamba.info()
-        if models.float_ckpt is not None:
-            provenance["model"]["pairing"] = models.pairing(depth)
+        if pairing is not None:
+            provenance["model"]["pairing"] = models.pairing(depth, pairing)
     # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
     # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
     calibs = {}

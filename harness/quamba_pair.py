@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,9 +57,12 @@ class Models:
                 return load_tokenizer(d)
         return load_tokenizer(dirs[0])
 
-    def pairing(self, depth: int) -> dict:
-        """check_pair, with a warning on stderr when the two probably do not belong together."""
-        pairing = check_pair(self, depth)
+    def pairing(self, depth: int, checked: Future | None = None) -> dict:
+        """check_pair, with a warning on stderr when the two probably do not belong together.
+
+        checked: check_pair(self, depth) already submitted to a thread (its result, or its error, is taken here).
+        """
+        pairing = check_pair(self, depth) if checked is None else checked.result()
         if not pairing["matched"]:
             print(f"warning: only {pairing['within_one_code']:.2%} of the weight codes of {self.quamba.path} "
                   f"(layers 0..{depth}) lie within one code of {self.float_ckpt.path} quantized as Quamba does "

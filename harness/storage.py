@@ -20,13 +20,12 @@ Schema versions of the manifest (``schema_version``):
        shape, first_10, mean, std, min, max (``research_stats``), beside "tensors".
 Files without a manifest (the research tool's) are read as version 0.
 
-The pair is one unit (``write_pair``): the .npz goes to a temporary file, is fsynced
-and hashed; the manifest (with that hash) goes to ``.<name>_stats.json.pending``;
-then, with SIGINT/SIGTERM deferred, the .npz is renamed into place and the pending
-manifest renamed over ``_stats.json``: that last rename is the commit point. A
-reader (``load_capture``) checks the hash: a match is a complete pair; a mismatch
-with a matching pending manifest (a run killed between the two renames) is the new
-pair, read with the pending manifest; any other mismatch is refused with the reason.
+The pair is one unit (``write_pair``): the .npz goes to a temporary file, is fsynced and hashed;
+the manifest (with that hash) goes to ``.<name>_stats.json.pending``; then, with SIGINT/SIGTERM
+deferred, the .npz is renamed into place and the pending manifest renamed over ``_stats.json``:
+that last rename is the commit point. A reader (``load_capture``) checks the hash: a match is a
+complete pair; a mismatch with a matching pending manifest (a run killed between the two renames)
+is the new pair, read with the pending manifest; any other mismatch is refused with the reason.
 """
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import StorageError, atomic_write, check_output, check_writable, file_kind, file_sha256, fsync_dir, \
-    remove_files, temp_file, write_file
+from .files import StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_kind, file_sha256, \
+    fsync_dir, remove_files, temp_file, write_file
 from .guard import deferred_signals, fault_point, progress
 
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
@@ -143,12 +142,12 @@ def pending_path(npz_path: Path) -> Path:
 class PairWriter:
     """The .npz of a pair written member by member as results arrive, then committed with its manifest.
 
-    ``add(key, array)`` appends one .npy member to a temporary .npz next to the target (nothing
-    is held in memory after it returns); ``commit(stats)`` closes and fsyncs it, hashes it and
-    commits the pair exactly as ``write_pair`` (pending manifest, then the two renames with
-    signals deferred). Leaving the ``with`` block without a commit (an exception, a signal)
-    removes the temporary file: the previous pair is untouched. With ``dedup``, an array ("__"
-    key) bit-identical to one added before is not stored again; ``aliases`` maps it to that key.
+    ``add(key, array)`` appends one .npy member to a temporary .npz next to the target (nothing is held
+    in memory after it returns; a worker thread hashes finished members, files.TrailingSha256);
+    ``commit(stats)`` closes and fsyncs it, hashes the rest and commits the pair exactly as ``write_pair``
+    (pending manifest, then the two renames with signals deferred). Leaving the ``with`` block without a
+    commit (an exception, a signal) removes the temporary file: the previous pair is untouched. With
+    ``dedup``, an array ("__" key) bit-identical to one added before is not stored again; ``aliases`` maps it.
     """
 
     def __init__(self, path: Path, compress: bool = False, dedup: bool = False) -> None:
@@ -157,7 +156,7 @@ class PairWriter:
         self.dedup, self.aliases, self.keys = dedup, {}, []
         self._seen: dict[tuple, str] = {}
         self._tmp: str | None = None
-        self._file = self._zip = None
+        self._file = self._zip = self._hash = None
         self.stats: dict | None = None
 
     def __enter__(self) -> "PairWriter":
@@ -165,6 +164,7 @@ class PairWriter:
         check_writable(stats_path(self.path))
         self._tmp = temp_file(self.path)
         self._file = open(self._tmp, "wb")
+        self._hash = TrailingSha256(self._tmp)
         self._zip = zipfile.ZipFile(self._file, "w", compression=self.method, allowZip64=True)
         return self
 
@@ -181,6 +181,8 @@ class PairWriter:
         info.compress_type = self.method
         with self._zip.open(info, "w", force_zip64=True) as fh:
             np.lib.format.write_array(fh, arr, allow_pickle=False)
+        self._file.flush()  # the member is complete (zipfile rewrote its header): hash it behind the writer
+        self._hash.final(self._file.tell())
         self.keys.append(key)
         if len(self.keys) == 1:
             fault_point("write-npz")
@@ -192,7 +194,7 @@ class PairWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         spath, pending = stats_path(self.path), pending_path(self.path)
-        stats = {**stats, "npz": {"file": self.path.name, "sha256": file_sha256(self._tmp),
+        stats = {**stats, "npz": {"file": self.path.name, "sha256": self._hash.hexdigest(),
                                   "bytes": os.path.getsize(self._tmp)}}
         tmp_stats = temp_file(spath)
         npz_renamed = False
@@ -215,6 +217,8 @@ class PairWriter:
         return stats
 
     def __exit__(self, *exc) -> None:
+        if self._hash is not None:  # waits for the worker
+            self._hash.close()
         if self._tmp is not None:
             try:
                 if self._zip is not None:

@@ -343,3 +343,23 @@ def test_tokenizer_comes_from_the_float_model_when_the_checkpoint_has_none(expor
         (bare / name).unlink(missing_ok=True)
     r = run_modes(bare, tmp_path, ["fp32", "0"], mamba_model_path=hf_dir)
     assert not r.failed and r.stats["provenance"]["tokenizer"]["path"] == str(hf_dir / "tokenizer.json")
+
+
+def test_pairing_checked_beside_tokenizing_is_the_direct_check(exported, tmp_path, monkeypatch):
+    """The pipeline runs check_pair in a thread while it tokenizes: same result as a direct call, and its
+    error still ends the run before any file is written."""
+    import harness.pipeline as pipeline
+    from harness.loading import ModelDirError
+    from harness.quamba_pair import check_pair, open_models
+
+    other = write_hf_dir(tmp_path / "other", make_hf_model(seed=1))
+    out = run_modes(exported, tmp_path, ["fp32", "0"], layers=[0, 1], mamba_model_path=other)
+    assert out.stats["provenance"]["model"]["pairing"] == check_pair(open_models(exported, other), 1)
+
+    def broken(models, depth):
+        raise ModelDirError("layer 0 in_proj: the checkpoint has shape [1], the float model [2]")
+    monkeypatch.setattr(pipeline, "check_pair", broken)
+    (tmp_path / "e").mkdir()
+    with pytest.raises(ModelDirError, match="in_proj"):
+        run_modes(exported, tmp_path / "e", ["fp32", "0"], mamba_model_path=other)
+    assert list((tmp_path / "e").iterdir()) == []
