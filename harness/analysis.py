@@ -90,7 +90,7 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -
             folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
             norm_w, w = None, round_to_dtype(hadamard_transform(folded), dtype)
         cache[(dtype, rotate, prep)] = (norm_w, w)
-        release_freed()
+    release_freed()
     return cache[(dtype, rotate, prep)]
 
 

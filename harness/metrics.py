@@ -206,19 +206,23 @@ def _row_plain(ref: np.ndarray, test: np.ndarray) -> dict:
     return row
 
 
-def _row_fast(ref64: np.ndarray, d: np.ndarray, b: np.ndarray) -> dict:
+def _row_fast(ref64: np.ndarray, d: np.ndarray, test: np.ndarray) -> dict:
     """The same values as ``_row_plain``, bit for bit: each sum formed once, over the same array in the same
     (C) order as its single formula, with one scratch buffer instead of a fresh temporary per product
-    (fresh 8-byte-per-element temporaries cost more in page faults than the arithmetic). ref64 and b
-    (the test in float64) are this call's own copies and are overwritten."""
+    (fresh 8-byte-per-element temporaries cost more in page faults than the arithmetic). ref64 and d
+    are this call's own copies and are overwritten: d holds the test in float64 once |d| is taken,
+    so three float64 arrays of the input's size are the peak (the logits of a 130m model: 618 MB)."""
     a, flat, buf = ref64.reshape(-1), d.reshape(-1), np.empty(d.size)
     sq = np.multiply(flat, flat, out=buf)  # mse, ||d|| and the sqnr's noise: one sum over d * d
     m, dd = float(np.mean(sq)), float(np.sum(sq))
-    aa, bb, ab = (float(np.sum(np.multiply(x, y, out=buf))) for x, y in ((a, a), (b, b), (a, b)))
+    aa = float(np.sum(np.multiply(a, a, out=buf)))
     ad = np.abs(d, out=buf.reshape(d.shape))
     peak, where = _max_abs(ad)
     mae = float(np.mean(ad))
     p50, p90, p99 = abs_percentiles(buf)  # reorders buf: after every other use of |d|
+    b = flat
+    np.copyto(b, test.reshape(-1))  # the test in float64 (exact), where d was
+    bb, ab = (float(np.sum(np.multiply(x, y, out=buf))) for x, y in ((b, b), (a, b)))
     norm_a = math.sqrt(aa)
     den = norm_a * math.sqrt(bb)
     centred = np.subtract(a, a.mean(), out=a), np.subtract(b, b.mean(), out=b)
@@ -249,8 +253,9 @@ def error_metrics(ref: np.ndarray, test: np.ndarray) -> dict[str, float | list[i
         row["undefined"] = {name: bad[0] for name in METRIC_NAMES if name != "max_abs_index"}
         return row
     ref64 = ref.astype(np.float64)
-    d = test.astype(np.float64) - ref64
-    row = _row_fast(ref64, d, _flat64(test)) if d.flags.c_contiguous else _row_plain(ref, test)
+    d = test.astype(np.float64)  # a copy, then d in place: no third float64 array
+    np.subtract(d, ref64, out=d)
+    row = _row_fast(ref64, d, test) if d.flags.c_contiguous else _row_plain(ref, test)
     reasons = {"rel_l2": "the reference is all zeros (||ref|| = 0) but the mode is not",
                "cosine": "an array is all zeros (zero norm)", "pearson": "an array is constant (zero variance)"}
     undefined = {k: why for k, why in reasons.items() if math.isnan(row[k])}
@@ -281,15 +286,16 @@ def tensor_stats(values: np.ndarray, codes: np.ndarray | None = None, scale: flo
     capture dtype `source_dtype`, default the array's dtype).
     """
     v = values.astype(np.float64).reshape(-1)
-    empty = v.size == 0
+    empty, first_10 = v.size == 0, v[:10].tolist()
     with np.errstate(all="ignore"):
         mean = math.nan if empty else float(v.mean())
-        std = math.nan if empty else float(np.sqrt(np.mean((v - mean) ** 2)))
-        l2 = float(np.sqrt(_dot(v, v)))
+        l2 = float(np.sqrt(_dot(v, v, out=v)))  # v * v in v's own memory, then v again from `values`:
+        np.copyto(v, values.reshape(-1))          # the same values with one float64 copy in all
+        std = math.nan if empty else float(np.sqrt(np.mean(np.square(np.subtract(v, mean, out=v), out=v))))
     nan_count = int(np.isnan(values).sum())
     out = {
         "shape": list(values.shape), "dtype": str(values.dtype), "kind": "int8" if codes is not None else "float",
-        "first_10": v[:10].tolist(), "mean": mean, "std": std,
+        "first_10": first_10, "mean": mean, "std": std,
         "min": math.nan if empty else float(values.min()), "max": math.nan if empty else float(values.max()), "l2": l2,
         "nan_count": nan_count, "inf_count": int(np.isinf(values).sum()), "quantized": codes is not None,
     }

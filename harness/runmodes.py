@@ -43,6 +43,7 @@ def run_todo(cfg, todo: list[ModeRecipe], bank, calibs, ids, points, depth, mode
     iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
     wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
     ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
+    keep_only(bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
     for n, recipe in enumerate(ordered):
         _run_one(cfg, recipe, bank, calibs, samples, points, depth, modes, collector, state, bool(iso_layers), wanted)
         emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))

@@ -144,6 +144,7 @@ class WeightBank:
         self.ckpt, self.given = ckpt, given
         self._raw: dict[int, dict] = {}
         self._layers: dict[tuple[int, str, bool, str], LayerParams] = {}
+        self._wanted: set[tuple[str, bool, str]] | None = None  # the variants to keep (None: every one)
         self._embedded: dict[tuple[bool, torch.dtype, str, bool], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
@@ -170,26 +171,33 @@ class WeightBank:
         if prep not in PREPS:
             raise ValueError(f"unknown prep {prep!r}; valid: {', '.join(PREPS)}")
         key = (layer, weights, rotate, prep)
-        if key not in self._layers:
-            if self._uses_given(weights, rotate, prep):
-                self._layers[key] = self.given.int8_layer(layer)
-            elif weights == "int8":
-                self._layers[key] = int8_layer(self.layer(layer, "fp16", rotate, prep))
-            elif prep == "quamba":
-                if weights != "fp16":
-                    raise ValueError("prep=quamba prepares fp16 weights (Quamba's model is fp16); "
-                                     f"weights={weights} needs prep=exact")
-                self._layers[key] = quamba_fp16_layer(self.raw(layer), rotate)
-            else:
-                self._layers[key] = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
-            release_freed()  # the float64 folding and rotation buffers, freed, leave the process too
-        return self._layers[key]
+        if key in self._layers:
+            return self._layers[key]
+        if self._uses_given(weights, rotate, prep):
+            params = self.given.int8_layer(layer)
+        elif weights == "int8":
+            params = int8_layer(self.layer(layer, "fp16", rotate, prep))
+        elif prep == "quamba":
+            if weights != "fp16":
+                raise ValueError("prep=quamba prepares fp16 weights (Quamba's model is fp16); "
+                                 f"weights={weights} needs prep=exact")
+            params = quamba_fp16_layer(self.raw(layer), rotate)
+        else:
+            params = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
+        if self._wanted is None or key[1:] in self._wanted:
+            self._layers[key] = params
+        if self._wanted is not None and layer in self._raw:  # a caller that said what it needs: no raw kept
+            del self._raw[layer]
+            self._float("float weights").drop_pages()
+        release_freed()  # the float64 folding and rotation buffers, freed, leave the process too
+        return params
 
     def keep_only(self, variants: set[tuple[str, bool, str]]) -> None:
         """Forget every prepared (weights, rotate, prep) variant not in `variants`, and the raw float
         tensors (read again on demand): a caller running modes one after the other calls it after each
         with what the modes still to come need, so memory holds those variants, not every one seen."""
         self._raw.clear()
+        self._wanted = set(variants)  # from now on a variant outside them (int8's fp16 source) is not kept
         for key in [k for k in self._layers if k[1:] not in variants]:
             del self._layers[key]
         for ckpt in (self.ckpt, self.given):
