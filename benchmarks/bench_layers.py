@@ -8,7 +8,8 @@ process, wall and CPU time (the machine is shared: CPU time is the steadier numb
   calibrate  calibration of all 24 layers (cold cache), and one transformers forward over the same
              calibration tokens (the "one calibration forward pass of the whole model")
   all        the main job: all eight modes, --layers all --isolated --end-to-end, calibration cached;
-             peak RSS of the process (with --taps-all: --taps all as well)
+             peak RSS of the process
+  all_taps   the same with --taps all and --stats-only (the peak-memory target)
 
 Writes benchmarks/results_layers.json. --quick: a small shape and short sequences (smoke run).
 """
@@ -102,21 +103,26 @@ def _child_calibrate(a: dict) -> dict:
     return {"calibration": t, "one_forward": f}
 
 
-def _child_all(a: dict) -> dict:
+def _child_all(a: dict, taps_all: bool = False) -> dict:
     from harness.calibration import CalibrationSettings
     from harness.pipeline import RunConfig, run
 
     cfg = RunConfig(model=Path(a["model"]), modes=a["modes"], output_file=Path(a["out"]) / "all.npz",
                     seq_len=a["seq_len"], calib=CalibrationSettings(a["calib_samples"], a["calib_seqlen"]),
-                    cache_dir=Path(a["cache"]), layers=["all"], taps=["all"] if a["taps_all"] else [],
-                    isolated=True, end_to_end=True, keep_arrays=False, stats_only=a["taps_all"])
+                    cache_dir=Path(a["cache"]), layers=["all"], taps=["all"] if taps_all else [],
+                    isolated=True, end_to_end=True, keep_arrays=False, stats_only=taps_all)
     outcome, t = _timed(lambda: run(cfg, emit=lambda _s: None))
     assert not outcome.failed, outcome.failed
     return {**t, "calibration": outcome.stats["provenance"]["calibration"]["source"],
             "npz_mb": round(os.path.getsize(cfg.output_file) / 2**20, 1)}
 
 
-CHILDREN = {"hf": _child_hf, "one_mode": _child_one_mode, "calibrate": _child_calibrate, "all": _child_all}
+def _child_all_taps(a: dict) -> dict:
+    return _child_all(a, taps_all=True)
+
+
+CHILDREN = {"hf": _child_hf, "one_mode": _child_one_mode, "calibrate": _child_calibrate, "all": _child_all,
+            "all_taps": _child_all_taps}
 
 
 
@@ -127,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-samples", type=int, default=8)
     p.add_argument("--calib-seqlen", type=int, default=512)
     p.add_argument("--only", nargs="+", choices=list(CHILDREN), default=list(CHILDREN), help="measure only these")
-    p.add_argument("--taps-all", action="store_true", help="the main job with --taps all (peak-memory target)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         model = write_random_checkpoint(work / shape, shape)
         common = {"model": str(model), "seq_len": args.seq_len, "calib_samples": args.calib_samples,
                   "calib_seqlen": args.calib_seqlen, "cache": str(work / "cache"), "out": str(work),
-                  "modes": MODES, "taps_all": args.taps_all}
+                  "modes": MODES}
         for kind in [k for k in CHILDREN if k in args.only]:
             res[kind] = spawn(__file__, kind, common)
             print(kind, json.dumps(res[kind]), flush=True)

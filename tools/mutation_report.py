@@ -117,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
            "", "How it is run (pyproject `[tool.mutmut]`, `tools/mutation.py`):", "",
            "- mutants of every module listed below; per mutant, only the tests that call the mutated function "
            "(mutmut's per-function test selection), cheapest test files first, stopping at the first failure;",
-           "- the unit and block-level tests take part; the subprocess CLI tests and the end-to-end tests that run "
-           "whole pipelines (`test_mode_contracts`, `test_fp_contracts`, `test_lean`, `test_shipped_model`, "
+           "- the unit and block-level tests take part; the subprocess CLI tests (a test that starts a subprocess "
+           "skips itself under mutmut, tests/conftest.py: the child cannot run mutmut's trampolines) and the "
+           "end-to-end tests that run whole pipelines (`test_mode_contracts`, `test_fp_contracts`, `test_lean`, `test_shipped_model`, "
            "`test_calibration`, `test_unrotate`) do not (10+ s per mutant on a loaded machine): a mutant that only "
            "they catch counts as surviving;",
            "- a mutant is a timeout only past (mutmut's estimate + 30 s) x 10 CPU seconds (a real hang); timeouts "
