@@ -93,3 +93,81 @@ def test_a_mode_before_the_reference_waits_and_a_failed_mode_leaves_the_comparis
     c.failed("0")
     out = c.finish(["1", "fp32", "0"])
     assert set(out["modes"]) == {"1"} and all("0" not in g for g in out["identical_groups"])
+
+
+def test_only_block_outputs_decide_contract_9_and_layer_0s_output_is_named_output(tmp_path):
+    """Which tensors count as outputs for contract 9: "output" (layer 0's block.out in the research layout)
+    and L{i}.block.out, nothing else. Were "output" not counted, a mode differing there but equal at
+    block 1 would be an error; were inputs counted, a mode equal at every output would pass."""
+    rng = np.random.default_rng(5)
+    ref = [{"input": rng.standard_normal((1, 4, 8)).astype(np.float32),
+            "output": rng.standard_normal((1, 4, 8)).astype(np.float32)},
+           {"L1.block.in": rng.standard_normal((1, 4, 8)).astype(np.float32),
+            "L1.block.out": rng.standard_normal((1, 4, 8)).astype(np.float32)}]
+    differs_at_output = [{"input": ref[0]["input"].copy(), "output": ref[0]["output"] + 1},
+                         {k: v.copy() for k, v in ref[1].items()}]
+    only_inputs_differ = [{"input": ref[0]["input"] + 1, "output": ref[0]["output"].copy()},
+                          {"L1.block.in": ref[1]["L1.block.in"] + 1, "L1.block.out": ref[1]["L1.block.out"].copy()}]
+    _, writer, modes = _run(False, tmp_path, {"fp32": ref, "0": differs_at_output, "1": _blocks(2)})
+    assert modes["0"]["status"] == "ok" and "mode_0_output" in writer.keys
+    _, writer, modes = _run(False, tmp_path, {"fp32": ref, "0": only_inputs_differ, "1": _blocks(2)})
+    assert modes["0"]["status"] == "error" and not [k for k in writer.keys if k.startswith("mode_0")]
+
+
+def test_the_spill_directory_is_hidden_named_and_its_loss_does_not_fail_the_run(tmp_path):
+    """The README names the spill directory (.quamba-harness-reference-*) so users know what it is; a
+    directory deleted by someone else while the run goes on must not turn the end of the run into an error."""
+    import shutil
+
+    writer, modes = Recorder(), {m: {"status": "ok", "tensors": {}} for m in ("fp32", "1")}
+    c = Collector(writer, "fp32", modes, RECIPES, keep=False, spill_dir=tmp_path)
+    for chunk in _blocks(0):
+        c.add("fp32", chunk)
+    c.end("fp32")
+    (spill,) = list(tmp_path.iterdir())
+    assert spill.name.startswith(".quamba-harness-reference-") and len(list(spill.iterdir())) == 4
+    shutil.rmtree(spill)
+    assert c.finish(["fp32"])["modes"] == {}
+
+
+def test_a_spilled_file_holding_a_pickle_is_refused(tmp_path):
+    """The spill files are read back with allow_pickle=False: an object array put there in their place
+    (anything that can write the output's directory) must not be unpickled."""
+    writer, modes = Recorder(), {m: {"status": "ok", "tensors": {}} for m in ("fp32",)}
+    c = Collector(writer, "fp32", modes, RECIPES, keep=False, spill_dir=tmp_path)
+    c.add("fp32", {"output": np.ones(3, np.float32)})
+    (spill,) = list(tmp_path.iterdir())
+    (npy,) = list(spill.iterdir())
+    np.save(npy, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="pickle"):
+        c.ref_get("output")
+
+
+def test_a_failed_mode_before_the_reference_leaves_the_modes_that_ended_waiting_alone(tmp_path):
+    """failed() forgets only the failed mode's pending end: a quantizing mode that arrived and ended before the
+    reference must still be decided when the reference ends (else one equal to it everywhere passed as ok)."""
+    writer, modes = Recorder(), {m: {"status": "ok", "tensors": {}} for m in ("0", "1", "fp32")}
+    c = Collector(writer, "fp32", modes, RECIPES, keep=False, spill_dir=tmp_path)
+    ref = _blocks(0)
+    for chunk in ref:
+        c.add("0", {k: v.copy() for k, v in chunk.items()})
+    c.end("0")
+    c.add("1", _blocks(2)[0])
+    c.failed("1")
+    for chunk in ref:
+        c.add("fp32", chunk)
+    c.end("fp32")
+    out = c.finish(["0", "1", "fp32"])
+    assert modes["0"]["status"] == "error" and "did not take effect" in modes["0"]["error"]
+    assert out["modes"] == {} and not [k for k in writer.keys if k.startswith(("mode_0_", "mode_1_"))]
+
+
+def test_once_released_a_mode_is_never_held_again(tmp_path):
+    """A quantizing mode that differs at block 0 and equals the reference at block 1 (a block whose output
+    the quantization happens not to change) is ok with every block written: block 1 must not be held, or
+    the mode would end as "the quantization did not take effect"."""
+    ref = _blocks(0)
+    mode0 = [_blocks(1)[0], {k: v.copy() for k, v in ref[1].items()}]
+    _, writer, modes = _run(False, tmp_path, {"fp32": ref, "0": mode0, "1": _blocks(2)})
+    assert modes["0"]["status"] == "ok"
+    assert len([k for k in writer.keys if k.startswith("mode_0__")]) == 4
