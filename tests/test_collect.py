@@ -171,3 +171,27 @@ def test_once_released_a_mode_is_never_held_again(tmp_path):
     _, writer, modes = _run(False, tmp_path, {"fp32": ref, "0": mode0, "1": _blocks(2)})
     assert modes["0"]["status"] == "ok"
     assert len([k for k in writer.keys if k.startswith("mode_0__")]) == 4
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_rows_are_the_reference_against_the_mode_and_other_bases_are_skipped(tmp_path, keep):
+    """Each row is error_metrics(reference, mode) (rel_l2 and SQNR are not symmetric: swapped, they would
+    describe the reference's error against the mode), and a tensor stored in another basis than the
+    reference's is skipped with the reason, not compared."""
+    from harness.metrics import error_metrics
+
+    blocks = {"fp32": _blocks(0), "0": _blocks(1), "1": _blocks(2)}
+    writer, modes = Recorder(), {m: {"status": "ok", "tensors": {}} for m in ("fp32", "0", "1")}
+    for m in modes:
+        modes[m]["tensors"] = {"L1.block.out": {"basis": "rotated" if m == "1" else "original"}}
+    c = Collector(writer, "fp32", modes, RECIPES, keep=keep, spill_dir=tmp_path)
+    for mode in ("fp32", "0", "1"):
+        for chunk in blocks[mode]:
+            c.add(mode, chunk)
+        c.end(mode)
+    out = c.finish(["fp32", "0", "1"])
+    row = out["modes"]["0"]["L1.block.out"]
+    want = error_metrics(blocks["fp32"][1]["L1.block.out"], blocks["0"][1]["L1.block.out"])
+    assert row["rel_l2"] == want["rel_l2"] and row["sqnr_db"] == want["sqnr_db"]
+    assert "L1.block.out" not in out["modes"]["1"]
+    assert out["skipped"]["1"]["L1.block.out"] == "basis differs (rotated vs original)"
