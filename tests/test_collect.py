@@ -195,3 +195,17 @@ def test_rows_are_the_reference_against_the_mode_and_other_bases_are_skipped(tmp
     assert row["rel_l2"] == want["rel_l2"] and row["sqnr_db"] == want["sqnr_db"]
     assert "L1.block.out" not in out["modes"]["1"]
     assert out["skipped"]["1"]["L1.block.out"] == "basis differs (rotated vs original)"
+
+
+def test_a_failing_comparison_is_reported_and_the_arrays_are_still_written(tmp_path, monkeypatch, capsys):
+    """The comparison must never cost the arrays: an exception in it is recorded once (type and message), said
+    on stderr, and every mode's arrays are still written."""
+    import harness.collect as collect
+
+    def boom(*_a, **_k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(collect, "compare_modes", boom)
+    c, writer, modes = _run(False, tmp_path, {"fp32": _blocks(0), "0": _blocks(1), "1": _blocks(2)})
+    assert c.finish(["fp32", "0", "1"]) == {"error": "RuntimeError: boom"}
+    assert "error: the comparison failed (RuntimeError: boom); the arrays are written" in capsys.readouterr().err
+    assert len(writer.keys) == 12
