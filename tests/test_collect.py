@@ -209,3 +209,23 @@ def test_a_failing_comparison_is_reported_and_the_arrays_are_still_written(tmp_p
     assert c.finish(["fp32", "0", "1"]) == {"error": "RuntimeError: boom"}
     assert "error: the comparison failed (RuntimeError: boom); the arrays are written" in capsys.readouterr().err
     assert len(writer.keys) == 12
+
+
+def test_identical_groups_come_from_byte_digests(tmp_path):
+    """Groups are found from a sha256 per array: arrays that differ are never grouped (a digest of anything but
+    the array grouped every mode), equal arrays always are (the array [337.0], whose digest read as float64
+    holds a NaN pattern); block_io_names picks the block I/O tensors for the printed table."""
+    from harness.collect import block_io_names
+
+    same = {"output": np.array([337.0], np.float32)}
+    writer, modes = Recorder(), {m: {"status": "ok", "tensors": {}} for m in ("fp32", "1", "2")}
+    recipes = RECIPES + [SimpleNamespace(name="2", needs_calibration=False)]
+    c = Collector(writer, "fp32", modes, recipes, keep=False, spill_dir=tmp_path)
+    for mode, arrays in (("fp32", same), ("1", {"output": same["output"].copy()}),
+                         ("2", {"output": np.array([338.0], np.float32)})):
+        c.add(mode, arrays)
+        c.end(mode)
+    assert c.finish(["fp32", "1", "2"])["identical_groups"] == [["fp32", "1"]]
+    assert block_io_names(["input", "output", "residual", "L1.block.out", "L1.ssm.u", "logits"]) == \
+        ["input", "output", "residual", "L1.block.out"]
+    assert block_io_names(None) == []
