@@ -229,3 +229,37 @@ def test_identical_groups_come_from_byte_digests(tmp_path):
     assert block_io_names(["input", "output", "residual", "L1.block.out", "L1.ssm.u", "logits"]) == \
         ["input", "output", "residual", "L1.block.out"]
     assert block_io_names(None) == []
+
+
+def test_where_the_reference_is_kept_follows_keep_and_spill_dir(tmp_path):
+    """keep (default True) keeps every array in memory and spills nothing; keep=False without a spill
+    directory keeps the reference in memory; has_reference is False until the reference ended."""
+    blocks = {"fp32": _blocks(0), "1": _blocks(2)}
+    for kw, spilled in (({}, False), ({"keep": True, "spill_dir": tmp_path}, False), ({"keep": False}, False),
+                        ({"keep": False, "spill_dir": tmp_path}, True)):
+        modes = {m: {"status": "ok", "tensors": {}} for m in blocks}
+        c = Collector(Recorder(), "fp32", modes, RECIPES, **kw)
+        for mode in blocks:
+            assert c.has_reference is (mode != "fp32")
+            for chunk in blocks[mode]:
+                c.add(mode, chunk)
+            c.end(mode)
+        assert (len(list(tmp_path.iterdir())) == 1) is spilled, kw
+        assert np.array_equal(c.ref_get("L1.block.out"), blocks["fp32"][1]["L1.block.out"])
+        out = c.finish(["fp32", "1"])
+        assert set(out["modes"]["1"]) == {"L0.block.in", "L0.block.out", "L1.block.in", "L1.block.out"}
+        assert list(c.by_mode) == (["fp32", "1"] if kw.get("keep", True) else [])
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_contract_9_needs_a_float_reference(tmp_path):
+    """Against a quantizing reference, a quantizing mode equal to it is no error (2-1 = 2-2 happens)."""
+    recipes = [SimpleNamespace(name="0", needs_calibration=True), SimpleNamespace(name="2-1", needs_calibration=True)]
+    ref = _blocks(0)
+    modes = {m: {"status": "ok", "tensors": {}} for m in ("0", "2-1")}
+    c = Collector(Recorder(), "0", modes, recipes, keep=False, spill_dir=tmp_path)
+    for mode, blocks in (("0", ref), ("2-1", [{k: v.copy() for k, v in ch.items()} for ch in ref])):
+        for chunk in blocks:
+            c.add(mode, chunk)
+        c.end(mode)
+    assert modes["2-1"]["status"] == "ok" and c.finish(["0", "2-1"])["identical_groups"] == [["0", "2-1"]]
