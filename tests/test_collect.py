@@ -263,3 +263,32 @@ def test_contract_9_needs_a_float_reference(tmp_path):
             c.add(mode, chunk)
         c.end(mode)
     assert modes["2-1"]["status"] == "ok" and c.finish(["0", "2-1"])["identical_groups"] == [["0", "2-1"]]
+
+
+def test_a_resumed_or_outputless_quantizing_mode_is_written_and_entries_need_no_tensors_key(tmp_path):
+    """A mode kept from the file by --resume is not judged again by contract 9 (its entry says "resumed");
+    chunks without any block output decide nothing and are written when the mode ends; an entry without
+    "tensors" is compared as one without a basis."""
+    ref = _blocks(0)
+    modes = {"fp32": {"status": "ok"}, "0": {"status": "ok", "resumed": True}, "1": {"status": "ok"}}
+    writer = Recorder()
+    c = Collector(writer, "fp32", modes, RECIPES, keep=False, spill_dir=tmp_path)
+    for mode, blocks in (("fp32", ref), ("0", [{k: v.copy() for k, v in ch.items()} for ch in ref]),
+                         ("1", [{"L0.block.in": ref[0]["L0.block.in"] + 1}])):
+        for chunk in blocks:
+            c.add(mode, chunk)
+        c.end(mode)
+    out = c.finish(["fp32", "0", "1"])
+    assert modes["0"]["status"] == "ok" and len([k for k in writer.keys if k.startswith("mode_0__")]) == 4
+    assert set(out["modes"]["0"]) == {"L0.block.in", "L0.block.out", "L1.block.in", "L1.block.out"}
+    quant = [SimpleNamespace(name="fp32", needs_calibration=False), SimpleNamespace(name="0", needs_calibration=True)]
+    modes = {m: {"status": "ok", "tensors": {}} for m in ("fp32", "0")}
+    writer = Recorder()
+    c = Collector(writer, "fp32", modes, quant, keep=False, spill_dir=tmp_path)
+    c.add("fp32", {"L0.ssm.u": np.zeros(3, np.float32)})
+    c.end("fp32")
+    c.add("0", {"L0.ssm.u": np.ones(3, np.float32)})
+    assert writer.keys == ["mode_fp32__L0.ssm.u"]   # held: no block output decided it yet
+    c.end("0")
+    assert modes["0"]["status"] == "ok" and writer.keys[-1] == "mode_0__L0.ssm.u"
+    assert c.finish(["fp32", "0"])["modes"]["0"]["L0.ssm.u"]["max_abs"] == 1.0
