@@ -87,6 +87,15 @@ def _log(axis) -> None:
     axis.set_minor_locator(NullLocator())
 
 
+def _log_counts(ax, title: str, xlabel: str) -> None:
+    """A histogram panel's log count axis, title and labels."""
+    ax.set_yscale("log")
+    _log(ax.yaxis)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count (log)")
+
+
 def _figure(width: float, height: float, **margins) -> Figure:
     """A Figure with fixed margins (a layout engine would cost a second full draw per figure)."""
     with style():
@@ -122,11 +131,7 @@ def error_histogram(ax, errors: Mapping[str, np.ndarray], colors: Mapping[str, s
         return False
     for mode, d in errors.items():
         _step(ax, d, bins, color=colors[mode], label=mode)
-    ax.set_yscale("log")
-    _log(ax.yaxis)
-    ax.set_title("error histogram (mode - reference)")
-    ax.set_xlabel("error")
-    ax.set_ylabel("count (log)")
+    _log_counts(ax, "error histogram (mode - reference)", "error")
     return True
 
 
@@ -155,11 +160,7 @@ def value_distribution(ax, reference: np.ndarray, values: Mapping[str, np.ndarra
                 parts.append(f"{word} {100 * g[key]:.3g}%")
         ax.axvline(-clip, color=colors[mode], linestyle="--", linewidth=1)
         ax.axvline(clip, color=colors[mode], linestyle="--", linewidth=1, label=f"{mode} grid " + ", ".join(parts))
-    ax.set_yscale("log")
-    _log(ax.yaxis)
-    ax.set_title("values and int8 clip lines (±127.5·scale)")
-    ax.set_xlabel("value")
-    ax.set_ylabel("count (log)")
+    _log_counts(ax, "values and int8 clip lines (±127.5·scale)", "value")
     return True
 
 
