@@ -5,8 +5,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.calibration import CalibrationSettings
+from harness.calibration import CalibrationSettings, run_observers
+from harness.loading import open_checkpoint
 from harness.pipeline import RunConfig, run
+from harness.weights import WeightBank
 
 FAST_CALIB = CalibrationSettings(num_samples=16, seqlen=64, alpha=0.9995, batch_size=8, seed=42)
 
@@ -25,3 +27,15 @@ def on_grid(values: np.ndarray, scale: float) -> bool:
     codes = np.round(values.astype(np.float64) / scale)
     back = (codes * np.float32(scale)).astype(np.float32)
     return bool(np.array_equal(back, values) and codes.min() >= -128 and codes.max() <= 127)
+
+
+def observed_bank(model_dir: Path, ids_len: int):
+    """A weight bank, layer-0 scales observed on 4 seeded windows of 24 tokens (alpha 0.9995), and one
+    seeded sample of `ids_len` tokens: (bank, scales per layer, ids)."""
+    import torch
+
+    bank = WeightBank(open_checkpoint(model_dir))
+    g = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, bank.ckpt.dims.vocab_size, (4, 24), generator=g)
+    scales, _ = run_observers(bank, windows, 0, 0.9995, 4)
+    return bank, scales, torch.randint(0, bank.ckpt.dims.vocab_size, (1, ids_len), generator=g)

@@ -5,23 +5,17 @@ import pytest
 import torch
 
 from harness.build import build_block
-from harness.calibration import run_observers
 from harness.capture import capture, point_name
-from harness.loading import open_checkpoint
 from harness.modes import BUILTIN_MODES
 from harness.modules import BLOCK_POINTS
 from harness.ops.hadamard import hadamard_transform
 from harness.ops.quant import dequantize
-from harness.weights import WeightBank
+from helpers import observed_bank
 
 
 @pytest.fixture(scope="module")
 def setup(hf_dir):
-    bank = WeightBank(open_checkpoint(hf_dir))
-    g = torch.Generator().manual_seed(0)
-    windows = torch.randint(0, bank.ckpt.dims.vocab_size, (4, 24), generator=g)
-    scales, _ = run_observers(bank, windows, 0, 0.9995, 4)
-    ids = torch.randint(0, bank.ckpt.dims.vocab_size, (1, 20), generator=g)
+    bank, scales, ids = observed_bank(hf_dir, 20)
     return bank, scales[0], ids
 
 

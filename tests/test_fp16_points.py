@@ -10,12 +10,10 @@ import pytest
 import torch
 
 from harness.build import build_backbone
-from harness.calibration import run_observers
 from harness.capture import capture, point_name
-from harness.loading import open_checkpoint
 from harness.modes import BUILTIN_MODES
 from harness.modules import BLOCK_POINTS
-from harness.weights import WeightBank
+from helpers import observed_bank
 
 # mode -> points whose float value is rounded to fp16 (every other float point must not be on the grid)
 _INT8_PIPE = {"block.in", "ssm.out", "out_proj.out", "block.out"}
@@ -30,11 +28,7 @@ FP16_POINTS = {
 
 @pytest.fixture(scope="module")
 def setup(hf_dir):
-    bank = WeightBank(open_checkpoint(hf_dir))
-    g = torch.Generator().manual_seed(0)
-    windows = torch.randint(0, bank.ckpt.dims.vocab_size, (4, 24), generator=g)
-    scales, _ = run_observers(bank, windows, 0, 0.9995, 4)
-    ids = torch.randint(0, bank.ckpt.dims.vocab_size, (1, 24), generator=g)
+    bank, scales, ids = observed_bank(hf_dir, 24)
     return bank, scales, ids
 
 
