@@ -85,30 +85,28 @@ def test_build_gives_every_gemm_its_epilogue(bank, mode, site):
     assert getattr(_block(bank, mode), site).order is EPILOGUES[(mode, site)]
 
 
-def test_norm_output_rounds_half_even(bank):
-    block = _block(bank, "0")
-    residual = torch.randn(1, 3, bank.ckpt.dims.d_model, generator=torch.Generator().manual_seed(0))
-    probe = copy.copy(block.norm)
+def _tie_code(bank, site: str, scale: str, x, k: int):
+    """Block "0"'s `site` on x with its output scale (field `scale` of SCALES) set so that the largest
+    value is an exact tie: (the code it gets, the quotient value / scale)."""
+    probe = copy.copy(getattr(_block(bank, "0"), site))
     probe.out = FloatOut(torch.float32)
-    v = probe(residual).reshape(-1)
+    v = probe(x).reshape(-1)
     i = int(v.abs().argmax())
-    s = _tie_scale(float(v[i]), 40)
-    got = _block(bank, "0", dataclasses.replace(SCALES, s_in=s)).norm(residual).codes.reshape(-1)[i].item()
-    quotient = f32(v[i].item()) / f32(s)
+    s = _tie_scale(float(v[i]), k)
+    got = getattr(_block(bank, "0", dataclasses.replace(SCALES, **{scale: s})), site)(x).codes.reshape(-1)[i].item()
+    return got, f32(v[i].item()) / f32(s)
+
+
+def test_norm_output_rounds_half_even(bank):
+    residual = torch.randn(1, 3, bank.ckpt.dims.d_model, generator=torch.Generator().manual_seed(0))
+    got, quotient = _tie_code(bank, "norm", "s_in", residual, 40)
     assert got == _rne(quotient) and got != _rna(quotient)
 
 
 def test_conv_output_rounds_half_away(bank):
-    block = _block(bank, "0")
     g = torch.Generator().manual_seed(1)
     x = QTensor(torch.randint(-128, 128, (1, 6, bank.ckpt.dims.d_inner), generator=g, dtype=torch.int8), SCALES.s_xz)
-    probe = copy.copy(block.conv1d)
-    probe.out = FloatOut(torch.float32)
-    v = probe(x).reshape(-1)
-    i = int(v.abs().argmax())
-    s = _tie_scale(float(v[i]), 60)
-    got = _block(bank, "0", dataclasses.replace(SCALES, s_u=s)).conv1d(x).codes.reshape(-1)[i].item()
-    quotient = f32(v[i].item()) / f32(s)
+    got, quotient = _tie_code(bank, "conv1d", "s_u", x, 60)
     assert got == _rna(quotient) and got != _rne(quotient)
 
 
