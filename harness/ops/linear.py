@@ -12,11 +12,14 @@ For an int8 output, q = sat8(RNE(v)) (PTX cvt.rni.sat). For a float output
 (out_proj; in_proj in mode 3) s_out is 1, so the ratio is s_x itself, and v is
 rounded to the output dtype (fp16 in W8A8B16O16).
 
-The accumulator equals the kernel's int32 result (whose saturation is never
-reached). It is computed as fp32 matmuls over blocks of K <= 1024, where every
-partial sum is an integer of magnitude <= 1024 * 128 * 128 = 2**24 and therefore
-exact in fp32 whatever the summation order, and the block sums are added in
-float64 (exact below 2**53).
+The accumulator is the kernel's int32 result (whose saturation is never reached:
+|acc| <= K * 128 * 128 < 2**31 for K < 131072), from torch's int8 x int8 -> int32
+GEMM (``torch._int_mm``: exact integer arithmetic, like the kernel's). Where that
+GEMM is missing (an older torch, a device or shape it refuses) the same integers
+come from fp32 matmuls over blocks of K <= 1024, where every partial sum is an
+integer of magnitude <= 1024 * 128 * 128 = 2**24 and therefore exact in fp32
+whatever the summation order, with the block sums added in float64 (exact below
+2**53).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch
 from ..spec import FloatOut, OutSpec, QTensor, QuantOut, Rounding
 from .quant import dequantize, f32, quantize_prescaled, round_half_even, to_output
 
-__all__ = ["Epilogue", "int8_gemm", "w8a8_linear", "w8a8_linear_ref", "float_linear"]
+__all__ = ["Epilogue", "int8_gemm", "int8_gemm_float", "w8a8_linear", "w8a8_linear_ref", "float_linear"]
 
 
 class Epilogue(str, enum.Enum):
@@ -39,18 +42,28 @@ _EXACT_K = 1024  # 1024 * 128 * 128 = 2**24: the largest K whose fp32 partial su
 
 
 def int8_gemm(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
-    """acc = x @ w.T, exact.
+    """acc = x @ w.T, exact: the kernel's int32 accumulator.
 
-    x_codes: (..., k) int8; w_codes: (n, k) int8 -> (..., n) float64 holding integers.
+    x_codes: (..., k) int8; w_codes: (n, k) int8 -> (..., n) int32.
     """
+    x2 = x_codes.reshape(-1, x_codes.shape[-1])
+    try:
+        acc = torch._int_mm(x2, w_codes.t())
+    except (AttributeError, RuntimeError, NotImplementedError):  # no int8 GEMM here: the exact float path
+        acc = int8_gemm_float(x2, w_codes)
+    return acc.reshape(*x_codes.shape[:-1], w_codes.shape[0])
+
+
+def int8_gemm_float(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
+    """``int8_gemm`` by float matmuls (the fallback): the same int32 values."""
     if torch.get_float32_matmul_precision() != "highest":  # reduced-precision fp32 GEMMs would not be exact
-        return x_codes.to(torch.float64) @ w_codes.to(torch.float64).t()
+        return (x_codes.to(torch.float64) @ w_codes.to(torch.float64).t()).to(torch.int32)
     xf, wf = x_codes.to(torch.float32), w_codes.to(torch.float32)
     acc = None
     for start in range(0, xf.shape[-1], _EXACT_K):
         block = (xf[..., start:start + _EXACT_K] @ wf[:, start:start + _EXACT_K].t()).to(torch.float64)
         acc = block if acc is None else acc + block
-    return acc
+    return acc.to(torch.int32)
 
 
 def _epilogue(acc: torch.Tensor, s_x: float, s_w: float, s_out: float, order: Epilogue) -> torch.Tensor:

@@ -1,25 +1,26 @@
-"""W8A8 linear details: exact accumulation under every fp32 matmul precision, the block boundary, bad orders."""
+"""W8A8 linear details: the int32 GEMM and its float fallback, exact under every fp32 matmul precision and at
+the block boundary; bad orders."""
 import pytest
 import torch
 
-from harness.ops.linear import _EXACT_K, Epilogue, int8_gemm, w8a8_linear
+from harness.ops.linear import _EXACT_K, Epilogue, int8_gemm, int8_gemm_float, w8a8_linear
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 
 @pytest.mark.parametrize("precision", ["highest", "high", "medium"])
 def test_accumulation_is_exact_under_every_matmul_precision(precision):
-    """With TF32/bf16 matmuls allowed, fp32 GEMMs are not exact: the float64 path must take over."""
+    """With TF32/bf16 matmuls allowed, fp32 GEMMs are not exact: the fallback's float64 path must take over."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-128, 128, (3, 2100), generator=g, dtype=torch.int8)
     w = torch.randint(-128, 128, (5, 2100), generator=g, dtype=torch.int8)
-    exact = (x.to(torch.int64) @ w.to(torch.int64).t()).to(torch.float64)
+    exact = (x.to(torch.int64) @ w.to(torch.int64).t()).to(torch.int32)
     old = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision(precision)
-        acc = int8_gemm(x, w)
+        acc, fallback = int8_gemm(x, w), int8_gemm_float(x, w)
     finally:
         torch.set_float32_matmul_precision(old)
-    assert acc.dtype == torch.float64 and torch.equal(acc, exact)
+    assert acc.dtype == fallback.dtype == torch.int32 and torch.equal(acc, exact) and torch.equal(fallback, exact)
 
 
 def test_block_size_keeps_partial_sums_exact():
@@ -29,7 +30,25 @@ def test_block_size_keeps_partial_sums_exact():
     x = torch.full((1, k), -128, dtype=torch.int8)
     w = torch.full((1, k), -128, dtype=torch.int8)
     x[0, -1], w[0, -1] = 127, 127   # the total 2**24 + 127 * 127 is odd: not representable in fp32
-    assert int8_gemm(x, w).item() == 1024 * 128 * 128 + 127 * 127
+    assert int8_gemm_float(x, w).item() == int8_gemm(x, w).item() == 1024 * 128 * 128 + 127 * 127
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 3), (2, 3, 17, 9), (512, 1536, 80)])
+def test_int32_gemm_and_its_fallback_equal_the_integer_product(shape, monkeypatch):
+    """The int8 GEMM keeps x's leading dimensions; without torch._int_mm the float path gives the same int32."""
+    g = torch.Generator().manual_seed(1)
+    *lead, k, n = shape
+    x = torch.randint(-128, 128, (*lead, k), generator=g, dtype=torch.int8)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    exact = (x.to(torch.int64) @ w.to(torch.int64).t()).to(torch.int32)
+    fast = int8_gemm(x, w)
+
+    def refuse(*_a):
+        raise RuntimeError("no int8 GEMM on this device")
+    monkeypatch.setattr(torch, "_int_mm", refuse)
+    slow = int8_gemm(x, w)
+    assert fast.shape == slow.shape == (*lead, n)
+    assert torch.equal(fast, exact) and torch.equal(slow, exact) and slow.dtype == torch.int32
 
 
 def test_unknown_epilogue_order_is_refused():
