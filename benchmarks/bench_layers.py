@@ -5,13 +5,16 @@ process, wall and CPU time (the machine is shared: CPU time is the steadier numb
 
   hf         transformers' fp32 MambaForCausalLM forward (logits), one sample
   one_mode   the emulation's fp32 mode through all 24 blocks, the final norm and lm_head
-  calibrate  calibration of all 24 layers (cold cache), and one transformers forward over the same
-             calibration tokens (the "one calibration forward pass of the whole model")
+  calibrate  calibration of all 24 layers (cold cache)
+  hf_calib   one transformers forward over the same calibration tokens (the "one calibration
+             forward pass of the whole model")
   all        the main job: all eight modes, --layers all --isolated --end-to-end, calibration cached;
              peak RSS of the process
   all_taps   the same with --taps all and --stats-only (the peak-memory target)
 
-Writes benchmarks/results_layers.json. --quick: a small shape and short sequences (smoke run).
+The transformers children import nothing of the harness (the token ids come from the parent in a
+.npy file): the harness sets glibc's malloc thresholds when imported (harness/memory.py), and the
+baseline is transformers as its users run it. Writes benchmarks/results_layers.json. --quick: a small shape and short sequences (smoke run).
 """
 from __future__ import annotations
 
@@ -39,11 +42,30 @@ def _timed(fn):
     return out, {"wall_s": round(time.perf_counter() - wall, 3), "cpu_s": round(time.process_time() - cpu, 3)}
 
 
-def _ids(a: dict):
-    from harness.data import DEFAULT_TEXT_FILE, read_sample
+def _write_ids(model: Path, seq_len: int, calib: tuple[int, int], work: Path) -> None:
+    """The sample's and the calibration windows' token ids, as the harness reads them, for every child."""
+    import numpy as np
+
+    from harness.calibration import CalibrationSettings
+    from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
     from harness.loading import load_tokenizer
 
-    return read_sample(load_tokenizer(Path(a["model"])), DEFAULT_TEXT_FILE, a["seq_len"]).ids
+    tok, settings = load_tokenizer(model), CalibrationSettings(*calib)
+    np.save(work / "ids.npy", read_sample(tok, DEFAULT_TEXT_FILE, seq_len).ids.numpy())
+    windows = calibration_windows(tok, DEFAULT_CALIB_FILE, settings.num_samples, settings.seqlen, settings.seed)
+    np.save(work / "calib_ids.npy", windows.ids.numpy())
+    np.save(work / "calib_batch.npy", np.array(settings.batch_size))
+
+
+def _ids(a: dict, name: str = "ids"):
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.load(Path(a["out"]) / f"{name}.npy", allow_pickle=False))
+
+
+def _plain_transformers() -> dict:
+    return {"harness_imported": any(m == "harness" or m.startswith("harness.") for m in sys.modules)}
 
 
 def _child_hf(a: dict) -> dict:
@@ -55,7 +77,18 @@ def _child_hf(a: dict) -> dict:
     with torch.no_grad():
         model(input_ids=ids[:, :16])  # warm-up
         _, t = _timed(lambda: model(input_ids=ids).logits)
-    return t
+    return {**t, **_plain_transformers()}
+
+
+def _child_hf_calib(a: dict) -> dict:
+    import torch
+    from transformers import MambaForCausalLM
+
+    hf = MambaForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
+    ids, batch = _ids(a, "calib_ids"), int(_ids(a, "calib_batch"))
+    with torch.no_grad():
+        _, f = _timed(lambda: [hf(input_ids=ids[k:k + batch]).logits for k in range(0, ids.shape[0], batch)])
+    return {**f, **_plain_transformers()}
 
 
 def _child_one_mode(a: dict) -> dict:
@@ -81,26 +114,15 @@ def _child_one_mode(a: dict) -> dict:
 
 
 def _child_calibrate(a: dict) -> dict:
-    import torch
-    from transformers import MambaForCausalLM
-
     from harness.calibration import CalibrationSettings, calibrate
-    from harness.data import DEFAULT_CALIB_FILE, calibration_windows
-    from harness.loading import load_tokenizer
     from harness.quamba_pair import open_models
 
     models = open_models(Path(a["model"]), None)
     settings = CalibrationSettings(a["calib_samples"], a["calib_seqlen"])
-    text = calibration_windows(load_tokenizer(Path(a["model"])), DEFAULT_CALIB_FILE, settings.num_samples,
-                               settings.seqlen, settings.seed)
     n = models.bank.dims.n_layer
     prefix = models.primary.prefix_hashes(n - 1)
-    _, t = _timed(lambda: calibrate(models.bank, text.ids, settings, n - 1, prefix, Path(a["cache"])))
-    hf = MambaForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
-    with torch.no_grad():
-        _, f = _timed(lambda: [hf(input_ids=text.ids[k:k + settings.batch_size]).logits
-                               for k in range(0, text.ids.shape[0], settings.batch_size)])
-    return {"calibration": t, "one_forward": f}
+    _, t = _timed(lambda: calibrate(models.bank, _ids(a, "calib_ids"), settings, n - 1, prefix, Path(a["cache"])))
+    return t
 
 
 def _child_all(a: dict, taps_all: bool = False) -> dict:
@@ -121,8 +143,8 @@ def _child_all_taps(a: dict) -> dict:
     return _child_all(a, taps_all=True)
 
 
-CHILDREN = {"hf": _child_hf, "one_mode": _child_one_mode, "calibrate": _child_calibrate, "all": _child_all,
-            "all_taps": _child_all_taps}
+CHILDREN = {"hf": _child_hf, "one_mode": _child_one_mode, "calibrate": _child_calibrate,
+            "hf_calib": _child_hf_calib, "all": _child_all, "all_taps": _child_all_taps}
 
 
 
@@ -151,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-layers-") as tmp:
         work = Path(tmp)
         model = write_random_checkpoint(work / shape, shape)
+        _write_ids(model, args.seq_len, (args.calib_samples, args.calib_seqlen), work)
         common = {"model": str(model), "seq_len": args.seq_len, "calib_samples": args.calib_samples,
                   "calib_seqlen": args.calib_seqlen, "cache": str(work / "cache"), "out": str(work),
                   "modes": MODES}
@@ -162,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         res["one_mode_over_hf"] = {k: round(res["one_mode"][k] / hf[k], 3) for k in ("wall_s", "cpu_s")}
     if hf and "all" in res:
         res["all_over_8_hf"] = {k: round(res["all"][k] / (8 * hf[k]), 3) for k in ("wall_s", "cpu_s")}
-    if "calibrate" in res:
-        c = res["calibrate"]
-        res["calibration_over_one_forward"] = {k: round(c["calibration"][k] / c["one_forward"][k], 3)
+    if "calibrate" in res and "hf_calib" in res:
+        res["calibration_over_one_forward"] = {k: round(res["calibrate"][k] / res["hf_calib"][k], 3)
                                                for k in ("wall_s", "cpu_s")}
     res["machine"]["loadavg_after"] = os.getloadavg()
     out = Path(__file__).resolve().parent / ("results_layers_quick.json" if args.quick else "results_layers.json")
