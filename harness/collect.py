@@ -56,7 +56,7 @@ class _Spill:
         self.files[tensor] = path
 
     def get(self, tensor: str) -> np.ndarray:
-        return np.load(self.files[tensor], allow_pickle=False)
+        return np.load(self.files[tensor], mmap_mode="r", allow_pickle=False)
 
     def remove(self) -> None:
         self._cleanup()
@@ -153,10 +153,17 @@ class Collector:
     def _compare_and_store(self, mode: str, arrays: dict[str, np.ndarray]) -> None:
         if self.error is None:
             ref_names = [t for t in arrays if t in self.ref_names]
+            refs: dict[str, np.ndarray] = {}  # each reference array read once for this chunk
+
+            def get(m: str, t: str) -> np.ndarray:
+                if m != self.reference:
+                    return arrays[t]
+                if t not in refs:
+                    refs[t] = self.ref_get(t)
+                return refs[t]
             try:
-                out = compare_modes({self.reference: ref_names, mode: list(arrays)},
-                                    lambda m, t: self.ref_get(t) if m == self.reference else arrays[t],
-                                    self.reference, self._comparable, groups=False)
+                out = compare_modes({self.reference: ref_names, mode: list(arrays)}, get, self.reference,
+                                    self._comparable, groups=False)
                 self.rows.setdefault(mode, {}).update(out["modes"].get(mode, {}))
                 if mode in out["skipped"]:
                     self.skipped.setdefault(mode, {}).update(out["skipped"][mode])

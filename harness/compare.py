@@ -88,12 +88,19 @@ def _memo_equal(get: ArrayGetter) -> Callable[[str, str, str], bool]:
     return equal
 
 
+_EQUAL_CHUNK = 1 << 18
+
+
 def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit-for-bit equal values (NaN at the same places counts as equal)."""
+    """Bit-for-bit equal values (NaN at the same places counts as equal); compared in chunks of the
+    flattened arrays, stopping at the first that differs (a quantized mode's logits differ at once;
+    compared whole, their masks and copies were five 25-100 MB arrays)."""
     if a.shape != b.shape:
         return False
     nan_ok = a.dtype.kind in "fc" and b.dtype.kind in "fc"
-    return bool(np.array_equal(a, b, equal_nan=nan_ok))
+    fa, fb = np.ravel(a), np.ravel(b)
+    return all(np.array_equal(fa[i:i + _EQUAL_CHUNK], fb[i:i + _EQUAL_CHUNK], equal_nan=nan_ok)
+               for i in range(0, max(fa.size, 1), _EQUAL_CHUNK))
 
 
 def compared_pairs(comparison: dict) -> int:

@@ -21,6 +21,9 @@ from typing import Callable
 
 import numpy as np
 
+from . import percentiles
+from .percentiles import abs_percentiles
+
 __all__ = ["METRIC_NAMES", "METRICS", "error_metrics", "abs_percentiles", "tensor_stats", "overflow_fractions", "mse", "mae", "rmse", "max_abs", "rel_l2", "sqnr_db", "cosine",
            "pearson"]
 
@@ -67,70 +70,6 @@ def _sqnr_sums(noise: float, signal: float) -> float:
         return -math.inf
     ratio = signal / noise  # both finite and > 0 here; the quotient may still underflow to 0 or overflow
     return -math.inf if ratio == 0.0 else (math.inf if math.isinf(ratio) else 10.0 * math.log10(ratio))
-
-
-_PERCENTS = np.array([50.0, 90.0, 99.0])
-
-
-def _order_stats(keys: np.ndarray, ranks: list[int]) -> dict[int, int] | None:
-    """{rank: the rank-th smallest of keys} from a sorted sample: each run of adjacent ranks is bracketed by
-    two sample values lo <= hi; if below = #(keys < lo) <= rank and rank < below + #(lo <= keys <= hi), the
-    answer is the (rank - below)-th smallest of the few keys in [lo, hi] (sorted, exactly those occupy
-    positions below .. below + count - 1). None when the array is small or a bracket misses (the caller
-    then partitions the whole array)."""
-    n = keys.size
-    if n < 1 << 14:
-        return None
-    step = n >> 11
-    while math.gcd(step, 210) != 1:  # coprime to 2, 3, 5, 7: the sample walks across the channels of (..., C)
-        step += 1
-    sample = np.sort(keys[::step])
-    m, out = sample.size, {}
-    groups = [[ranks[0]]]
-    for r in ranks[1:]:
-        if r == groups[-1][-1] + 1:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
-    for g in groups:
-        j, k = g[0] * m // n - 64, g[-1] * m // n + 64  # the bracket's sample positions; beyond the sample: open
-        lo, hi = (sample[j] if j > 0 else None), (sample[k] if k < m - 1 else None)
-        ge, le = (None if lo is None else keys >= lo), (None if hi is None else keys <= hi)
-        below = 0 if ge is None else n - int(np.count_nonzero(ge))
-        mask = ge if le is None else (le if ge is None else np.logical_and(ge, le, out=ge))
-        inside = keys.copy() if mask is None else keys[mask]
-        if not (below <= g[0] and g[-1] < below + inside.size):
-            return None
-        inside.partition([r - below for r in g])
-        out.update({r: int(inside[r - below]) for r in g})
-    return out
-
-
-def abs_percentiles(values: np.ndarray) -> tuple[float, float, float]:
-    """p50, p90, p99 of finite non-negative float64 `values` (1-D, reordered in place): exactly
-    ``np.percentile(values, [50, 90, 99])`` (method "linear"), but the six neighbouring order statistics
-    are selected on the int64 view (the bit patterns of non-negative floats sort as the floats do), from a
-    sample's brackets (``_order_stats``) or else one partition, instead of a copy partitioned at eight
-    ranks; the interpolation repeats numpy 2.4's ``_quantile`` and ``_lerp`` operation for operation."""
-    n = values.size
-    virtual = (n - 1) * np.true_divide(_PERCENTS, 100)
-    prev = np.floor(virtual)
-    nxt = prev + 1
-    above = virtual >= n - 1
-    prev[above], nxt[above] = -1, -1
-    prev_i, next_i = prev.astype(np.intp), nxt.astype(np.intp)
-    ranks = np.unique(np.concatenate((prev_i, next_i)) % n)
-    stats = _order_stats(values.view(np.int64), [int(r) for r in ranks])
-    if stats is None:
-        values.view(np.int64).partition(ranks)
-        lo, hi = values[prev_i], values[next_i]
-    else:
-        lo, hi = (np.array([stats[int(i) % n] for i in idx], np.int64).view(np.float64) for idx in (prev_i, next_i))
-    gamma = np.asanyarray(virtual - prev_i, dtype=virtual.dtype)
-    diff = hi - lo
-    out = np.add(lo, diff * gamma)
-    np.subtract(hi, diff * (1 - gamma), out=out, where=gamma >= 0.5, casting="unsafe", dtype=type(out.dtype))
-    return float(out[0]), float(out[1]), float(out[2])
 
 
 def _cosine(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> float:
@@ -198,38 +137,90 @@ def _nonfinite_note(name: str, a: np.ndarray) -> tuple[str, list[int]] | None:
     return f"the {name} holds {n_nan} NaN and {int(bad.sum()) - n_nan} Inf values (first at {tuple(pos)})", pos
 
 
-def _row_plain(ref: np.ndarray, test: np.ndarray) -> dict:
-    """The metrics by their single formulas (inputs whose float64 difference is not C-ordered)."""
-    row = {name: fn(ref, test) for name, fn in METRICS.items()}
-    row["max_abs"], row["max_abs_index"] = max_abs(ref, test)
-    row["p50"], row["p90"], row["p99"] = (float(p) for p in np.percentile(np.abs(_d(ref, test)), [50, 90, 99]))
-    return row
+_LEAF = 1 << 18  # elements per chunk: four 2 MB float64 scratch buffers, reused by every chunk
+_PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE
 
 
-def _row_fast(ref64: np.ndarray, d: np.ndarray, test: np.ndarray) -> dict:
-    """The same values as ``_row_plain``, bit for bit: each sum formed once, over the same array in the same
-    (C) order as its single formula, with one scratch buffer instead of a fresh temporary per product
-    (fresh 8-byte-per-element temporaries cost more in page faults than the arithmetic). ref64 and d
-    are this call's own copies and are overwritten: d holds the test in float64 once |d| is taken,
-    so three float64 arrays of the input's size are the peak (the logits of a 130m model: 618 MB)."""
-    a, flat, buf = ref64.reshape(-1), d.reshape(-1), np.empty(d.size)
-    sq = np.multiply(flat, flat, out=buf)  # mse, ||d|| and the sqnr's noise: one sum over d * d
-    m, dd = float(np.mean(sq)), float(np.sum(sq))
-    aa = float(np.sum(np.multiply(a, a, out=buf)))
-    ad = np.abs(d, out=buf.reshape(d.shape))
-    peak, where = _max_abs(ad)
-    mae = float(np.mean(ad))
-    p50, p90, p99 = abs_percentiles(buf)  # reorders buf: after every other use of |d|
-    b = flat
-    np.copyto(b, test.reshape(-1))  # the test in float64 (exact), where d was
-    bb, ab = (float(np.sum(np.multiply(x, y, out=buf))) for x, y in ((b, b), (a, b)))
+def _tree(lo: int, hi: int, leaf: Callable[[int, int], list]) -> list:
+    """Sums over [lo, hi), each leaf's list of np.sum results combined as numpy (2.4) combines a contiguous
+    1-D sum's halves (pairwise_sum in numpy/_core/src/umath/loops_utils.h.src: n2 = n / 2 rounded down to
+    a multiple of 8, sum(left) + sum(right)): each total equals np.sum over the whole range, bit for bit,
+    while no float64 copy larger than a leaf exists. Leaves are visited left to right."""
+    n = hi - lo
+    if n <= max(_LEAF, _PAIRWISE_BLOCK):  # numpy splits only above its block of 128
+        return leaf(lo, hi)
+    n2 = n // 2
+    n2 -= n2 % 8
+    left, right = _tree(lo, lo + n2, leaf), _tree(lo + n2, hi, leaf)
+    return [x + y for x, y in zip(left, right)]
+
+
+class _Chunks:
+    """The reference and the test, flattened in C order, loaded into float64 scratch one chunk at a time."""
+
+    def __init__(self, ref: np.ndarray, test: np.ndarray):
+        self.r, self.t = np.ravel(ref), np.ravel(test)  # views, or C-order copies in the input dtype
+        m = min(self.r.size, max(_LEAF, _PAIRWISE_BLOCK))
+        self.a, self.b, self.d, self.buf = (np.empty(m) for _ in range(4))
+
+    def load(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(ref64, test64, |test64 - ref64|, scratch) of [lo, hi)."""
+        k = hi - lo
+        a, b, d = self.a[:k], self.b[:k], self.d[:k]
+        np.copyto(a, self.r[lo:hi])
+        np.copyto(b, self.t[lo:hi])
+        np.abs(np.subtract(b, a, out=d), out=d)
+        return a, b, d, self.buf[:k]
+
+
+def _row(ref: np.ndarray, test: np.ndarray) -> dict:
+    """Every metric by its single formula's value, bit for bit: each sum taken over the same float64
+    elements in C order and combined in numpy's pairwise order (``_tree``), in two passes over chunks:
+    the first for the sums, |d|'s peak and the percentiles' sample, the second for the centred sums
+    (pearson) and the percentiles' brackets. The logits of a 130m model are never copied whole to
+    float64 (they were three 206 MB copies, whose page faults cost more than the arithmetic)."""
+    c, n = _Chunks(ref, test), ref.size
+    brackets = percentiles.Brackets(n, percentiles.ranks_of(n)) if n > _LEAF else None
+    peak: list = [-1.0, 0]
+    whole: list = []
+
+    def first(lo: int, hi: int) -> list:
+        a, b, d, buf = c.load(lo, hi)
+        j = int(np.argmax(d))
+        if d[j] > peak[0]:
+            peak[:] = [float(d[j]), lo + j]
+        if brackets is not None:
+            brackets.sample(lo, d.view(np.int64))
+        else:
+            whole.append(d.copy())
+        sums = [np.sum(d)]
+        for x, y in ((d, d), (a, a), (b, b), (a, b)):
+            sums.append(np.sum(np.multiply(x, y, out=buf)))
+        return sums + [np.sum(a), np.sum(b)]
+    ad, dd, aa, bb, ab, sa, sb = _tree(0, n, first)
+    mean_a, mean_b = sa / n, sb / n
+
+    def second(lo: int, hi: int) -> list:
+        a, b, d, buf = c.load(lo, hi)
+        if brackets is not None:
+            brackets.count(d.view(np.int64))
+        ca, cb = np.subtract(a, mean_a, out=a), np.subtract(b, mean_b, out=b)
+        return [np.sum(np.multiply(x, y, out=buf)) for x, y in ((ca, ca), (cb, cb), (ca, cb))]
+    cc_a, cc_b, cc_ab = _tree(0, n, second)
+    if brackets is None:
+        p50, p90, p99 = abs_percentiles(whole[0])
+    else:  # a missed bracket (stats None): |d| whole, once
+        stats = brackets.select()
+        p50, p90, p99 = percentiles.percentiles_from(n, stats, None if stats is not None else np.abs(_d(ref, test)).reshape(-1))
     norm_a = math.sqrt(aa)
     den = norm_a * math.sqrt(bb)
-    centred = np.subtract(a, a.mean(), out=a), np.subtract(b, b.mean(), out=b)
-    return {"mse": m, "mae": mae, "rmse": math.sqrt(m), "max_abs": peak, "max_abs_index": where,
-            "rel_l2": _ratio(math.sqrt(dd), norm_a), "sqnr_db": _sqnr_sums(dd, aa),
-            "cosine": math.nan if den == 0.0 else float(ab / den), "pearson": _cosine(*centred, buf),
-            "p50": p50, "p90": p90, "p99": p99}
+    den_c = float(math.sqrt(cc_a) * math.sqrt(cc_b))
+    m = float(dd / n)
+    return {"mse": m, "mae": float(ad / n), "rmse": math.sqrt(m), "max_abs": peak[0],
+            "max_abs_index": [int(i) for i in np.unravel_index(peak[1], ref.shape)],
+            "rel_l2": _ratio(math.sqrt(dd), norm_a), "sqnr_db": _sqnr_sums(float(dd), float(aa)),
+            "cosine": math.nan if den == 0.0 else float(ab / den),
+            "pearson": math.nan if den_c == 0.0 else float(cc_ab / den_c), "p50": p50, "p90": p90, "p99": p99}
 
 
 def error_metrics(ref: np.ndarray, test: np.ndarray) -> dict[str, float | list[int]]:
@@ -252,10 +243,7 @@ def error_metrics(ref: np.ndarray, test: np.ndarray) -> dict[str, float | list[i
         row["max_abs_index"] = bad[1]
         row["undefined"] = {name: bad[0] for name in METRIC_NAMES if name != "max_abs_index"}
         return row
-    ref64 = ref.astype(np.float64)
-    d = test.astype(np.float64)  # a copy, then d in place: no third float64 array
-    np.subtract(d, ref64, out=d)
-    row = _row_fast(ref64, d, test) if d.flags.c_contiguous else _row_plain(ref, test)
+    row = _row(ref, test)
     reasons = {"rel_l2": "the reference is all zeros (||ref|| = 0) but the mode is not",
                "cosine": "an array is all zeros (zero norm)", "pearson": "an array is constant (zero variance)"}
     undefined = {k: why for k, why in reasons.items() if math.isnan(row[k])}
@@ -285,13 +273,23 @@ def tensor_stats(values: np.ndarray, codes: np.ndarray | None = None, scale: flo
     For float tensors: overflow_upper / overflow_lower (``overflow_fractions`` of the
     capture dtype `source_dtype`, default the array's dtype).
     """
-    v = values.astype(np.float64).reshape(-1)
-    empty, first_10 = v.size == 0, v[:10].tolist()
-    with np.errstate(all="ignore"):
-        mean = math.nan if empty else float(v.mean())
-        l2 = float(np.sqrt(_dot(v, v, out=v)))  # v * v in v's own memory, then v again from `values`:
-        np.copyto(v, values.reshape(-1))          # the same values with one float64 copy in all
-        std = math.nan if empty else float(np.sqrt(np.mean(np.square(np.subtract(v, mean, out=v), out=v))))
+    flat, n = np.ravel(values), values.size
+    buf = np.empty(min(n, max(_LEAF, _PAIRWISE_BLOCK)))
+
+    empty, first_10 = n == 0, flat[:10].astype(np.float64).tolist()
+
+    def sums(lo: int, hi: int, centre: float | None = None) -> list:
+        v = buf[:hi - lo]
+        np.copyto(v, flat[lo:hi])
+        if centre is not None:
+            return [np.sum(np.square(np.subtract(v, centre, out=v), out=v))]
+        return [np.sum(v), np.sum(np.square(v, out=v))]
+    with np.errstate(all="ignore"):  # the float64 sums of the single formulas, chunk by chunk (``_tree``)
+        total, squares = _tree(0, n, sums)
+        mean = math.nan if empty else float(total / n)
+        l2 = float(np.sqrt(squares))
+        (centred,) = _tree(0, n, lambda lo, hi: sums(lo, hi, mean))
+        std = math.nan if empty else float(np.sqrt(centred / n))
     nan_count = int(np.isnan(values).sum())
     out = {
         "shape": list(values.shape), "dtype": str(values.dtype), "kind": "int8" if codes is not None else "float",

@@ -75,3 +75,23 @@ def test_identical_groups_need_every_shared_tensor_equal():
                                             ("L12.block.out", "L12.block.in"), ("residual", "input")])
 def test_input_tensor_for(tensor, source):
     assert input_tensor_for(tensor) == source
+
+
+def test_equality_is_decided_over_every_chunk(monkeypatch):
+    """_equal compares the flattened arrays chunk by chunk: a difference in the last chunk only is found,
+    NaN at the same places (in any chunk) counts as equal, at different places not; empty arrays are equal."""
+    from harness import compare
+
+    monkeypatch.setattr(compare, "_EQUAL_CHUNK", 7)
+    a = np.arange(30, dtype=np.float32).reshape(3, 10)
+    b = a.copy()
+    assert compare._equal(a, b)
+    b[2, 9] = -1.0
+    assert not compare._equal(a, b)
+    a[0, 1] = a[2, 5] = np.nan
+    b = a.copy()
+    assert compare._equal(a, b)
+    b[2, 5] = 0.0
+    assert not compare._equal(a, b) and not compare._equal(b, a)
+    assert compare._equal(np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32))
+    assert not compare._equal(np.zeros((2, 3)), np.zeros((3, 2)))

@@ -39,7 +39,7 @@ def test_abs_percentiles_equal_numpy_percentile():
 
 
 def test_order_stats_fall_back_when_the_sample_misleads():
-    from harness.metrics import _order_stats
+    from harness.percentiles import _order_stats
 
     values = np.arange(1, 2 ** 15 + 1, dtype=np.float64)
     values[::17] = 0.0  # every sampled element (step 17 for this size) is 0: the brackets miss
@@ -171,3 +171,65 @@ def test_npz_hash_taken_behind_the_writer_is_the_files(tmp_path, compress):
         h.final(end)
     assert h.hexdigest() == file_sha256(part)
     h.close()
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 129, 1000, 4097, 65536 + 3, 1 << 20])
+@pytest.mark.parametrize("leaf", [8, 100, 1024])
+def test_chunked_sums_equal_numpy_sum_bit_for_bit(n, leaf, monkeypatch):
+    """_tree combines the leaves' sums in numpy's pairwise order: the total equals np.sum over the whole
+    array (values spread over many magnitudes, so another order would show in the last bits)."""
+    from harness import metrics
+
+    monkeypatch.setattr(metrics, "_LEAF", leaf)
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n) * np.exp(rng.standard_normal(n) * 6)
+    (got,) = metrics._tree(0, n, lambda lo, hi: [np.sum(x[lo:hi])])
+    assert got == np.sum(x) and got / n == np.mean(x)
+    assert np.mean(x.reshape(-1, 1)) == np.mean(x)   # the N-D mean of a contiguous array: the same sum
+
+
+def _stats_by_formula(v: np.ndarray) -> dict:
+    v64 = v.astype(np.float64).reshape(-1)
+    return {"mean": float(v64.mean()), "std": float(np.sqrt(np.mean(np.square(v64 - v64.mean())))),
+            "l2": float(np.sqrt(np.sum(v64 * v64))), "first_10": v64[:10].tolist()}
+
+
+@pytest.mark.parametrize("leaf", [1000, 1 << 18])
+def test_metrics_of_arrays_seen_in_chunks_equal_the_single_formulas(leaf, monkeypatch):
+    """Arrays of several chunks (a small leaf, or the default one with 2**20 + values, as the logits):
+    every metric, the percentiles and the stats equal the whole-array formulas bit for bit."""
+    from harness import metrics
+    from harness.metrics import tensor_stats
+
+    monkeypatch.setattr(metrics, "_LEAF", leaf)
+    rng = np.random.default_rng(5)
+    shape = (1, 64, 96) if leaf < 1 << 18 else (1, 37, 30011)
+    ref = (rng.standard_normal(shape) * np.exp(rng.standard_normal(shape[-1]) * 3)).astype(np.float32)
+    pairs = [(ref, (ref + 0.01 * rng.standard_normal(shape)).astype(np.float32)),
+             (ref, np.round(ref * 4).astype(np.float32) / 4),
+             (ref[0].T, (ref[0] + 0.5).astype(np.float32).T)]
+    for r, t in pairs:
+        row = error_metrics(r, t)
+        for name, fn in METRICS.items():
+            assert _same(row[name], fn(r, t)), (leaf, name, row[name], fn(r, t))
+        assert (row["max_abs"], row["max_abs_index"]) == max_abs(r, t)
+        d = np.abs(t.astype(np.float64) - r.astype(np.float64))
+        assert [row["p50"], row["p90"], row["p99"]] == [float(v) for v in np.percentile(d, [50, 90, 99])]
+        got, want = tensor_stats(t), _stats_by_formula(t)
+        assert {k: got[k] for k in want} == want
+
+
+def test_chunked_percentiles_fall_back_when_the_sample_misleads(monkeypatch):
+    """Every sampled |d| is 0 (the differences sit off the sample's grid): the chunks' brackets miss,
+    and |d| taken whole decides, still equal to np.percentile."""
+    from harness import metrics
+    from harness.percentiles import sample_step
+
+    monkeypatch.setattr(metrics, "_LEAF", 4096)
+    n = 3 * 2 ** 15
+    ref = np.zeros(n, np.float32)
+    test = np.arange(1, n + 1, dtype=np.float32)
+    test[::sample_step(n)] = 0.0
+    row = error_metrics(ref, test)
+    d = np.abs(test.astype(np.float64))
+    assert [row["p50"], row["p90"], row["p99"]] == [float(v) for v in np.percentile(d, [50, 90, 99])]
