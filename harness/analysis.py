@@ -242,8 +242,9 @@ def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, 
         codes: dict[str, list] = {}
         meta: dict[str, tuple] = {}
         for k in range(len(samples)):
+            block_in = run.residuals[k]
             with capture(model, wanted) as captured:
-                _, run.residuals[k] = block(run.residuals[k])
+                mixed, run.residuals[k] = block(block_in)
             for point in layer_hooked:
                 if point not in captured:
                     continue  # a site the recipe does not have (had.out without rotation)
@@ -258,11 +259,12 @@ def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, 
                 meta[name] = (point, site, cap.scale, cap.n_clipped, cap.dtype)
             if layer in iso_layers:
                 name = point_name(layer, ISOLATED)
-                if ref_inputs is None:  # the mode's own input, in its own basis
-                    ref_in, ref_rotated = captured[point_name(layer, "block.in")].values, rotate
-                else:
-                    ref_in, ref_rotated = ref_inputs.by_sample[k][layer], ref_inputs.rotated
-                out = isolated_out(block, ref_in.to(device), ref_rotated, rotate).cpu()
+                # on an input equal to the mode's own (the reference itself; layer 0 where the embedding is
+                # shared) the replay is the forward just run: its output is taken, not computed again
+                ref_in = None if ref_inputs is None else convert(ref_inputs.by_sample[k][layer].to(device),
+                                                                 ref_inputs.rotated, rotate)
+                same = ref_in is None or torch.equal(ref_in, block_in)
+                out = (mixed if same else isolated_out(block, ref_in, rotate, rotate)).cpu()
                 out = _to_original(out, rotate) if basis == "original" else out
                 per_sample.setdefault(name, []).append(out.numpy())
                 codes.setdefault(name, []).append(None)

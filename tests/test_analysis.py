@@ -116,6 +116,23 @@ def test_isolated_equals_accumulated_for_the_reference_and_shared_embedding(big_
     assert rows["L1.block.isolated"]["sqnr_db"] > rows["L1.block.out"]["sqnr_db"]  # error accumulates
 
 
+def test_isolated_replays_the_mode_block_on_the_reference_input(big_run, hf_dir):
+    """Mode 1 (not rotated) on fp32's input (rotated, converted to the original basis as the file stores it):
+    each stored L{i}.block.isolated equals the mode's block run again here on that input, bit for bit,
+    and differs from the accumulated output past layer 0 (the replay is not the forward's output)."""
+    from harness.analysis import isolated_out
+    from harness.build import build_backbone
+
+    (recipe,) = resolve_modes(["1"], None)
+    model = build_backbone(recipe, open_models(hf_dir, None).bank, None, 1)
+    fp, one = big_run.by_mode["fp32"], big_run.by_mode["1"]
+    for i, (inp, out) in enumerate((("input", "output"), ("L1.block.in", "L1.block.out"))):
+        for k in range(3):
+            want = isolated_out(model.blocks[i], torch.from_numpy(fp[inp][k]), False, False).numpy()
+            assert np.array_equal(one[f"L{i}.block.isolated"][k], want), (i, k)
+    assert not np.array_equal(one["L1.block.isolated"], one["L1.block.out"])
+
+
 def test_samples_are_independent_and_keep_the_research_layout(big_run, hf_dir, tmp_path):
     assert big_run.token_ids.shape == (3, 32)
     one = run_modes(hf_dir, tmp_path, ["fp32", "2-4"], layers=["all"], seq_len=32, isolated=True, end_to_end=True)
