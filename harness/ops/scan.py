@@ -82,11 +82,13 @@ def _output(states: torch.Tensor, C: torch.Tensor, u: torch.Tensor, D: torch.Ten
         prod = (states.transpose(2, 3) * C[:, :, None, :]).contiguous()
         return prod.sum(dim=3) + u * D
     if order in (ScanOrder.KERNEL, ScanOrder.MAMBA):
-        # y = fma(h_n, C_n, y) in turn: float64 products of fp32 numbers are exact, one rounding per step
-        states64, C64 = states.to(torch.float64), C.to(torch.float64)
+        # y = fma(h_n, C_n, y) in turn, as fma_f32: the float64 products of fp32 numbers are exact (all taken
+        # at once); each step adds in float64 (y's fp32 values promoted exactly) and rounds once to fp32 on
+        # storing into y (torch computes a mixed-dtype add in the promoted dtype, then casts to `out`)
+        prods = states.to(torch.float64).mul_(C.to(torch.float64)[:, :, :, None])
         y = D * u
         for n in range(d_state):
-            y = fma_f32(states64[:, :, n], C64[:, :, n, None], y)
+            torch.add(y, prods[:, :, n], out=y)
         return y
     y = states[:, :, 0] * C[:, :, 0, None]
     for n in range(1, d_state):
