@@ -12,6 +12,8 @@ process, wall and CPU time (the machine is shared: CPU time is the steadier numb
              peak RSS of the process
   all_taps   the same with --taps all and --stats-only (the peak-memory target)
 
+hf and all run --runs times (default 3), alternating, after the others (calibrate fills the cache
+that all reuses): medians, and their spread as [min, max]; the ratios are of the medians.
 The transformers children import nothing of the harness (the token ids come from the parent in a
 .npy file): the harness sets glibc's malloc thresholds when imported (harness/memory.py), and the
 baseline is transformers as its users run it. Writes benchmarks/results_layers.json. --quick: a small shape and short sequences (smoke run).
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -143,6 +146,13 @@ def _child_all_taps(a: dict) -> dict:
     return _child_all(a, taps_all=True)
 
 
+def _summary(runs: list[dict]) -> dict:
+    """Median wall and CPU seconds of the runs, their [min, max], and every run."""
+    out: dict = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "cpu_s")}
+    out["spread"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in ("wall_s", "cpu_s")}
+    return {**out, "runs": runs}
+
+
 CHILDREN = {"hf": _child_hf, "one_mode": _child_one_mode, "calibrate": _child_calibrate,
             "hf_calib": _child_hf_calib, "all": _child_all, "all_taps": _child_all_taps}
 
@@ -154,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--calib-samples", type=int, default=8)
     p.add_argument("--calib-seqlen", type=int, default=512)
+    p.add_argument("--runs", type=int, default=3, help="alternating runs of hf and all")
     p.add_argument("--only", nargs="+", choices=list(CHILDREN), default=list(CHILDREN), help="measure only these")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -163,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shape = "mamba-130m"
     if args.quick:
-        args.seq_len, args.calib_samples, args.calib_seqlen, shape = 64, 2, 64, "mamba-130m"
+        args.seq_len, args.calib_samples, args.calib_seqlen, shape, args.runs = 64, 2, 64, "mamba-130m", 1
     from checkpoints import write_random_checkpoint
 
     res: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -177,9 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         common = {"model": str(model), "seq_len": args.seq_len, "calib_samples": args.calib_samples,
                   "calib_seqlen": args.calib_seqlen, "cache": str(work / "cache"), "out": str(work),
                   "modes": MODES}
-        for kind in [k for k in CHILDREN if k in args.only]:
+        repeated = [k for k in ("hf", "all") if k in args.only]
+        for kind in [k for k in CHILDREN if k in args.only and k not in repeated]:
             res[kind] = spawn(__file__, kind, common)
             print(kind, json.dumps(res[kind]), flush=True)
+        runs: dict[str, list[dict]] = {k: [] for k in repeated}
+        for i in range(args.runs):
+            for kind in repeated:
+                runs[kind].append(spawn(__file__, kind, common))
+                print(f"{kind} run {i + 1}/{args.runs}", json.dumps(runs[kind][-1]), flush=True)
+        res.update({kind: _summary(r) for kind, r in runs.items()})
     hf = res.get("hf")
     if hf and "one_mode" in res:
         res["one_mode_over_hf"] = {k: round(res["one_mode"][k] / hf[k], 3) for k in ("wall_s", "cpu_s")}
