@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one run of each")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--work", type=Path, help="keep the float model and its export in DIR and reuse them on later runs "
+                   "(default: a temporary directory, exported anew)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -88,13 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     from harness.export import ExportConfig, export
 
     with tempfile.TemporaryDirectory(prefix="bench-quamba-") as tmp:
-        work = Path(tmp)
-        model = write_random_checkpoint(work / "mamba-130m", "mamba-130m")
-        t = time.perf_counter()
-        quamba = export(ExportConfig(model=model, output_dir=work / "quamba-130m-w8a8",
-                                     calib=CalibrationSettings(8, 512), cache_dir=work / "cache"), emit=lambda _s: None)
-        print(f"exported {quamba.name} in {time.perf_counter() - t:.1f} s", flush=True)
-        os.sync()
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        model, quamba = work / "mamba-130m", work / "quamba-130m-w8a8"
+        if not (quamba / "config.json").is_file():
+            model = write_random_checkpoint(model, "mamba-130m")
+            t = time.perf_counter()
+            quamba = export(ExportConfig(model=model, output_dir=quamba, calib=CalibrationSettings(8, 512),
+                                         cache_dir=work / "cache"), emit=lambda _s: None)
+            print(f"exported {quamba.name} in {time.perf_counter() - t:.1f} s", flush=True)
+            os.sync()
         common = {"quamba": str(quamba), "float": str(model), "seq_len": args.seq_len, "out": str(work)}
         runs: dict[str, list[dict]] = {"quamba": [], "floor": []}
         for i in range(args.runs):
