@@ -20,8 +20,11 @@ __version__ = "0.1.0"
 
 
 def _interrupted_while_starting(signum, _frame):
+    """Leaves at once (os._exit): an exception raised inside torch's import can unwind through its C++
+    and abort the process (exit -6, seen about once in six tries); nothing is written yet."""
     print(f"interrupted by {signal.Signals(signum).name} while starting: nothing was written", file=sys.stderr)
-    sys.exit(128 + signum)
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 # Ctrl-C during the imports below (torch takes seconds) ends `python -m harness` and the
