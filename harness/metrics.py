@@ -21,8 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import percentiles
-from .percentiles import abs_percentiles
+from .percentiles import Brackets, abs_percentiles, percentiles_from, ranks_of
 
 __all__ = ["METRIC_NAMES", "METRICS", "error_metrics", "abs_percentiles", "tensor_stats", "overflow_fractions", "mse", "mae", "rmse", "max_abs", "rel_l2", "sqnr_db", "cosine",
            "pearson"]
@@ -180,7 +179,7 @@ def _row(ref: np.ndarray, test: np.ndarray) -> dict:
     (pearson) and the percentiles' brackets. The logits of a 130m model are never copied whole to
     float64 (they were three 206 MB copies, whose page faults cost more than the arithmetic)."""
     c, n = _Chunks(ref, test), ref.size
-    brackets = percentiles.Brackets(n, percentiles.ranks_of(n)) if n > _LEAF else None
+    brackets = Brackets(n, ranks_of(n)) if n > _LEAF else None
     peak: list = [-1.0, 0]
     whole: list = []
 
@@ -211,7 +210,7 @@ def _row(ref: np.ndarray, test: np.ndarray) -> dict:
         p50, p90, p99 = abs_percentiles(whole[0])
     else:  # a missed bracket (stats None): |d| whole, once
         stats = brackets.select()
-        p50, p90, p99 = percentiles.percentiles_from(n, stats, None if stats is not None else np.abs(_d(ref, test)).reshape(-1))
+        p50, p90, p99 = percentiles_from(n, stats, None if stats is not None else np.abs(_d(ref, test)).reshape(-1))
     norm_a = math.sqrt(aa)
     den = norm_a * math.sqrt(bb)
     den_c = float(math.sqrt(cc_a) * math.sqrt(cc_b))

@@ -1,38 +1,49 @@
 """harness.memory: freed memory stays for reuse until the explicit trim, which returns it (glibc only)."""
-import ctypes
-import ctypes.util
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
+
+# in a fresh interpreter: the heap of a long test session is fragmented, a new block need not sit at its top
+_PROBE = r"""
+import ctypes, ctypes.util, json
 from harness import memory
 
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _libc():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-    except (OSError, AttributeError):
-        pytest.skip("not glibc >= 2.33 (mallinfo2)")
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    return libc
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+try:
+    libc.mallinfo2.restype = MallInfo2
+except AttributeError:
+    print(json.dumps(None)); raise SystemExit
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+size = 8 << 20
+block = libc.malloc(size)
+ctypes.memset(block, 1, size)
+libc.free(block)
+kept = libc.mallinfo2().keepcost
+released = memory.release_freed()
+print(json.dumps({"size": size, "kept": kept, "released": released, "after": libc.mallinfo2().keepcost,
+                  "mmap": memory.MMAP_THRESHOLD, "trim": memory.TRIM_THRESHOLD}))
+"""
 
 
 def test_a_freed_block_is_kept_until_release_freed_returns_it():
     """An 8 MB block (below the mmap threshold) freed at the top of the heap stays there for the next
     allocation (the trim threshold): with glibc's default 128 kB it would go back at once and its pages
     fault in again. release_freed() then hands it back."""
-    libc = _libc()
-    size = 8 << 20
-    assert size < memory.MMAP_THRESHOLD and size < memory.TRIM_THRESHOLD
-    block = libc.malloc(size)
-    ctypes.memset(block, 1, size)
-    libc.free(block)
-    assert libc.mallinfo2().keepcost >= size
-    assert memory.release_freed()
-    assert libc.mallinfo2().keepcost < size
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    if got is None:
+        pytest.skip("not glibc >= 2.33 (mallinfo2)")
+    assert got["size"] < got["mmap"] and got["size"] < got["trim"]
+    assert got["kept"] >= got["size"]
+    assert got["released"] and got["after"] < got["size"]
