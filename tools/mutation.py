@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the modules of [tool.mutmut] only_mutate, as dotted names, in the order they are run
 MODULES = (
     "harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harness.ops.scan", "harness.ops.hadamard",
-    "harness.metrics", "harness.compare", "harness.storage", "harness.observers", "harness.data",
+    "harness.metrics", "harness.percentiles", "harness.compare", "harness.storage", "harness.observers", "harness.data",
     "harness.modules", "harness.build", "harness.weights", "harness.calibration",
     "harness.files", "harness.quamba_ckpt", "harness.collect",
 )
