@@ -67,3 +67,22 @@ def test_metrics_do_not_depend_on_the_memory_layout():
     strided = error_metrics(ref, test_view)
     contiguous = error_metrics(np.ascontiguousarray(ref), np.ascontiguousarray(test))
     assert {k: v for k, v in strided.items()} == contiguous
+
+
+def test_sqnr_is_minus_infinity_when_the_ratio_underflows():
+    """Signal and noise both finite and positive, but signal / noise underflows to 0: -inf dB, not +inf
+    (a mutant that returned +inf there survived: a drowned signal would have read as a perfect one)."""
+    ref = np.array([1e-160, 0.0])      # sum of squares 1e-320 (subnormal, > 0)
+    test = np.array([1e150, 0.0])      # noise about 1e300
+    assert sqnr_db(ref, test) == -math.inf
+    assert error_metrics(ref, test)["sqnr_db"] == -math.inf
+
+
+def test_overflow_fractions_count_against_the_capture_dtype():
+    """stats of an fp16 capture stored as float32 count against fp16's range (65504), not float32's
+    (a mutant that dropped source_dtype survived)."""
+    v = np.array([70000.0, -70000.0, 1.0, np.inf], np.float32)
+    s = tensor_stats(v, source_dtype="float16")
+    assert s["capture_dtype"] == "float16"
+    assert (s["overflow_upper"], s["overflow_lower"]) == (0.5, 0.25)
+    assert (tensor_stats(v)["overflow_upper"], tensor_stats(v)["overflow_lower"]) == (0.25, 0.0)

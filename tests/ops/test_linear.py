@@ -19,8 +19,9 @@ def test_w8a8_matches_integer_reference_bit_exactly(order, out):
     ref = w8a8_linear_ref(x, w, order, out)
     if isinstance(out, QuantOut):
         assert torch.equal(got.codes, ref.codes) and got.scale == ref.scale
-    else:
-        assert torch.equal(got, ref)
+    else:  # both fp32 tensors holding out.dtype values (torch.equal would also pass an fp16 oracle: a
+        # mutant of w8a8_linear_ref that dropped the fp32 cast survived)
+        assert torch.equal(got, ref) and got.dtype == ref.dtype == torch.float32
 
 
 def test_accumulation_is_exact_beyond_fp32_range():
