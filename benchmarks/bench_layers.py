@@ -16,7 +16,8 @@ hf and all run --runs times (default 3), alternating, after the others (calibrat
 that all reuses): medians, and their spread as [min, max]; the ratios are of the medians.
 The transformers children import nothing of the harness (the token ids come from the parent in a
 .npy file): the harness sets glibc's malloc thresholds when imported (harness/memory.py), and the
-baseline is transformers as its users run it. Writes benchmarks/results_layers.json. --quick: a small shape and short sequences (smoke run).
+baseline is transformers as its users run it. Writes benchmarks/results_layers.json.
+--quick: a small shape and short sequences, one run (smoke run).
 """
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def _child_calibrate(a: dict) -> dict:
     settings = CalibrationSettings(a["calib_samples"], a["calib_seqlen"])
     n = models.bank.dims.n_layer
     prefix = models.primary.prefix_hashes(n - 1)
-    _, t = _timed(lambda: calibrate(models.bank, _ids(a, "calib_ids"), settings, n - 1, prefix, Path(a["cache"])))
+    ids = _ids(a, "calib_ids")
+    _, t = _timed(lambda: calibrate(models.bank, ids, settings, n - 1, prefix, Path(a["cache"])))
     return t
 
 

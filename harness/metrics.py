@@ -223,7 +223,7 @@ def _row(ref: np.ndarray, test: np.ndarray) -> dict:
 
 
 def error_metrics(ref: np.ndarray, test: np.ndarray) -> dict[str, float | list[int]]:
-    """Every metric of METRIC_NAMES for one (reference, test) pair; d is formed once.
+    """Every metric of METRIC_NAMES for one (reference, test) pair, in two passes over chunks (``_row``).
 
     Also "undefined": {metric: reason} for every metric that is nan.
     """
