@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-__all__ = ["abs_percentiles", "Brackets", "SAMPLED_FROM"]
+__all__ = ["abs_percentiles", "Brackets", "percentiles_from", "ranks_of", "sample_step", "SAMPLED_FROM"]
 
 _PERCENTS = np.array([50.0, 90.0, 99.0])
 SAMPLED_FROM = 1 << 14  # arrays from this size on are bracketed from a sample
