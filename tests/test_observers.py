@@ -53,3 +53,12 @@ def test_observers_refuse_to_compute_before_data():
 def test_alpha_outside_range_is_rejected(alpha):
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         PercentileObserver(alpha)
+
+
+def test_percentile_observer_reads_fp16_values():
+    """Values off the fp16 grid are rounded to fp16 before the quantile, as the fp16 calibration model holds
+    them (a mutant that skipped the cast survived: every caller passes fp16-grid values already)."""
+    x = torch.tensor([[1.0, -2.0004, 0.5]])   # fp16(2.0004) = 2.0
+    obs = PercentileObserver(1.0)
+    obs.observe(x)
+    assert float(obs.ema) == 2.0 and obs.raw_max == 2.0

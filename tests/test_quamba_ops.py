@@ -177,6 +177,10 @@ def test_calibration_conv_rounds_to_fp16_before_silu():
     got = float_causal_conv1d_silu(x, w, None, FloatOut(torch.float16), pre_silu=torch.float16)
     assert torch.equal(got.flatten(), twice)
     assert not torch.equal(float_causal_conv1d_silu(x, w, None, FloatOut(torch.float16)).flatten(), twice)
+    # the block's module hands its pre_silu to the op (a mutant that dropped it survived)
+    from harness.modules import ConvInput, EmuConv1d
+    module = EmuConv1d(w, None, ConvInput("float"), FloatOut(torch.float16), torch.float16)
+    assert torch.equal(module(x).flatten(), twice)
 
 
 def test_mode3_float_in_proj_uses_the_w8a8b16o16_epilogue():
@@ -239,9 +243,18 @@ def test_mamba_order_is_the_kernel_order_with_mamba_ssms_gate(monkeypatch):
 
 
 @pytest.mark.parametrize("n,ok", [(16, True), (48, True), (192, True), (384, True), (768, True), (1536, True),
+                                  (160, True), (640, True), (40960, True),
                                   (24, False), (96, False), (320, False), (20, False), (28 * 4, False), (4, False)])
 def test_hadamard_widths_quamba_supports(n, ok):
+    """The 40N kernel's widths too (a mutant that divided by 41 survived while only 320 was checked)."""
     assert (quamba_kernel_support(n) is None) == ok
+
+
+def test_hadamard_width_messages_name_the_launcher_range():
+    """Each refusal says which log_N the kernel's launcher reaches (12N/40N: 2, 4..10; power of two: 3..15)."""
+    assert quamba_kernel_support(96).endswith("reaches log_N 2, 4..10, so it never launches it")
+    assert quamba_kernel_support(4).endswith("reaches log_N 3..15, so it zero-pads it to a wider transform")
+    assert quamba_kernel_support(40 * 2048).endswith("reaches log_N 2, 4..10, so it never launches it")
 
 
 def test_weight_bank_prep_and_refusal(tmp_path):

@@ -99,3 +99,24 @@ def test_write_pair_is_all_or_nothing(tmp_path):
     assert (out.read_bytes(), stats_path(out).read_bytes()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p_stats.json"]
     assert np.array_equal(load_capture(out).array("a", "output"), np.ones(3, np.float32))
+
+
+def test_a_pair_killed_between_its_renames_is_read_through_the_pending_manifest(tmp_path):
+    """The .npz was renamed into place, the stats were not: the pending manifest, whose sha256 matches the new
+    .npz, is the pair's (in process; mutants that broke this check survived where only the subprocess fault
+    tests reach it). A pending manifest that does not match is not taken."""
+    import shutil
+
+    from harness.storage import load_capture, pending_path, write_pair
+
+    old, new = tmp_path / "p.npz", tmp_path / "new" / "p.npz"
+    new.parent.mkdir()
+    write_pair(old, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "old"})
+    write_pair(new, {"mode_a_output": np.full(3, 2.0, np.float32)}, {"schema_version": 2, "modes": {}, "run": "new"})
+    shutil.copy(stats_path(new), pending_path(old))       # the pending manifest written,
+    shutil.copy(new, old)                                  # the first rename done, the second not
+    cf = load_capture(old)
+    assert cf.manifest["run"] == "new" and float(cf.npz["mode_a_output"][0]) == 2.0
+    pending_path(old).write_text(stats_path(old).read_text())   # a pending manifest of the old .npz
+    with pytest.raises(StorageError, match=r"does not match .* sha256 [0-9a-f]{16}\.\.\., the file has [0-9a-f]{16}\.\.\. "):
+        load_capture(old)

@@ -109,3 +109,20 @@ def test_space_message_says_how_much_is_free(tmp_path, monkeypatch):
     with pytest.raises(StorageError, match=r"about 10\.0 MiB needed, 5\.0 MiB free in "):
         check_writable(tmp_path / "x.npz", 10 * 2 ** 20)
     check_writable(tmp_path / "x.npz", 4 * 2 ** 20)   # 4 MiB + 10 % fits in 5 MiB
+
+
+def test_a_streamed_array_is_refused_when_the_disk_cannot_hold_it(tmp_path, monkeypatch):
+    """PairWriter.add checks the free space for each array before writing it (a mutant that checked for
+    0 bytes survived); the temporary file is removed and nothing is left beside the output."""
+    import collections
+
+    import harness.files as files
+    from harness.storage import PairWriter
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
+    with pytest.raises(StorageError, match=r"MiB needed, 5\.0 MiB free"):
+        with PairWriter(tmp_path / "c.npz") as writer:
+            writer.add("small", np.zeros(16, np.float32))
+            writer.add("mode_0__big", np.zeros(2 ** 21, np.float32))   # 8 MiB
+    assert list(tmp_path.iterdir()) == []

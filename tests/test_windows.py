@@ -99,3 +99,15 @@ def test_windows_record_their_file(tok, tmp_path):
     path = _write(tmp_path, [_doc(2 * SEQLEN)])
     got = calibration_windows(tok, path, 2, SEQLEN, seed=0)
     assert got.path == path and got.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_token_ids_must_be_below_the_vocabulary_size():
+    """An id equal to vocab_size is already outside the embedding (a mutant that read `>=` as `>` survived)."""
+    import torch
+
+    from harness.data import DataError, check_token_ids
+
+    check_token_ids(torch.tensor([[0, 9]]), 10, "tok.json")
+    check_token_ids(torch.zeros((1, 0), dtype=torch.int64), 10, "tok.json")
+    with pytest.raises(DataError, match="produced token id 10, but the model's embedding has 10 rows"):
+        check_token_ids(torch.tensor([[3, 10]]), 10, "tok.json")
