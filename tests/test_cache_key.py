@@ -155,3 +155,21 @@ def test_an_entry_with_bad_scales_is_recomputed(setup, tmp_path):
     path.write_text(json.dumps({**data, "checksum": calibration._checksum(data)}))
     again = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
     assert again.info["source"] == "recomputed" and "bad scales ('s_u')" in again.info["reason"]
+
+
+def test_calibration_time_and_a_cache_that_cannot_be_written(setup, tmp_path, capsys):
+    """info["seconds"] is the calibration's own duration; a cache directory that cannot be written is a
+    warning on stderr that names it, and the scales are still computed (mutants that added the start
+    time, printed None, or printed to stdout survived)."""
+    import time
+
+    ckpt, windows, prefix = setup
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    start = time.perf_counter()
+    out = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, blocked / "cache")
+    took = time.perf_counter() - start
+    assert out.info["source"] == "computed" and 0 <= out.info["seconds"] <= took + 1e-3
+    captured = capsys.readouterr()
+    assert f"warning: cannot write the calibration cache in {blocked / 'cache'}" in captured.err
+    assert "the scales of this run are not cached" in captured.err and "warning" not in captured.out

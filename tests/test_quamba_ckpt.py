@@ -304,6 +304,10 @@ def _config(**changes):
     (_config(ssm_layer="W8A8QMamba2"), "a Mamba-2 (Quamba2) checkpoint"),
     (_config(is_hybrid=True), "a hybrid"),
     (_config(embedding_cfg={"layer": "W4O16Embedding"}), "embedding_cfg.layer 'W4O16Embedding' is not supported"),
+    # added for surviving mutants: the norm's name in the message; a scale tensor of the right shape, wrong dtype
+    (_config(norm_cfg={"norm": "LayerNorm"}), "norm_cfg.norm 'LayerNorm'"),
+    (_mutate("backbone.layers.0.mixer.selective_scan.A_scale", lambda v: v.to(torch.float64)),
+     "'backbone.layers.0.mixer.selective_scan.A_scale' is a float64 tensor of shape [], expected an fp32 0-dim tensor"),
 ])
 def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, change, message):
     sd, cfg = handmade_state_dict(), handmade_config()
@@ -363,3 +367,17 @@ def test_pairing_checked_beside_tokenizing_is_the_direct_check(exported, tmp_pat
     with pytest.raises(ModelDirError, match="in_proj"):
         run_modes(exported, tmp_path / "e", ["fp32", "0"], mamba_model_path=other)
     assert list((tmp_path / "e").iterdir()) == []
+
+
+def test_prefix_hashes_cover_the_scales(tmp_path):
+    """Two checkpoints that differ in one scale (a Python float) hash differently from that layer on (a mutant
+    that hashed repr(None) for every non-tensor value survived: the provenance would not tell them apart)."""
+    from harness.quamba_ckpt import open_quamba
+
+    sd = handmade_state_dict()
+    a = write_handmade(tmp_path / "a", sd=dict(sd))
+    key = "backbone.layers.1.norm.output_scale"   # a scale stored once (no twin that must agree)
+    sd[key] = sd[key] * 2
+    b = write_handmade(tmp_path / "b", sd=sd)
+    ha, hb = open_quamba(a).prefix_hashes(1), open_quamba(b).prefix_hashes(1)
+    assert ha[0] == hb[0] and ha[1] != hb[1]
