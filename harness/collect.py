@@ -16,7 +16,6 @@ outputs all equal the reference's is recorded as an error and none of its arrays
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 import sys
 import tempfile
@@ -26,16 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from .compare import compare_modes, identical_groups, same_basis
-from .storage import PairWriter, array_key
+from .storage import PairWriter, array_digest, array_key
 
 __all__ = ["Collector", "block_io_names"]
-
-
-def _digest(arr: np.ndarray) -> np.ndarray:
-    arr = np.ascontiguousarray(arr)
-    h = hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode())
-    h.update(arr.tobytes())
-    return np.frombuffer(h.digest(), dtype=np.uint8)
 
 
 def _outputs(arrays: dict[str, np.ndarray]) -> list[str]:
@@ -173,10 +165,11 @@ class Collector:
         self._store(mode, arrays)
 
     def _store(self, mode: str, arrays: dict[str, np.ndarray]) -> None:
-        self.digests.setdefault(mode, {}).update({t: _digest(a) for t, a in arrays.items()})
+        digests = {t: array_digest(a) for t, a in arrays.items()}  # one sha256 per array, also the writer's dedup key
+        self.digests.setdefault(mode, {}).update({t: np.frombuffer(d, dtype=np.uint8) for t, d in digests.items()})
         if self.writer is not None:
             for tensor, arr in arrays.items():
-                self.writer.add(array_key(mode, tensor), arr)
+                self.writer.add(array_key(mode, tensor), arr, digests[tensor])
         if self.keep:
             self.by_mode.setdefault(mode, {}).update(arrays)
 

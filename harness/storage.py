@@ -48,7 +48,7 @@ __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array
            "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays", "load_capture",
            "CaptureFile", "check_writable", "json_safe", "METADATA_KEYS", "write_pair", "check_output",
            "pending_path", "file_sha256", "MAX_MANIFEST_BYTES", "RESEARCH_STAT_KEYS",
-           "research_stats", "PairWriter"]
+           "research_stats", "PairWriter", "array_digest"]
 
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = (0, 1, 2)
@@ -154,7 +154,7 @@ class PairWriter:
         self.path = Path(path)
         self.method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
         self.dedup, self.aliases, self.keys = dedup, {}, []
-        self._seen: dict[tuple, str] = {}
+        self._seen: dict[bytes, str] = {}
         self._tmp: str | None = None
         self._file = self._zip = self._hash = None
         self.stats: dict | None = None
@@ -168,10 +168,11 @@ class PairWriter:
         self._zip = zipfile.ZipFile(self._file, "w", compression=self.method, allowZip64=True)
         return self
 
-    def add(self, key: str, arr) -> None:
+    def add(self, key: str, arr, digest: bytes | None = None) -> None:
+        """Append one member; `digest`: the array's ``array_digest`` when the caller has it already."""
         arr = np.asanyarray(arr)
         if self.dedup:
-            sig = (arr.dtype.str, arr.shape, hashlib.sha256(np.ascontiguousarray(arr).tobytes()).digest())
+            sig = digest if digest is not None else array_digest(arr)
             if "__" in key and sig in self._seen:
                 self.aliases[key] = self._seen[sig]
                 return
@@ -263,14 +264,23 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def array_digest(arr) -> bytes:
+    """sha256 of an array's dtype, shape and bytes in C order (no copy of a contiguous array): equal
+    digests, equal arrays. Deduplication and the bit-identical groups of modes rest on it."""
+    arr = np.asarray(arr)
+    h = hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode())
+    h.update(np.ascontiguousarray(arr))
+    return h.digest()
+
+
 def dedup_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Drop tap arrays ("__" keys) that equal an earlier array; returns (kept arrays, aliases)."""
-    seen: dict[tuple, str] = {}
+    seen: dict[bytes, str] = {}
     kept: dict[str, np.ndarray] = {}
     aliases: dict[str, str] = {}
     for key, arr in arrays.items():
         arr = np.asarray(arr)
-        sig = (arr.dtype.str, arr.shape, hashlib.sha256(arr.tobytes()).digest())
+        sig = array_digest(arr)
         if "__" in key and sig in seen:
             aliases[key] = seen[sig]
             continue
