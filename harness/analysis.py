@@ -104,8 +104,8 @@ def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
     Peak memory then holds the weight variants of the modes to come, not of every mode run so far.
     """
     bank.keep_only({(r.weights, r.rotate == "yes", r.prep) for r in recipes})
-    heads = _HEADS.get(bank, {})
-    for key in [k for k in heads if k not in {_head_key(r) for r in recipes}]:
+    heads, needed = _HEADS.get(bank, {}), {_head_key(r) for r in recipes}
+    for key in [k for k in heads if k not in needed]:
         del heads[key]
 
 

@@ -27,6 +27,8 @@ def _no_subprocess_under_mutation(monkeypatch):
             pytest.skip("runs the harness in a subprocess: not part of the mutation run")
         monkeypatch.setattr(subprocess, "run", refuse)
         monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
 SHIPPED = ROOT / "models" / "mamba-tiny"
 TOKENIZER = SHIPPED / "tokenizer.json"
 
