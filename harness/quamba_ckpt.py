@@ -124,8 +124,8 @@ def _dims(path: Path, cfg: dict) -> tuple[ModelDims, dict]:
     norm = (cfg.get("norm_cfg") or {}).get("norm", "QRMSNorm")
     if norm != "QRMSNorm":
         raise _unsupported(path, f"norm_cfg.norm {norm!r}")
-    kinds = {"embedding": (cfg.get("embedding_cfg") or {}).get("layer", "Embedding"),
-             "lm_head": (cfg.get("lm_head_cfg") or {}).get("layer", "Linear")}
+    kinds = {"embedding": (cfg.get("embedding_cfg") or {}).get("layer", "Embedding"),  # quamba_mixer_seq.py:290
+             "lm_head": (cfg.get("lm_head_cfg") or {}).get("layer", "Linear")}  # quamba_mixer_seq.py:412
     if kinds["embedding"] not in ("Embedding", "W8O16Embedding"):
         raise _unsupported(path, f"embedding_cfg.layer {kinds['embedding']!r}")
     if kinds["lm_head"] not in ("Linear", "W8A8B16O16Linear"):

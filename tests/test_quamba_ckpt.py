@@ -381,3 +381,58 @@ def test_prefix_hashes_cover_the_scales(tmp_path):
     b = write_handmade(tmp_path / "b", sd=sd)
     ha, hb = open_quamba(a).prefix_hashes(1), open_quamba(b).prefix_hashes(1)
     assert ha[0] == hb[0] and ha[1] != hb[1]
+
+
+def test_every_field_of_a_layer_is_the_checkpoints_code_and_scale(handmade):
+    """int8_layer hands over every stored int8 tensor with its own scale (mutants that dropped the scan
+    parameters' scales, read dt_bias from another key or the conv bias from a missing one survived: only the
+    slower round trip caught them)."""
+    sd = handmade_state_dict()
+    layer = open_quamba(handmade).int8_layer(1)
+    p = "backbone.layers.1.mixer."
+    outs = {"in_proj": 96, "x_proj": 18, "dt_proj": 48, "out_proj": 24}
+    for name, d_out in outs.items():
+        q = getattr(layer, name)
+        assert torch.equal(q.codes, sd[f"{p}{name}.weight"].t()[:d_out]) and q.scale == sd[f"{p}{name}.b"].item(), name
+    conv = {"conv_weight": ("weight", "weight_scale"), "conv_bias": ("bias", "bias_scale")}
+    for field, (key, scale) in conv.items():
+        q = getattr(layer, field)
+        assert torch.equal(q.codes, sd[f"{p}conv1d.{key}"]) and q.scale == sd[f"{p}conv1d.{scale}"], field
+    scan = {"dt_bias": "dt_bias_scale", "A_log": "A_scale", "D": "D_scale"}
+    for field, scale in scan.items():
+        q = getattr(layer, field)
+        assert torch.equal(q.codes, sd[f"{p}selective_scan.{field}"]), field
+        assert q.scale == sd[f"{p}selective_scan.{scale}"].item(), field
+    assert len({layer.dt_bias.scale, layer.A_log.scale, layer.D.scale}) == 3  # the fixture's scales differ
+
+
+def _write_config(path, **cfg):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"d_model": 24, "n_layer": 2, "vocab_size": 4096, **cfg}))
+    return path
+
+
+def test_any_one_quamba_marker_makes_a_quamba_directory(tmp_path):
+    """Quamba's config can carry only one of its markers (a hybrid one sets is_hybrid, an older one has no
+    lm_head_cfg): each alone routes the directory to the Quamba reader (whose errors then name what is not
+    supported); a mutant that required both norm_cfg and lm_head_cfg, or read a key other than is_hybrid,
+    survived and would have read such a checkpoint as a float model."""
+    from harness.quamba_ckpt import is_quamba_dir
+    markers = {"layer": {"ssm_cfg": {"layer": "W8A8QMamba"}}, "hybrid_layers": {"ssm_cfg": {"layer": ["W8A8QMamba"]}},
+               "norm": {"norm_cfg": {"norm": "QRMSNorm"}}, "lm_head": {"lm_head_cfg": {"layer": "Linear"}},
+               "hybrid": {"is_hybrid": True}}
+    for name, cfg in markers.items():
+        assert is_quamba_dir(_write_config(tmp_path / name, **cfg)), name
+    assert not is_quamba_dir(_write_config(tmp_path / "float", ssm_cfg={"d_state": 16}, is_hybrid=False))
+    assert not is_quamba_dir(tmp_path / "nowhere")
+
+
+def test_a_config_without_embedding_or_lm_head_cfg_reads_as_quambas_defaults(tmp_path):
+    """Quamba builds an Embedding and a Linear lm_head where the config names none (quamba_mixer_seq.py:290,
+    412): such a checkpoint opens (a mutant that defaulted the lm_head to None rejected it as unsupported)."""
+    cfg = handmade_config()
+    del cfg["embedding_cfg"], cfg["lm_head_cfg"]
+    q = open_quamba(write_handmade(tmp_path / "q", config=cfg))
+    assert q.kinds == {"embedding": "Embedding", "lm_head": "Linear"}
+    weight, s_in, alpha = q.lm_head()
+    assert torch.equal(weight, handmade_state_dict()["lm_head.weight"].to(torch.float32)) and s_in is alpha is None
