@@ -126,3 +126,23 @@ def test_a_streamed_array_is_refused_when_the_disk_cannot_hold_it(tmp_path, monk
             writer.add("small", np.zeros(16, np.float32))
             writer.add("mode_0__big", np.zeros(2 ** 21, np.float32))   # 8 MiB
     assert list(tmp_path.iterdir()) == []
+
+
+def test_file_kind_names_every_special_file_and_only_those():
+    """A mode that is none of the named kinds (a symbolic link's, as lstat gives it) is still refused (a mutant
+    that took every such mode for a regular file survived: only regular files and the named kinds were tried)."""
+    import stat
+    from harness.files import file_kind
+    assert file_kind(stat.S_IFREG | 0o644) is None
+    assert file_kind(stat.S_IFLNK | 0o777) == "not a regular file"
+    assert file_kind(stat.S_IFDIR | 0o755) == "a directory" and file_kind(stat.S_IFIFO | 0o600) == "a FIFO"
+
+
+def test_an_output_path_that_cannot_be_looked_at_is_a_clear_error(tmp_path):
+    """stat failing for another reason than a missing file (here a parent that is a file) names the path and the
+    reason (a mutant that raised StorageError(None) survived: the user would have read "None")."""
+    from harness.files import check_output
+    (tmp_path / "file.txt").write_text("mine")
+    with pytest.raises(StorageError, match=r"cannot write .*file\.txt/out\.npz: Not a directory"):
+        check_output(tmp_path / "file.txt" / "out.npz")
+    assert (tmp_path / "file.txt").read_text() == "mine"
