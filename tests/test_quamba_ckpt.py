@@ -436,3 +436,46 @@ def test_a_config_without_embedding_or_lm_head_cfg_reads_as_quambas_defaults(tmp
     assert q.kinds == {"embedding": "Embedding", "lm_head": "Linear"}
     weight, s_in, alpha = q.lm_head()
     assert torch.equal(weight, handmade_state_dict()["lm_head.weight"].to(torch.float32)) and s_in is alpha is None
+
+
+def test_a_checkpoint_saved_from_the_gpu_opens_memory_mapped(tmp_path, monkeypatch):
+    """Quamba saves its tensors from cuda:0 (notes §2.7): on a CPU they open with map_location="cpu" in the
+    first, memory-mapped load (a mutant without map_location fell back to reading the whole file; the
+    fixture's CPU tensors could not tell)."""
+    import torch.serialization as ser
+    cuda_tag = (0, lambda storage: "cuda:0", lambda storage, location: None)
+    monkeypatch.setattr(ser, "_package_registry", [cuda_tag, *ser._package_registry])
+    q = write_handmade(tmp_path / "gpu")
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(q / "pytorch_model.bin", weights_only=True)      # the file really names a CUDA device
+    calls, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or load(*a, **k))
+    layer = open_quamba(q).int8_layer(0)
+    assert [c.get("mmap") for c in calls] == [True]
+    assert torch.equal(layer.D.codes, handmade_state_dict()["backbone.layers.0.mixer.selective_scan.D"])
+
+
+def test_a_legacy_format_checkpoint_opens_and_records_the_bytes_read(tmp_path):
+    """torch.save's legacy (non-zip) format cannot be memory-mapped and is read whole instead (a mutant that
+    loaded None there survived); tensors_read holds each tensor's size in bytes (a mutant recorded None)."""
+    sd = handmade_state_dict()
+    q = write_handmade(tmp_path / "legacy", sd=sd)
+    torch.save(sd, q / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    ckpt = open_quamba(q)
+    ckpt.int8_layer(1)
+    key = "backbone.layers.1.mixer.in_proj.weight"
+    assert ckpt.tensors_read[key] == 24 * 96 and ckpt.tensors_read["backbone.layers.1.norm.weight"] == 24 * 2
+    assert all(k.startswith("backbone.layers.1.") for k in ckpt.tensors_read)
+
+
+def test_round_trip_end_to_end_logits_are_bit_identical(exported, hf_dir, tmp_path):
+    """The exported lm_head (norm_f folded, rotated, fp16) gives the logits the float model gives in mode 0
+    (a mutant that handed the checkpoint's fp16 lm_head on without its fp32 cast survived every layer test)."""
+    for d in "fq":
+        (tmp_path / d).mkdir()
+    direct = run_modes(hf_dir, tmp_path / "f", ["0", "2-4"], layers=[0, 1], end_to_end=True)
+    via = run_modes(exported, tmp_path / "q", ["0", "2-4"], layers=[0, 1], end_to_end=True)
+    assert not direct.failed and not via.failed
+    for mode in ("0", "2-4"):
+        assert np.array_equal(via.by_mode[mode]["logits"], direct.by_mode[mode]["logits"]), mode
