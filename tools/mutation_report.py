@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         out.append(f"| `{m}` | {'core' if m in CORE else 'format'} | {c['mutants']} | {c['killed']} | {c['survived']} | "
                    f"{c['equivalent']} | {c['unchecked']} | {_pct(_baseline_score(b, equivalent))} | {_pct(c['score'])} | {secs} |")
     for key, t in timing.items():
+        if " + " in key:  # tools/mutation.py --one-call
+            out.append(f"\nOne mutmut run for {key.count(' + ') + 1} modules ({key.replace(' + ', ', ')}): "
+                       f"{t['seconds']:.0f} s with {t['max_children']} workers, {t['date']}.")
         if key.startswith("survivors of"):
             out.append(f"\nRerun of the survivors after the tests were added ({key}): {t['mutants_run']} mutants, "
                        f"{t['seconds']:.0f} s, {t['date']}.")
