@@ -86,11 +86,31 @@ def ssm_dir(tmp_path_factory, hf_model) -> Path:
     return write_mamba_ssm_dir(tmp_path_factory.mktemp("ssm") / "tiny-ssm", hf_model)
 
 
-# Under mutmut (`make mutation`), run the selected tests cheapest first: with -x a killed
+# Under mutmut (`make mutation`), run the selected tests cheapest file first: with -x a killed
 # mutant then stops before the tests that run a whole pipeline.
 _RUN_LAST = ("test_calibration.py", "test_capture.py", "test_modes.py", "test_unrotate.py", "test_fp16_points.py")
 
 
+def _measured_durations() -> dict[str, float]:
+    """Seconds per test id as mutmut measured them (mutants/mutmut-stats.json; the run's cwd is mutants/)."""
+    try:
+        return json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 def pytest_collection_modifyitems(items):
-    if os.environ.get("MUTANT_UNDER_TEST"):
-        items.sort(key=lambda item: item.path.name in _RUN_LAST)
+    """mutmut hands a mutant's tests over in a set's order, which interleaves the files: every switch of
+    file sets the module-scoped fixtures up again. Here each file's tests run together, in the file's own
+    order, the files by their measured cost (cheapest first) and the pipeline tests last."""
+    if not os.environ.get("MUTANT_UNDER_TEST"):
+        return
+    threads = os.environ.get("HARNESS_MUTATION_THREADS")  # tools/mutation.py: cores per worker
+    if threads:
+        torch.set_num_threads(int(threads))
+    durations = _measured_durations()
+    cost: dict[Path, float] = {}
+    for item in items:
+        cost[item.path] = cost.get(item.path, 0.0) + durations.get(item.nodeid, 0.0)
+    line = {id(item): item.location[1] or 0 for item in items}
+    items.sort(key=lambda item: (item.path.name in _RUN_LAST, cost[item.path], str(item.path), line[id(item)]))

@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.chdir(ROOT)
     _narrow_string_operator()
+    # each worker's torch gets its share of the cores (tests/conftest.py): two workers with two OpenMP
+    # threads each on two cores wait on each other's spinning threads
+    os.environ["HARNESS_MUTATION_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, args.max_children)))
     from mutmut.__main__ import _run
     timing_path = ROOT / "mutants" / "mutation-timing.json"
     if args.rerun_survivors:  # one mutmut run for all of them: one clean-test pass instead of one per module
