@@ -120,3 +120,38 @@ def test_an_untied_lm_head_is_prepared_from_its_own_weight(tmp_path):
     assert torch.equal(got, fht_fp16(folded))
     tied = lm_head_weight(open_checkpoint(write_hf_dir(tmp_path / "tied", make_hf_model(vocab=4096, n_layer=1, seed=3))))
     assert not torch.equal(got, tied)
+
+
+def test_release_forgets_one_block_and_keeps_the_others(bank):
+    """release(i) drops block i's raw and prepared tensors and nothing else, and accepts a block never loaded
+    (mutants that released the wrong block, none, or raised on a missing one survived: values are recomputed
+    the same either way, only memory grows, which issue 9's flat-memory walk over every layer relies on)."""
+    from harness.loading import open_checkpoint as reopen
+    own = WeightBank(reopen(bank.ckpt.path))
+    a0, a1 = own.layer(0, "int8", True), own.layer(1, "int8", True)
+    own.release(0)
+    assert 0 not in own._raw and not [k for k in own._layers if k[0] == 0]
+    assert own.layer(1, "int8", True) is a1 and 1 in own._raw
+    assert own.layer(0, "int8", True) is not a0
+    own.release(5)  # never loaded
+
+
+def test_quamba_int8_layer_honours_rotate(bank):
+    """prep=quamba without the rotation is the fp16 checkpoint quantized as it is (a mutant that always rotated
+    survived: the built-in modes rotate, only a user mode with rotate=no reaches this)."""
+    from harness.weights import float_layer, quamba_int8_layer
+    raw = bank.raw(0)
+    plain, rotated = quamba_int8_layer(raw, False), quamba_int8_layer(raw, True)
+    assert torch.equal(plain.in_proj.codes, int8_layer(float_layer(raw, False, torch.float16)).in_proj.codes)
+    assert not torch.equal(plain.in_proj.codes, rotated.in_proj.codes)
+
+
+def test_an_empty_document_list_tokenizes_to_an_empty_int64_stream(tmp_path):
+    """torch.tensor([]) is float32: the ids' dtype is stated, not inferred (a mutant without it survived: any
+    non-empty stream infers int64)."""
+    from harness.data import tokenize_file
+    from harness.loading import load_tokenizer
+    from conftest import SHIPPED
+    (tmp_path / "empty.jsonl").write_text("\n")
+    ids = tokenize_file(load_tokenizer(SHIPPED), tmp_path / "empty.jsonl")
+    assert ids.dtype == torch.int64 and ids.shape == (0,)

@@ -186,6 +186,9 @@ def test_embedding_row_scale_is_the_signed_max():
     assert scales.dtype == torch.float16 and scales[0] == s0
     assert codes[0].tolist() == [127, -128, 64, 32]   # -2 / s = -254 saturates at -128 (signed max, not absmax)
     assert codes[1].tolist() == [-128, -128, -128, 0]  # max 0: negatives / 0 saturate, 0 / 0 gives code 0
+    # fp16 values held in fp32 are taken as fp16 (a mutant without the cast divided in fp32 and survived)
+    codes32, scales32 = quantize_rows_signed_max_fp16(e.to(torch.float32))
+    assert torch.equal(codes32, codes) and scales32.dtype == torch.float16 and torch.equal(scales32, scales)
 
 
 def test_export_with_quantized_embedding_and_lm_head(hf_dir, tmp_path):

@@ -83,3 +83,13 @@ def test_saturating_outputs_match_the_oracle():
         got = w8a8_linear(x, w, order, QuantOut(0.25, Rounding.HALF_EVEN))
         ref = w8a8_linear_ref(x, w, order, QuantOut(0.25, Rounding.HALF_EVEN))
         assert got.codes.tolist() == ref.codes.tolist() == [[127, -128, 127]]
+
+
+def test_float_fallback_blocks_the_last_dimension_of_any_input():
+    """int8_gemm_float takes x (..., k) like int8_gemm: its blocks run over k, the last dimension (a mutant that
+    took shape[1] survived: int8_gemm hands it 2-D inputs only, where the two are the same)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(-128, 128, (3, 1, 2100), generator=g, dtype=torch.int8)   # shape[1] = 1 < k = 2100
+    w = torch.randint(-128, 128, (4, 2100), generator=g, dtype=torch.int8)
+    exact = (x.to(torch.int64) @ w.to(torch.int64).t()).to(torch.int32)
+    assert torch.equal(int8_gemm_float(x, w), exact)

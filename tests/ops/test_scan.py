@@ -68,3 +68,27 @@ def test_softplus_threshold():
     assert out[3].item() == 20.5 and out[4].item() == 50.0
     torch.testing.assert_close(out[:3], torch.log1p(torch.exp(x[:3])))
     torch.testing.assert_close(out, torch.nn.functional.softplus(x))
+
+
+def test_the_oracle_itself_is_float64():
+    """The oracle written out with Python floats (float64) on a tiny case, to 1e-15: it is the exact side of
+    every tolerance above (a mutant that took exp(A_log) in fp32 survived them, 1e-7 off)."""
+    import math
+    u, delta, z = [[[0.7], [-0.3], [1.1]]], [[[0.2], [-0.4], [0.9]]], [[[0.5], [1.5], [-0.8]]]  # (1, 3, 1)
+    A_log, D, bias = [[0.3, 1.7]], [0.6], [0.05]
+    B, C = [[0.4, -1.2], [0.9, 0.3], [-0.6, 0.8]], [[1.0, 0.5], [-0.7, 0.2], [0.3, 0.9]]     # (3, 2) per token
+    t = lambda x: torch.tensor(x, dtype=torch.float32)
+    y, h = selective_scan_ref(t(u), t(delta), t(A_log), t([B]), t([C]), t(D), t(z), t(bias))
+    f = lambda x: float(torch.tensor(x, dtype=torch.float32))   # the fp32 operands, exactly
+    state, want = [0.0, 0.0], []
+    for k in range(3):
+        dt = math.log1p(math.exp(f(delta[0][k][0]) + f(bias[0])))
+        for n in range(2):
+            a = -math.exp(f(A_log[0][n]))
+            state[n] = math.exp(dt * a) * state[n] + dt * f(B[k][n]) * f(u[0][k][0])
+        out = sum(state[n] * f(C[k][n]) for n in range(2)) + f(D[0]) * f(u[0][k][0])
+        zk = f(z[0][k][0])
+        want.append(out * zk / (1 + math.exp(-zk)))
+    assert y.dtype == h.dtype == torch.float64
+    assert y.flatten().tolist() == pytest.approx(want, rel=1e-14, abs=0)
+    assert h.flatten().tolist() == pytest.approx(state, rel=1e-14, abs=0)
