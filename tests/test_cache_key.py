@@ -173,3 +173,34 @@ def test_calibration_time_and_a_cache_that_cannot_be_written(setup, tmp_path, ca
     captured = capsys.readouterr()
     assert f"warning: cannot write the calibration cache in {blocked / 'cache'}" in captured.err
     assert "the scales of this run are not cached" in captured.err and "warning" not in captured.out
+
+
+def test_cache_file_round_trip_and_every_refusal_names_its_reason(tmp_path):
+    """The cache file at the unit level (the pipeline tests that cover it are outside the mutation run): written
+    into directories that do not exist yet, it records format, version and prep and reads back; an edited scale
+    fails the checksum, another JSON object is not a cache file, a truncated one is unreadable, each with its
+    reason (mutants that hashed None, wrote no parents, dropped the version or prep field, read `and` for `or`
+    or raised bare ValueErrors survived)."""
+    import json
+    from harness.calibration import _read_cached, _write_cached
+    from harness.spec import SCALE_NAMES, LayerScales
+    scales = LayerScales(**{n: 0.5 + k / 8 for k, n in enumerate(SCALE_NAMES)})
+    path = tmp_path / "a" / "b" / "layer0.json"
+    _write_cached(path, "k0", 0, scales, {"obs": 1}, CalibrationSettings(4, 32), "exact")
+    data = json.loads(path.read_text())
+    assert (data["format"], data["version"], data["prep"], data["layer"]) == \
+        ("quamba-harness-calibration", calibration.CALIB_VERSION, "exact", 0)
+    assert _read_cached(path, "k0") == scales
+    with pytest.raises(ValueError, match="^key mismatch$"):
+        _read_cached(path, "k1")
+    edited = {**data, "scales": {**data["scales"], "s_u": data["scales"]["s_u"] * 2}}
+    path.write_text(json.dumps(edited))
+    with pytest.raises(ValueError, match=r"^checksum mismatch \(the file was modified or truncated\)$"):
+        _read_cached(path, "k0")
+    for other in ({"format": "something else", "key": "k0"}, ["not", "an", "object"]):
+        path.write_text(json.dumps(other))
+        with pytest.raises(ValueError, match="^not a calibration cache file$"):
+            _read_cached(path, "k0")
+    path.write_text("{ truncated")
+    with pytest.raises(ValueError, match=r"^unreadable \(JSONDecodeError: "):
+        _read_cached(path, "k0")
