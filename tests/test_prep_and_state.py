@@ -107,13 +107,16 @@ def test_minmax_observer_rounds_to_fp16_first():
 
 
 def test_an_untied_lm_head_is_prepared_from_its_own_weight(tmp_path):
-    """Quamba folds norm_f into the model's lm_head, the embedding only where they are tied (a mutant that
-    looked up a wrong key and always took the embedding survived the in-process tests)."""
+    """Quamba folds norm_f into the model's lm_head, the embedding only where they are tied, each operand and the
+    product rounded to fp16 (mutants that took the embedding, dropped one rounding or divided by the norm
+    survived: the other tests' norm_f is all ones)."""
     from conftest import make_hf_model, write_hf_dir
     from harness.weights import fht_fp16, lm_head_weight
     model = make_hf_model(vocab=4096, n_layer=1, seed=3)
     model.config.tie_word_embeddings = False
     model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.05)
+    with torch.no_grad():  # off the fp16 grid and away from 1, so that every fp16 rounding and the fold show
+        model.backbone.norm_f.weight.uniform_(0.5, 1.5)
     got = lm_head_weight(open_checkpoint(write_hf_dir(tmp_path / "untied", model)))
     norm = model.backbone.norm_f.weight.detach().to(torch.float16).double()
     folded = (model.lm_head.weight.detach().to(torch.float16).double() * norm).to(torch.float16)
