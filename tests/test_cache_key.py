@@ -74,6 +74,10 @@ def test_a_changed_alpha_is_not_reused(setup, tmp_path):
     other = calibrate(bank, windows, dataclasses.replace(BASE, alpha=0.99), 0, prefix, tmp_path)
     assert (first.info["source"], again.info["source"], other.info["source"]) == ("computed", "reused", "computed")
     assert again.scales == first.scales
+    # the reused result names the files it came from and took no time (mutants that dropped or emptied the
+    # file list, or reported a second, survived)
+    assert again.info["cache_files"] == first.info["cache_files"] == [str(tmp_path / f"calib-{first.info['keys'][0][:40]}.json")]
+    assert again.info["seconds"] == 0.0 and first.info["seconds"] > 0
     assert other.scales[0].s_u != first.scales[0].s_u                          # percentile scales moved
     assert other.scales[0].s_xz == first.scales[0].s_xz                        # min-max scales did not
     assert len(list(tmp_path.iterdir())) == 2
