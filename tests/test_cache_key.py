@@ -107,9 +107,10 @@ def test_cache_file_records_observers_and_settings(setup, tmp_path):
     """The entry keeps each observer's state (what the scale was computed from) next to the scales."""
     import json
     ckpt, windows, prefix = setup
-    result = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, tmp_path)
+    result = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, tmp_path, prep="exact")
     data = json.loads((tmp_path / f"calib-{result.info['keys'][0][:40]}.json").read_text())
     assert data["settings"] == dataclasses.asdict(BASE) and data["layer"] == 0
+    assert data["prep"] == "exact"  # the calibration's own prep (a mutant that wrote None survived)
     assert set(data["observers"]) == set(data["scales"]) == {"s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H"}
     assert data["observers"]["s_u"]["alpha"] == BASE.alpha and data["observers"]["s_u"]["samples"] == 4
     assert data["observers"]["s_in"]["samples"] == 4 and data["observers"]["s_in"]["amax"] > 0
@@ -174,9 +175,13 @@ def test_calibration_time_and_a_cache_that_cannot_be_written(setup, tmp_path, ca
     out = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, blocked / "cache")
     took = time.perf_counter() - start
     assert out.info["source"] == "computed" and 0 <= out.info["seconds"] <= took + 1e-3
+    assert out.info["seconds"] == round(out.info["seconds"], 3)  # milliseconds, as every time in the stats
     captured = capsys.readouterr()
     assert f"warning: cannot write the calibration cache in {blocked / 'cache'}" in captured.err
     assert "the scales of this run are not cached" in captured.err and "warning" not in captured.out
+    # the provenance keeps the reason (mutants that recorded None, "None" or another key survived)
+    assert "Not a directory" in out.info["cache_error"] and str(blocked) in out.info["cache_error"]
+    assert "cache_files" not in out.info
 
 
 def test_cache_file_round_trip_and_every_refusal_names_its_reason(tmp_path):
