@@ -213,3 +213,16 @@ def test_cache_file_round_trip_and_every_refusal_names_its_reason(tmp_path):
     path.write_text("{ truncated")
     with pytest.raises(ValueError, match=r"^unreadable \(JSONDecodeError: "):
         _read_cached(path, "k0")
+
+
+def test_the_calibration_model_scans_in_mamba_ssms_order(setup, monkeypatch):
+    """Quamba calibrates its fp16 model with mamba_ssm's selective_scan (notes §1.3): run_observers builds the
+    calibration model, whose scan order is MAMBA whatever the recipe's ssm_impl (mutants that built the
+    mode's own model survived: one fp32 ulp in the scan rarely moves an fp16 percentile)."""
+    from harness.ops.scan import ScanOrder
+    ckpt, windows, _ = setup
+    built = []
+    real = calibration.build_backbone
+    monkeypatch.setattr(calibration, "build_backbone", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    calibration.run_observers(WeightBank(ckpt), windows[:2], 1, 0.9995, 2, "quamba")
+    assert [b.ssm.order for b in built[0].blocks] == [ScanOrder.MAMBA, ScanOrder.MAMBA]
