@@ -23,6 +23,23 @@ def test_percentile_ema_by_hand():
     assert obs.ema.item() == w.item()
     assert obs.compute_scale() == float(w / 127)
     assert obs.state()["samples"] == 3
+    assert obs.state()["raw_max"] == 6.0
+
+
+def test_raw_max_of_activations_below_one():
+    """raw_max starts from nothing seen (a mutant that started it at 1.0 survived: every sample above had a
+    larger maximum)."""
+    obs = PercentileObserver(alpha=0.5)
+    obs.observe(torch.tensor([[[0.25, -0.5]]]))
+    assert obs.state()["raw_max"] == 0.5
+
+
+def test_quantile_high_at_an_integer_rank_next_to_an_overflow():
+    """At an integer rank torch.quantile takes v[below] alone: a row whose next value is inf (an fp16 overflow)
+    still gives the finite quantile (a mutant that interpolated with weight 0 gave 0 * inf = NaN)."""
+    x = torch.tensor([[1.0, 2.0, float("inf")], [3.0, 5.0, 4.0]])
+    expected = torch.stack([torch.quantile(row, 0.5) for row in x])
+    assert expected.tolist() == [2.0, 4.0] and torch.equal(quantile_high(x, 0.5), expected)
 
 
 def test_percentile_batched_equals_one_by_one():
