@@ -158,3 +158,20 @@ def test_an_empty_document_list_tokenizes_to_an_empty_int64_stream(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     ids = tokenize_file(load_tokenizer(SHIPPED), tmp_path / "empty.jsonl")
     assert ids.dtype == torch.int64 and ids.shape == (0,)
+
+
+def test_quamba_preparation_without_rotation_and_without_a_conv_bias(bank):
+    """prep=quamba unrotated is the checkpoint rounded to fp16, every field (mutants that rotated it anyway or
+    skipped the fp16 rounding survived); a checkpoint without a conv bias (mamba_ssm's conv_bias=False, which
+    loading accepts) prepares without one, rotated or not (a mutant that rounded the missing bias survived)."""
+    import dataclasses
+    from harness.weights import float_layer, quamba_fp16_layer, quamba_int8_layer
+    raw = dict(bank.raw(0))
+    plain, ref = quamba_fp16_layer(raw, False), float_layer(raw, False, torch.float16)
+    for f in dataclasses.fields(plain):
+        a, b = getattr(plain, f.name), getattr(ref, f.name)
+        assert (a is None and b is None) or torch.equal(a, b), f.name
+    assert not torch.equal(plain.in_proj, raw["in_proj"])  # the fp16 rounding moved something
+    no_bias = {**raw, "conv_bias": None}
+    for rotate in (True, False):
+        assert quamba_fp16_layer(no_bias, rotate).conv_bias is None and quamba_int8_layer(no_bias, rotate).conv_bias is None
