@@ -175,3 +175,14 @@ def test_quamba_preparation_without_rotation_and_without_a_conv_bias(bank):
     no_bias = {**raw, "conv_bias": None}
     for rotate in (True, False):
         assert quamba_fp16_layer(no_bias, rotate).conv_bias is None and quamba_int8_layer(no_bias, rotate).conv_bias is None
+
+
+def test_keep_only_keeps_what_the_coming_modes_need_and_nothing_else(bank):
+    """After keep_only, a prepared variant outside the wanted set (int8's fp16 source) and the raw tensors are
+    not kept (a mutant that forgot the wanted set survived: the values are the same, memory is not)."""
+    from harness.loading import open_checkpoint as reopen
+    own = WeightBank(reopen(bank.ckpt.path))
+    own.keep_only({("int8", True, "quamba")})
+    q = own.layer(0, "int8", True, "quamba")
+    assert own.layer(0, "int8", True, "quamba") is q
+    assert list(own._layers) == [(0, "int8", True, "quamba")] and own._raw == {}
