@@ -186,3 +186,17 @@ def test_keep_only_keeps_what_the_coming_modes_need_and_nothing_else(bank):
     q = own.layer(0, "int8", True, "quamba")
     assert own.layer(0, "int8", True, "quamba") is q
     assert list(own._layers) == [(0, "int8", True, "quamba")] and own._raw == {}
+
+
+def test_keep_only_drops_the_unwanted_variants_already_prepared(bank, monkeypatch):
+    """Variants prepared before keep_only: the wanted one stays (the same object), the others go, and the
+    checkpoint's pages are dropped (mutants that compared the wrong part of the key, kept the unwanted ones or
+    skipped drop_pages survived: the values are the same, memory is not)."""
+    from harness.loading import open_checkpoint as reopen
+    own = WeightBank(reopen(bank.ckpt.path))
+    dropped = []
+    monkeypatch.setattr(own.ckpt, "drop_pages", lambda: dropped.append(True))
+    q, f = own.layer(0, "int8", True, "quamba"), own.layer(0, "fp32", False)
+    own.keep_only({("int8", True, "quamba")})
+    assert own.layer(0, "int8", True, "quamba") is q and list(own._layers) == [(0, "int8", True, "quamba")]
+    assert dropped and own.layer(0, "fp32", False) is not f

@@ -269,3 +269,19 @@ def test_weight_bank_prep_and_refusal(tmp_path):
     ids = torch.arange(10).reshape(1, 10)
     emb = bank.embed(ids, True, torch.float16, "quamba")
     assert torch.equal(emb, fht_fp16(bank.ckpt.embedding()[ids].float()))
+
+
+@pytest.mark.parametrize("n, message", [
+    (12 * 2048, "the 12N kernel does not transform width 24576: log_N = 11, its launcher reaches log_N 2, 4..10, "
+                "so it never launches it"),
+    (40 * 2048, "the 40N kernel does not transform width 81920: log_N = 11, its launcher reaches log_N 2, 4..10, "
+                "so it never launches it"),
+    (2 ** 16, "the power-of-two kernel does not transform width 65536: log_N = 16, its launcher reaches log_N 3..15, "
+              "so it never launches it"),
+    (36, "get_had_fn rejects width 36: it picks the 12N kernel and asserts 3 is a power of two"),
+    (6, "get_had_fn rejects width 6: not 12*2^k, 40*2^k or a power of two"),
+])
+def test_hadamard_width_messages_whole(n, message):
+    """Each message whole, one past the top of each launcher's range and each rejection (mutants that renamed a
+    kernel, reached one log_N further or swapped the two rejections survived the endings checked above)."""
+    assert quamba_kernel_support(n) == message
