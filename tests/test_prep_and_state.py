@@ -200,3 +200,16 @@ def test_keep_only_drops_the_unwanted_variants_already_prepared(bank, monkeypatc
     own.keep_only({("int8", True, "quamba")})
     assert own.layer(0, "int8", True, "quamba") is q and list(own._layers) == [(0, "int8", True, "quamba")]
     assert dropped and own.layer(0, "fp32", False) is not f
+
+
+def test_a_quantized_checkpoint_alone_names_the_missing_float_model(tmp_path):
+    """Float weights from a bank that holds only a Quamba checkpoint: FloatModelRequired names what needed them
+    and the option (mutants that raised it with None, or named None, survived: the CLI tests that read the
+    message run in a subprocess)."""
+    from quamba_fixture import write_handmade
+    from harness.quamba_ckpt import open_quamba
+    from harness.weights import FloatModelRequired
+    given = WeightBank(None, given=open_quamba(write_handmade(tmp_path / "q")))
+    with pytest.raises(FloatModelRequired, match=r"^float weights needs the float model; pass --mamba_model_path DIR "
+                                                 r"\(the quantized checkpoint only holds rotated int8 weights\)$"):
+        given.raw(0)

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from conftest import SHIPPED
 from harness.data import DataError, calibration_windows, read_sample
@@ -111,3 +112,22 @@ def test_token_ids_must_be_below_the_vocabulary_size():
     check_token_ids(torch.zeros((1, 0), dtype=torch.int64), 10, "tok.json")
     with pytest.raises(DataError, match="produced token id 10, but the model's embedding has 10 rows"):
         check_token_ids(torch.tensor([[3, 10]]), 10, "tok.json")
+
+
+class _CharTokenizer:
+    """One id per character, no end-of-text token (a tokenizer without eos_id)."""
+    eos_id = None
+
+    def encode_documents(self, docs):
+        return [[ord(c) for c in d] for d in docs]
+
+
+def test_windows_of_a_tokenizer_without_eos_keep_every_token(tmp_path):
+    """Without an end-of-text id nothing is stripped from a document's ids (a mutant that always dropped the last
+    id survived: the shipped tokenizer has one); one-token windows are valid (a mutant refused seqlen 1)."""
+    from harness.data import calibration_windows
+    f = tmp_path / "docs.jsonl"
+    f.write_text('{"text": "abcdefgh"}\n')
+    w = calibration_windows(_CharTokenizer(), f, 2, 4, 0)
+    assert w.ids.tolist() == [[97, 98, 99, 100], [101, 102, 103, 104]] and w.ids.dtype == torch.int64
+    assert calibration_windows(_CharTokenizer(), f, 3, 1, 0).ids.tolist() == [[97], [98], [99]]
