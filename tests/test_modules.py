@@ -51,3 +51,20 @@ def test_grid_round_trip_must_be_lossless():
     block.u_input = UInput("grid", 0.3, True)  # a different scale: the round trip changes codes
     with pytest.raises(RuntimeError, match="must be lossless"):
         block._ssm_u(u)
+
+
+def test_online_hadamard_rounds_t_to_fp32_before_the_scale():
+    """fht=False: t is rounded once to fp32, then multiplied by the fp32 scale (a mutant that kept t in float64
+    survived: random inputs almost never sit on a tie). Here the scale is exactly 1.25 and t = 2 +- 2**-30,
+    which rounds to 2.0 in fp32: both products are the tie 2.5 and round half away to 3; without the fp32
+    rounding of t they are 2.5 +- 1e-9, giving 3 and 2."""
+    import math
+
+    import numpy as np
+    from harness.modules import EmuHadamard
+    from harness.spec import QuantOut, Rounding
+    s_out = (1.0 / math.sqrt(2)) / 1.25
+    assert np.float32((1.0 / math.sqrt(2)) / s_out) == 1.25   # the module's f32(1/sqrt(n) / s_H)
+    y = torch.tensor([[[2.0, 2.0 ** -30]]], dtype=torch.float32)
+    q = EmuHadamard(QuantOut(s_out, Rounding.HALF_AWAY))(y)
+    assert q.codes.tolist() == [[[3, 3]]]
