@@ -77,3 +77,14 @@ def test_fp32_block_equals_the_transformers_mixer(setup, hf_model):
     err = float((unrotated - ref).norm() / ref.norm())
     assert err <= 1e-5, err
     np.testing.assert_array_equal(new_residual.numpy(), (residual + out).numpy())
+
+
+def test_a_quantizing_mode_without_scales_is_refused_by_name(hf_dir):
+    """build_backbone refuses a mode that quantizes activations when no scales are given, naming the mode (a
+    mutant that raised a bare ValueError survived)."""
+    from harness.build import build_backbone
+    from harness.loading import open_checkpoint
+    from harness.modes import get_mode
+    from harness.weights import WeightBank
+    with pytest.raises(ValueError, match=r"^mode '2-4' quantizes activations and needs calibrated scales$"):
+        build_backbone(get_mode("2-4"), WeightBank(open_checkpoint(hf_dir)), None, 0)
