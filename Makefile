@@ -47,6 +47,7 @@ $(DEV_STAMP): pyproject.toml $(STAMP)
 
 mutation: $(DEV_STAMP)
 	$(PY) tools/mutation.py --max-children $(CHILDREN) --one-call $(MODULES)
+	-$(PY) tools/mutation_check.py --tested
 	$(PY) tools/mutation_report.py
 
 bench: $(STAMP)

@@ -1,9 +1,14 @@
 """Check a surviving mutant by hand: apply it to the source, run the given tests, restore the source.
 
     python tools/mutation_check.py MUTANT [PYTEST ARGS ...]     # e.g. tests/test_prep_and_state.py -k release
+    python tools/mutation_check.py --tested                     # every survivor with a [tested] verdict
 
 Prints "killed" (the tests fail with the mutant) or "SURVIVED", and exits 0 or 1. Needs a `make mutation`
-run before it (mutants/ holds the mutants).
+run before it (mutants/ holds the mutants). --tested checks each mutant that mutmut reports surviving and
+that tools/mutation_verdicts.toml says a test was added for, with that test, and writes the outcome to
+mutants/mutation-checked.json, which tools/mutation_report.py reads: mutmut runs, per mutant, only the
+tests its call statistics associate with the function, and they miss some (a function reached from a
+module-scoped fixture set up by another test); a test added for a survivor may also postdate the run.
 
 Why not `mutmut apply`: it writes the mutant over the first function of that name in the file, so a
 mutant of `Class.forward` or `Class.__init__` lands in another class's method when the file has several.
@@ -73,11 +78,8 @@ def apply(name: str) -> tuple[Path, str]:
     return file, original
 
 
-def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    name, tests = argv[0], argv[1:] or ["tests/"]
+def check(name: str, tests: list[str]) -> bool:
+    """True when the tests fail with the mutant applied."""
     file, original = apply(name)
     try:
         r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=ROOT,
@@ -85,8 +87,36 @@ def main(argv: list[str]) -> int:
     finally:
         file.write_text(original)
     last = (r.stdout.strip().splitlines() or [""])[-1]
-    print(f"{name}: {'killed' if r.returncode != 0 else 'SURVIVED'} ({last})")
-    return 0 if r.returncode != 0 else 1
+    print(f"{name}: {'killed' if r.returncode != 0 else 'SURVIVED'} ({last})", flush=True)
+    return r.returncode != 0
+
+
+def check_tested() -> int:
+    import json
+    import tomllib
+
+    from mutmut.__main__ import SourceFileMutationData, status_by_exit_code
+    tested = tomllib.loads((ROOT / "tools" / "mutation_verdicts.toml").read_text()).get("tested", {})
+    surviving = set()
+    for meta in (ROOT / "mutants" / "harness").rglob("*.py.meta"):
+        data = SourceFileMutationData(path=meta.relative_to(ROOT / "mutants").with_suffix(""))
+        data.load()
+        surviving |= {k for k, c in data.exit_code_by_key.items() if status_by_exit_code[c] in ("survived", "no tests")}
+    out = ROOT / "mutants" / "mutation-checked.json"
+    checked = json.loads(out.read_text()) if out.is_file() else {}
+    for name in sorted(surviving & set(tested)):
+        checked[name] = {"test": tested[name].split()[0], "killed": check(name, [tested[name].split()[0]])}
+        out.write_text(json.dumps(checked, indent=1, ensure_ascii=False) + "\n")
+    return 0 if all(c["killed"] for c in checked.values()) else 1
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv == ["--tested"]:
+        return check_tested()
+    return 0 if check(argv[0], argv[1:] or ["tests/"]) else 1
 
 
 if __name__ == "__main__":
