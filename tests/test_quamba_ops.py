@@ -120,8 +120,9 @@ def test_int8_weights_are_quantized_from_the_quamba_fp16_weights():
 
 
 def test_rms_norm_multiplies_by_one_over_sqrt():
-    """Triton: rstd = 1 / tl.sqrt(var + eps) (triton/quant_norm.py:114), var = sum(x^2) / N."""
-    r = torch.randn(64, 48, generator=torch.Generator().manual_seed(2)) * 3
+    """Triton: rstd = 1 / tl.sqrt(var + eps) (triton/quant_norm.py:114), var = sum(x^2) / N over d_model, on
+    the (batch, seqlen, d_model) stream (mutants that summed or divided over dim 1 survived a 2-D input)."""
+    r = torch.randn(2, 64, 48, generator=torch.Generator().manual_seed(2)) * 3
     var = (r * r).sum(-1, keepdim=True) / 48
     quamba = EmuRMSNorm(None, 1e-5, FloatOut(torch.float32), inv_sqrt=True)(r)
     assert torch.equal(quamba, r * (1 / torch.sqrt(var + 1e-5)))
