@@ -68,3 +68,13 @@ def test_online_hadamard_rounds_t_to_fp32_before_the_scale():
     y = torch.tensor([[[2.0, 2.0 ** -30]]], dtype=torch.float32)
     q = EmuHadamard(QuantOut(s_out, Rounding.HALF_AWAY))(y)
     assert q.codes.tolist() == [[[3, 3]]]
+
+
+def test_a_lossy_grid_u_names_how_many_codes_moved():
+    """ssm_u="grid" requantizes u at s_u and refuses when that is lossy, counting the codes that moved (a mutant
+    that counted the unchanged ones survived: every pipeline passes the check)."""
+    from types import SimpleNamespace
+    conv_out = QTensor(torch.tensor([1, 2, 3, 4], dtype=torch.int8), 0.1)
+    block = SimpleNamespace(u_input=UInput(ssm_u="grid", s_u=0.15, xproj_requant=False), layer=3)
+    with pytest.raises(RuntimeError, match=r"^layer 3: dequantize -> requantize of u changed 3 codes \(must be lossless\)$"):
+        EmuMambaBlock._ssm_u(block, conv_out)
