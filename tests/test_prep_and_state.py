@@ -213,3 +213,5 @@ def test_a_quantized_checkpoint_alone_names_the_missing_float_model(tmp_path):
     with pytest.raises(FloatModelRequired, match=r"^float weights needs the float model; pass --mamba_model_path DIR "
                                                  r"\(the quantized checkpoint only holds rotated int8 weights\)$"):
         given.raw(0)
+    with pytest.raises(FloatModelRequired, match=r"^the float embedding needs the float model; "):
+        given.embed(torch.zeros(1, 4, dtype=torch.int64), False, torch.float32)
