@@ -267,9 +267,10 @@ def test_weight_bank_prep_and_refusal(tmp_path):
     assert not torch.equal(q.in_proj.codes, bank.layer(0, "int8", True, "exact").in_proj.codes)
     with pytest.raises(ValueError, match="prep=exact"):
         bank.layer(0, "fp32", True, "quamba")
-    ids = torch.arange(10).reshape(1, 10)
-    emb = bank.embed(ids, True, torch.float16, "quamba")
+    ids = torch.arange(4096).reshape(1, 4096)  # every row: the kernel's fp32 butterflies differ from the exact
+    emb = bank.embed(ids, True, torch.float16, "quamba")  # transform in 9 of these 196608 fp16 values
     assert torch.equal(emb, fht_fp16(bank.ckpt.embedding()[ids].float()))
+    assert not torch.equal(emb, bank.embed(ids, True, torch.float16, "exact"))  # (a mutant that took it survived)
 
 
 @pytest.mark.parametrize("n, message", [
