@@ -78,3 +78,13 @@ def test_a_lossy_grid_u_names_how_many_codes_moved():
     block = SimpleNamespace(u_input=UInput(ssm_u="grid", s_u=0.15, xproj_requant=False), layer=3)
     with pytest.raises(RuntimeError, match=r"^layer 3: dequantize -> requantize of u changed 3 codes \(must be lossless\)$"):
         EmuMambaBlock._ssm_u(block, conv_out)
+
+
+def test_dynamic_conv_input_scale_is_amax_over_127_below_one_too():
+    """qConvLayer.py:491-495: scale = x_absmax / 127 for any non-zero input, 1.0 only for an all-zero one (a
+    mutant that used 1.0 up to amax 1 survived: the tests' activations were larger)."""
+    module = EmuConv1d(torch.ones(2, 4), None, ConvInput("dynamic"), FloatOut(torch.float32))
+    x = torch.tensor([[[0.5, -0.25], [0.125, 0.0]]])
+    q = module.quantize_input(x)
+    assert q.scale == float(torch.tensor(0.5 / 127.0, dtype=torch.float32)) and q.codes.tolist() == [[[127, -64], [32, 0]]]
+    assert module.quantize_input(torch.zeros(1, 2, 2)).scale == 1.0
