@@ -88,3 +88,19 @@ def test_dynamic_conv_input_scale_is_amax_over_127_below_one_too():
     q = module.quantize_input(x)
     assert q.scale == float(torch.tensor(0.5 / 127.0, dtype=torch.float32)) and q.codes.tolist() == [[[127, -64], [32, 0]]]
     assert module.quantize_input(torch.zeros(1, 2, 2)).scale == 1.0
+
+
+def test_linear_with_one_int8_operand_runs_in_floating_point():
+    """Only int8 x int8 takes the W8A8 kernel; an int8 weight with a float input (a weight-only recipe) or an
+    int8 input with a float weight is an fp32 matmul of the dequantized operands (a mutant that sent either
+    case to the kernel survived: no built-in mode mixes them)."""
+    from harness.modules import EmuLinear
+    from harness.ops.linear import Epilogue, float_linear
+    g = torch.Generator().manual_seed(3)
+    wq = QTensor(torch.randint(-128, 128, (5, 8), generator=g, dtype=torch.int8), 0.02)
+    xq = QTensor(torch.randint(-128, 128, (2, 3, 8), generator=g, dtype=torch.int8), 0.05)
+    x, w = xq.dequantize(), wq.dequantize()
+    out = FloatOut(torch.float32)
+    for weight, inp in ((wq, x), (w, xq)):
+        got = EmuLinear(weight, Epilogue.RATIO_THEN_WEIGHT, out)(inp)
+        assert isinstance(got, torch.Tensor) and torch.equal(got, float_linear(inp, weight, out))
