@@ -215,3 +215,10 @@ def test_a_quantized_checkpoint_alone_names_the_missing_float_model(tmp_path):
         given.raw(0)
     with pytest.raises(FloatModelRequired, match=r"^the float embedding needs the float model; "):
         given.embed(torch.zeros(1, 4, dtype=torch.int64), False, torch.float32)
+
+
+def test_an_unknown_prep_is_refused_with_the_valid_ones(bank):
+    """The message names the prep and the valid ones (mutants that raised ValueError(None) or joined None
+    survived)."""
+    with pytest.raises(ValueError, match=r"^unknown prep 'bogus'; valid: quamba, exact$"):
+        bank.layer(0, "fp32", False, "bogus")
