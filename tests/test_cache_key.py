@@ -226,3 +226,10 @@ def test_the_calibration_model_scans_in_mamba_ssms_order(setup, monkeypatch):
     monkeypatch.setattr(calibration, "build_backbone", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     calibration.run_observers(WeightBank(ckpt), windows[:2], 1, 0.9995, 2, "quamba")
     assert [b.ssm.order for b in built[0].blocks] == [ScanOrder.MAMBA, ScanOrder.MAMBA]
+
+
+def test_a_batch_of_one_window_is_valid():
+    """--calib_batch_size 1 is the smallest valid batch (a mutant that refused it survived)."""
+    assert CalibrationSettings(batch_size=1).batch_size == 1
+    with pytest.raises(ValueError, match=r"^--calib_batch_size must be positive, got 0$"):
+        CalibrationSettings(batch_size=0)

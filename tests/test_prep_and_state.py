@@ -147,6 +147,20 @@ def test_quamba_int8_layer_honours_rotate(bank):
     plain, rotated = quamba_int8_layer(raw, False), quamba_int8_layer(raw, True)
     assert torch.equal(plain.in_proj.codes, int8_layer(float_layer(raw, False, torch.float16)).in_proj.codes)
     assert not torch.equal(plain.in_proj.codes, rotated.in_proj.codes)
+    # through the bank too (a mutant that always rotated prep=quamba's fp16 weights there survived)
+    assert torch.equal(bank.layer(0, "fp16", False, "quamba").in_proj, float_layer(raw, False, torch.float16).in_proj)
+
+
+def test_fht_fp16_rounds_its_input_to_fp16_first():
+    """The fp16 tensor is what the kernel reads: inputs off the fp16 grid (the float embedding's fp32 rows) are
+    rounded before the transform (a mutant that skipped it survived: the other callers round already)."""
+    from harness.ops.hadamard import hadamard_transform_fht
+    from harness.ops.quant import round_to_dtype
+    from harness.weights import fht_fp16
+    w = torch.randn(64, 48, generator=torch.Generator().manual_seed(6))
+    f16 = lambda t: round_to_dtype(t, torch.float16)  # noqa: E731
+    assert torch.equal(fht_fp16(w), f16(hadamard_transform_fht(f16(w))))
+    assert not torch.equal(fht_fp16(w), f16(hadamard_transform_fht(w)))
 
 
 def test_an_empty_document_list_tokenizes_to_an_empty_int64_stream(tmp_path):

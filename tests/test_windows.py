@@ -110,8 +110,9 @@ def test_token_ids_must_be_below_the_vocabulary_size():
 
     check_token_ids(torch.tensor([[0, 9]]), 10, "tok.json")
     check_token_ids(torch.zeros((1, 0), dtype=torch.int64), 10, "tok.json")
-    with pytest.raises(DataError, match="produced token id 10, but the model's embedding has 10 rows"):
+    with pytest.raises(DataError, match=r"produced token id 10, but the model's embedding has 10 rows \(valid ids 0\.\.9\)"):
         check_token_ids(torch.tensor([[3, 10]]), 10, "tok.json")
+    check_token_ids(torch.zeros((1, 0), dtype=torch.int64), 1, "tok.json")  # nothing to check, even for one row
 
 
 class _CharTokenizer:
