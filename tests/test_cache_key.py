@@ -233,3 +233,14 @@ def test_a_batch_of_one_window_is_valid():
     assert CalibrationSettings(batch_size=1).batch_size == 1
     with pytest.raises(ValueError, match=r"^--calib_batch_size must be positive, got 0$"):
         CalibrationSettings(batch_size=0)
+
+
+def test_calibrate_observes_the_model_of_its_prep(setup, tmp_path):
+    """calibrate(prep=...) runs that prep's calibration model (a mutant that always ran prep=quamba's survived
+    the run-info test)."""
+    ckpt, windows, prefix = setup
+    bank = WeightBank(ckpt)
+    exact = calibrate(bank, windows, BASE, 0, prefix, None, prep="exact").scales
+    want, _ = calibration.run_observers(bank, windows, 0, BASE.alpha, BASE.batch_size, "exact")
+    other, _ = calibration.run_observers(bank, windows, 0, BASE.alpha, BASE.batch_size, "quamba")
+    assert exact == want and exact != other
