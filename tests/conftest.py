@@ -112,5 +112,4 @@ def pytest_collection_modifyitems(items):
     cost: dict[Path, float] = {}
     for item in items:
         cost[item.path] = cost.get(item.path, 0.0) + durations.get(item.nodeid, 0.0)
-    line = {id(item): item.location[1] or 0 for item in items}
-    items.sort(key=lambda item: (item.path.name in _RUN_LAST, cost[item.path], str(item.path), line[id(item)]))
+    items.sort(key=lambda item: (item.path.name in _RUN_LAST, cost[item.path], str(item.path), item.location[1] or 0))

@@ -17,6 +17,12 @@ def bank(hf_dir):
     return WeightBank(open_checkpoint(hf_dir))
 
 
+@pytest.fixture
+def own(hf_dir):
+    """A bank of its own, for the tests that watch what a bank keeps."""
+    return WeightBank(open_checkpoint(hf_dir))
+
+
 def test_each_variant_is_prepared_once_and_shared(bank):
     a = bank.layer(0, "int8", True)
     assert bank.layer(0, "int8", True) is a
@@ -125,12 +131,10 @@ def test_an_untied_lm_head_is_prepared_from_its_own_weight(tmp_path):
     assert not torch.equal(got, tied)
 
 
-def test_release_forgets_one_block_and_keeps_the_others(bank):
+def test_release_forgets_one_block_and_keeps_the_others(own):
     """release(i) drops block i's raw and prepared tensors and nothing else, and accepts a block never loaded
     (mutants that released the wrong block, none, or raised on a missing one survived: values are recomputed
     the same either way, only memory grows, which issue 9's flat-memory walk over every layer relies on)."""
-    from harness.loading import open_checkpoint as reopen
-    own = WeightBank(reopen(bank.ckpt.path))
     a0, a1 = own.layer(0, "int8", True), own.layer(1, "int8", True)
     own.release(0)
     assert 0 not in own._raw and not [k for k in own._layers if k[0] == 0]
@@ -191,23 +195,19 @@ def test_quamba_preparation_without_rotation_and_without_a_conv_bias(bank):
         assert quamba_fp16_layer(no_bias, rotate).conv_bias is None and quamba_int8_layer(no_bias, rotate).conv_bias is None
 
 
-def test_keep_only_keeps_what_the_coming_modes_need_and_nothing_else(bank):
+def test_keep_only_keeps_what_the_coming_modes_need_and_nothing_else(own):
     """After keep_only, a prepared variant outside the wanted set (int8's fp16 source) and the raw tensors are
     not kept (a mutant that forgot the wanted set survived: the values are the same, memory is not)."""
-    from harness.loading import open_checkpoint as reopen
-    own = WeightBank(reopen(bank.ckpt.path))
     own.keep_only({("int8", True, "quamba")})
     q = own.layer(0, "int8", True, "quamba")
     assert own.layer(0, "int8", True, "quamba") is q
     assert list(own._layers) == [(0, "int8", True, "quamba")] and own._raw == {}
 
 
-def test_keep_only_drops_the_unwanted_variants_already_prepared(bank, monkeypatch):
+def test_keep_only_drops_the_unwanted_variants_already_prepared(own, monkeypatch):
     """Variants prepared before keep_only: the wanted one stays (the same object), the others go, and the
     checkpoint's pages are dropped (mutants that compared the wrong part of the key, kept the unwanted ones or
     skipped drop_pages survived: the values are the same, memory is not)."""
-    from harness.loading import open_checkpoint as reopen
-    own = WeightBank(reopen(bank.ckpt.path))
     dropped = []
     monkeypatch.setattr(own.ckpt, "drop_pages", lambda: dropped.append(True))
     q, f = own.layer(0, "int8", True, "quamba"), own.layer(0, "fp32", False)

@@ -55,15 +55,42 @@ def _narrow_string_operator() -> None:
             ops[i] = (kind, operator_string)
 
 
-def _survivors(module: str) -> list[str]:
-    from mutmut.__main__ import SourceFileMutationData, status_by_exit_code
+def statuses(module: str) -> dict[str, str] | None:
+    """mutmut's status of every mutant of a module ("killed", "survived", "not checked", ...), None before a run."""
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.stats import status_by_exit_code
     path = Path(*module.split(".")).with_suffix(".py")
+    if not (ROOT / "mutants" / f"{path}.meta").is_file():
+        return None
     m = SourceFileMutationData(path=path)
     m.load()
-    now = {k for k, code in m.exit_code_by_key.items() if status_by_exit_code[code] in ("survived", "no tests")}
+    return {k: status_by_exit_code[v] for k, v in m.exit_code_by_key.items()}
+
+
+def _survivors(module: str) -> list[str]:
+    now = statuses(module) or {}
     baseline = ROOT / "docs" / "mutation-baseline.json"   # survivors of the first (baseline) run
     before = set(json.loads(baseline.read_text()).get(module, {}).get("survivors", [])) if baseline.is_file() else set()
-    return sorted((now | before) & set(m.exit_code_by_key))
+    return sorted(({k for k, s in now.items() if s in ("survived", "no tests")} | before) & set(now))
+
+
+def _timed_run(names: list[str], max_children: int, key: str, mutants_run) -> int:
+    """mutmut's run of `names`; its wall time goes to mutants/mutation-timing.json under `key`. Returns an
+    exit status: mutmut exits on a failing clean run, and the caller stops there."""
+    from mutmut.__main__ import _run
+    start = time.perf_counter()
+    try:
+        _run(names, max_children)
+    except SystemExit as e:
+        if e.code not in (0, None):
+            return int(e.code) if isinstance(e.code, int) else 1
+    timing_path = ROOT / "mutants" / "mutation-timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+    timing[key] = {"seconds": round(time.perf_counter() - start, 1), "max_children": max_children,
+                   "mutants_run": mutants_run, "load_avg_1min": os.getloadavg()[0],
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    timing_path.write_text(json.dumps(timing, indent=1))
+    return 0
 
 
 def _all_mutants(module: str) -> list[str]:
@@ -105,35 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     # each worker's torch gets its share of the cores (tests/conftest.py): two workers with two OpenMP
     # threads each on two cores wait on each other's spinning threads
     os.environ["HARNESS_MUTATION_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, args.max_children)))
-    from mutmut.__main__ import _run
-    timing_path = ROOT / "mutants" / "mutation-timing.json"
     if args.rerun_survivors:  # one mutmut run for all of them: one clean-test pass instead of one per module
         names = [n for module in args.modules for n in _survivors(module)] if (ROOT / "mutants").is_dir() else []
-        if names:
-            start = time.perf_counter()
-            _run(names, args.max_children)
-            timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
-            timing[f"survivors of {len(args.modules)} modules (rerun)"] = {
-                "seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children,
-                "mutants_run": len(names), "load_avg_1min": os.getloadavg()[0],
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-            timing_path.write_text(json.dumps(timing, indent=1))
-        return 0
+        return _timed_run(names, args.max_children, f"survivors of {len(args.modules)} modules (rerun)",
+                          len(names)) if names else 0
     if args.one_call and not args.sample:
-        start = time.perf_counter()
-        try:
-            _run([f"{module}.*" for module in args.modules], args.max_children)
-        except SystemExit as e:
-            if e.code not in (0, None):
-                return int(e.code) if isinstance(e.code, int) else 1
-        timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
-        timing[" + ".join(args.modules)] = {
-            "seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children, "mutants_run": "all",
-            "load_avg_1min": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        timing_path.write_text(json.dumps(timing, indent=1))
-        return 0
+        return _timed_run([f"{module}.*" for module in args.modules], args.max_children, " + ".join(args.modules),
+                          "all")
     for module in args.modules:
-        names = [f"{module}.*"]
+        names, key, run = [f"{module}.*"], module, "all"
         if args.sample:
             import random
             names = random.Random(f"{args.seed}:{module}").sample(_all_mutants(module), args.sample)
@@ -141,20 +148,11 @@ def main(argv: list[str] | None = None) -> int:
             samples = json.loads(sample_path.read_text()) if sample_path.is_file() else {}
             samples[module] = sorted(set(samples.get(module, [])) | set(names))
             sample_path.write_text(json.dumps(samples, indent=1))
-        start = time.perf_counter()
-        try:
-            _run(names, args.max_children)
-        except SystemExit as e:  # mutmut exits on a failing clean run; stop there
-            if e.code not in (0, None):
-                return int(e.code) if isinstance(e.code, int) else 1
-        timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
-        key = f"{module} (sample {args.sample}, seed {args.seed})" if args.sample else module
-        timing[key] = {"seconds": round(time.perf_counter() - start, 1), "max_children": args.max_children,
-                       "mutants_run": len(names) if not names[0].endswith(".*") else "all",
-                       "load_avg_1min": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        timing_path.write_text(json.dumps(timing, indent=1))
+            key, run = f"{module} (sample {args.sample}, seed {args.seed})", len(names)
+        status = _timed_run(names, args.max_children, key, run)
+        if status:
+            return status
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -69,10 +69,9 @@ def apply(name: str) -> tuple[Path, str]:
         for k, text in zip(removed, added):
             rel = (len(text) - len(text.lstrip())) - (len(old[k]) - len(old[k].lstrip()))
             block[k] = block[k][:len(block[k]) - len(block[k].lstrip())] + " " * max(rel, 0) + text.lstrip()
-    else:
-        indent = len(src[first]) - len(src[first].lstrip()) if "ǁ" in name else 0
-        kept = iter(line[1:] for line in hunk if line[:1] in (" ", "+"))
-        block = [(" " * indent + line) if line.strip() else line for line in kept]
+    else:  # mutmut's diff is of the function dedented to column 0: indent it as the def line is
+        indent = " " * (len(src[first]) - len(src[first].lstrip()))
+        block = [(indent + line[1:]) if line[1:].strip() else line[1:] for line in hunk if line[:1] in (" ", "+")]
     src[hits[0]:hits[0] + len(old)] = block
     file.write_text("\n".join(src) + ("\n" if original.endswith("\n") else ""))
     return file, original
@@ -95,17 +94,15 @@ def check_tested() -> int:
     import json
     import tomllib
 
-    from mutmut.__main__ import SourceFileMutationData, status_by_exit_code
+    sys.path.insert(0, str(ROOT / "tools"))
+    from mutation import MODULES, statuses
     tested = tomllib.loads((ROOT / "tools" / "mutation_verdicts.toml").read_text()).get("tested", {})
-    surviving = set()
-    for meta in (ROOT / "mutants" / "harness").rglob("*.py.meta"):
-        data = SourceFileMutationData(path=meta.relative_to(ROOT / "mutants").with_suffix(""))
-        data.load()
-        surviving |= {k for k, c in data.exit_code_by_key.items() if status_by_exit_code[c] in ("survived", "no tests")}
+    surviving = {k for m in MODULES for k, s in (statuses(m) or {}).items() if s in ("survived", "no tests")}
     out = ROOT / "mutants" / "mutation-checked.json"
     checked = json.loads(out.read_text()) if out.is_file() else {}
     for name in sorted(surviving & set(tested)):
-        checked[name] = {"test": tested[name].split()[0], "killed": check(name, [tested[name].split()[0]])}
+        test = tested[name].split()[0]  # the verdict's test id (a note may follow)
+        checked[name] = {"test": test, "killed": check(name, [test])}
         out.write_text(json.dumps(checked, indent=1, ensure_ascii=False) + "\n")
     return 0 if all(c["killed"] for c in checked.values()) else 1
 
