@@ -1,14 +1,17 @@
-"""Run mutmut over the emulation core and the file format, one module at a time.
+"""Run mutmut over the emulation core and the file format.
 
-    python tools/mutation.py [--max-children N] [MODULE ...]      # default: every module of MODULES
+    python tools/mutation.py [--max-children N] [--fraction F] [--one-call] [MODULE ...]   # default: every module
 
-MODULE is a dotted name (harness.ops.quant). Each module's mutants are run with
-``mutmut run 'MODULE.*'``; mutmut keeps its results in mutants/ and only runs
-mutants without a result (edit a module and its mutants are regenerated).
-``--rerun-survivors`` runs the surviving mutants again (after adding tests).
-``--sample N`` runs a seeded random sample of N mutants per module instead of all
-(for a quick estimate on a busy machine; the report says which modules were sampled).
-Wall time per module goes to mutants/mutation-timing.json for the report.
+MODULE is a dotted name (harness.ops.quant). mutmut keeps every result in mutants/ (edit a module and the
+mutants of the functions changed are regenerated without one); only mutants without a result are handed
+to mutmut, so a stopped run resumes where it stopped. (mutmut itself runs every mutant matching the names
+it is given again, results or not: ``mutmut run 'harness.ops.quant.*'`` starts over.)
+``--fraction F`` runs a seeded random fraction of each module's mutants (at least one): the session-sized
+check ``make mutation`` runs (F = 0.2, seed 1; about an hour with two workers on this 2-core machine).
+``--sample N`` runs N mutants per module instead, ``--rerun-survivors`` the surviving mutants again
+(after adding tests). ``--one-call``: one mutmut run for all modules (one clean-test pass instead of one
+per module). Wall time per run goes to mutants/mutation-timing.json, the mutants chosen by --fraction or
+--sample to mutants/mutation-sample.json, for the report.
 
 Operator subset: mutmut's string operator is narrowed to strings that look
 like identifiers or keys (no spaces, at most 40 characters), one variant each
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
     ap.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again")
     ap.add_argument("--sample", type=int, default=0, help="run N mutants per module, chosen at random (seeded)")
+    ap.add_argument("--fraction", type=float, default=1.0,
+                    help="run this fraction of each module's mutants, chosen at random (seeded; default 1: all)")
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--one-call", action="store_true",
                     help="all the modules' mutants in one mutmut run: one clean-test pass instead of one per module "
@@ -126,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         print(f"error: unknown module(s) {', '.join(unknown)}; valid: {', '.join(MODULES)}", file=sys.stderr)
+        return 2
+    if not 0 < args.fraction <= 1:
+        print(f"error: --fraction must be in (0, 1], got {args.fraction}", file=sys.stderr)
         return 2
     os.chdir(ROOT)
     _narrow_string_operator()
@@ -136,23 +146,38 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for module in args.modules for n in _survivors(module)] if (ROOT / "mutants").is_dir() else []
         return _timed_run(names, args.max_children, f"survivors of {len(args.modules)} modules (rerun)",
                           len(names)) if names else 0
-    if args.one_call and not args.sample:
-        return _timed_run([f"{module}.*" for module in args.modules], args.max_children, " + ".join(args.modules),
-                          "all")
-    for module in args.modules:
-        names, key, run = [f"{module}.*"], module, "all"
-        if args.sample:
-            import random
-            names = random.Random(f"{args.seed}:{module}").sample(_all_mutants(module), args.sample)
-            sample_path = ROOT / "mutants" / "mutation-sample.json"
-            samples = json.loads(sample_path.read_text()) if sample_path.is_file() else {}
+    how = f"sample {args.sample}, seed {args.seed}" if args.sample else \
+        f"fraction {args.fraction:g}, seed {args.seed}" if args.fraction < 1 else ""
+    chosen = {module: _choose(module, args.sample, args.fraction, args.seed) for module in args.modules}
+    if how:
+        sample_path = ROOT / "mutants" / "mutation-sample.json"
+        samples = json.loads(sample_path.read_text()) if sample_path.is_file() else {}
+        for module, names in chosen.items():
             samples[module] = sorted(set(samples.get(module, [])) | set(names))
-            sample_path.write_text(json.dumps(samples, indent=1))
-            key, run = f"{module} (sample {args.sample}, seed {args.seed})", len(names)
-        status = _timed_run(names, args.max_children, key, run)
+        sample_path.write_text(json.dumps(samples, indent=1))
+    groups = [(" + ".join(args.modules), args.modules)] if args.one_call else [(m, [m]) for m in args.modules]
+    for key, modules in groups:
+        pending = [n for m in modules for n in _pending(m, chosen[m])]
+        if not pending:
+            continue
+        status = _timed_run(pending, args.max_children, f"{key} ({how})" if how else key, len(pending))
         if status:
             return status
     return 0
+
+
+def _choose(module: str, sample: int, fraction: float, seed: int) -> list[str]:
+    """The module's mutants this run is about: all, N of them or a fraction, chosen with a seeded generator."""
+    names = _all_mutants(module)
+    k = min(sample, len(names)) if sample else max(1, math.ceil(fraction * len(names))) if fraction < 1 else 0
+    return random.Random(f"{seed}:{module}").sample(names, k) if k else names
+
+
+def _pending(module: str, names: list[str]) -> list[str]:
+    """Those of `names` without a result yet (mutmut reruns every name it is given)."""
+    now = statuses(module) or {}
+    return [n for n in names if now.get(n, "not checked") == "not checked"]
+
 
 if __name__ == "__main__":
     sys.exit(main())
