@@ -143,6 +143,21 @@ def test_a_spilled_file_holding_a_pickle_is_refused(tmp_path):
         c.ref_get("output")
 
 
+def test_a_spilled_file_replaced_by_a_raw_pickle_is_refused(tmp_path):
+    """A spill file that is neither .npy nor .npz (a bare pickle put in its place) is refused, never unpickled:
+    np.load falls back to pickle.load for such a file unless allow_pickle is False (mutant collect _Spill.get 8)."""
+    import pickle
+
+    writer, modes = Recorder(), {"fp32": {"status": "ok", "tensors": {}}}
+    c = Collector(writer, "fp32", modes, RECIPES, keep=False, spill_dir=tmp_path)
+    c.add("fp32", {"output": np.ones(3, np.float32)})
+    (spill,) = list(tmp_path.iterdir())
+    (npy,) = list(spill.iterdir())
+    npy.write_bytes(pickle.dumps([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="pickled"):
+        c.ref_get("output")
+
+
 def test_a_failed_mode_before_the_reference_leaves_the_modes_that_ended_waiting_alone(tmp_path):
     """failed() forgets only the failed mode's pending end: a quantizing mode that arrived and ended before the
     reference must still be decided when the reference ends (else one equal to it everywhere passed as ok)."""

@@ -92,3 +92,71 @@ def test_bad_expressions_are_refused_with_the_reason(expr, needle):
 def test_type_error_is_a_compare_error():
     with pytest.raises(CompareError, match="cannot be evaluated"):
         fail_if_violations("mode < 3", COMPARISON)
+
+
+# one mode, two tensors: "output" has an undefined (NaN) SQNR, "residual" a defined one
+NAN_COMPARISON = {"reference": "fp32", "modes": {"q": {
+    "output": {"sqnr_db": math.nan, "max_abs": 0.5, "identical": False, "input_differs": False},
+    "residual": {"sqnr_db": 30.0, "max_abs": 0.1, "identical": False, "input_differs": False}}}}
+
+
+@pytest.mark.parametrize("expr, expected", [
+    # not of unknown is unknown (a fail), so a double not gives back unknown, not False (mutant compare _eval 10)
+    ("not not (sqnr_db < 20)", ["output"]),
+    # minus of unknown is unknown, not a TypeError (mutant compare _eval 14)
+    ("-(sqnr_db < 20) < 0", ["output"]),
+    # and: unknown with true is unknown, so its negation is unknown too (mutants compare _eval 30, 32)
+    ("not (sqnr_db < 20 and mode == 'q')", ["output", "residual"]),
+    # and: all true is true, so its negation is false (mutants compare _eval 31, 32)
+    ("not (mode == 'q' and tensor == 'output')", ["residual"]),
+    # or: unknown with false is unknown, not false (mutant compare _eval 40)
+    ("sqnr_db < 20 or tensor == 'x'", ["output"]),
+    # an unknown left operand (a nested comparison) makes the comparison unknown (mutant compare _eval 75)
+    ("(sqnr_db < 20) == False", ["output", "residual"]),
+    # a NaN right operand makes the comparison unknown, as on the left (mutant compare _eval 79)
+    ("20 > sqnr_db", ["output"]),
+])
+def test_unknown_follows_three_valued_logic(expr, expected):
+    """A NaN metric makes a comparison "unknown"; not, unary minus, and, or and a comparison of an unknown
+    keep it unknown (Kleene logic), and an unknown result is a failure: each case tells true, false and
+    unknown apart where a wrong rule would turn the NaN row into a pass (or a crash)."""
+    assert sorted(t for _, t in fail_if_violations(expr, NAN_COMPARISON)) == expected
+
+
+def test_nesting_limit_is_32_levels_exactly():
+    """32 levels of nesting are accepted and 33 refused with the level count, counted from 1 at the
+    expression and 1 more per level (mutants compare _depth 2, 13 and _parse_fail_if 16); the deepest
+    branch counts wherever it sits, also as the first operand of an or (mutant compare _depth 10)."""
+    assert hits("not " * 29 + "identical") == [("0", "output"), ("0", "residual")]          # 32 levels
+    with pytest.raises(CompareError, match=r"nested too deeply \(33 levels\); at most 32 levels"):
+        hits("not " * 30 + "identical")
+    assert hits("(" + "not " * 28 + "identical) or identical") == [("2-4", "output"), ("2-4", "residual")]
+    with pytest.raises(CompareError, match=r"nested too deeply \(33 levels\); at most 32 levels"):
+        hits("(" + "not " * 29 + "identical) or identical")
+
+
+def test_length_limit_is_2000_characters_exactly():
+    """An expression of exactly 2000 characters is accepted, one of 2001 refused with its length
+    (mutant compare _parse_fail_if 5)."""
+    expr = "sqnr_db < 20"
+    assert hits(expr + " " * (2000 - len(expr))) == [("0", "output")]
+    with pytest.raises(CompareError, match="expression is 2001 characters long; at most 2000 are accepted"):
+        hits(expr + " " * (2001 - len(expr)))
+
+
+def test_parser_recursion_error_is_a_compare_error():
+    """When the parser runs out of recursion depth (a deeply nested expression under a low recursion
+    limit), the error is a CompareError that names --fail-if and the nesting limit (mutant compare
+    _parse_fail_if 14, which raised CompareError(None))."""
+    import sys
+
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 100)    # the AST builder allows 3 levels per frame: ~300 < the 1999 below
+    try:
+        with pytest.raises(CompareError, match=r"^--fail-if expression is nested too deeply; at most 32 levels$"):
+            fail_if_violations("-" * 1999 + "1", COMPARISON)
+    finally:
+        sys.setrecursionlimit(old)
