@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.metrics import error_metrics, max_abs, pearson, rel_l2, sqnr_db, tensor_stats
+from harness.metrics import error_metrics, mae, max_abs, mse, pearson, rel_l2, rmse, sqnr_db, tensor_stats
 
 
 def test_max_abs_is_the_first_largest_with_its_index():
@@ -86,3 +86,13 @@ def test_overflow_fractions_count_against_the_capture_dtype():
     assert s["capture_dtype"] == "float16"
     assert (s["overflow_upper"], s["overflow_lower"]) == (0.5, 0.25)
     assert (tensor_stats(v)["overflow_upper"], tensor_stats(v)["overflow_lower"]) == (0.25, 0.0)
+
+
+def test_standalone_metrics_name_both_shapes_on_a_mismatch():
+    """The standalone metrics check the shapes themselves (in ``_d``; error_metrics has its own check): a
+    ValueError naming both shapes (mutants metrics _d 2, 3, 4: a ValueError(None), or a TypeError from
+    list(None) in place of either shape)."""
+    ref, test = np.zeros((1, 2, 2), np.float32), np.zeros((1, 2, 3), np.float32)
+    for fn in (mse, mae, rmse, max_abs, rel_l2, sqnr_db):
+        with pytest.raises(ValueError, match=r"^shape mismatch: reference \[1, 2, 2\] vs test \[1, 2, 3\]$"):
+            fn(ref, test)
