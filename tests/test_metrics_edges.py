@@ -1,10 +1,12 @@
 """Metric details the hand-computed cases do not reach: the standalone max_abs, zero cases, every stats field."""
 import math
+import warnings
 
 import numpy as np
 import pytest
 
-from harness.metrics import error_metrics, max_abs, pearson, rel_l2, sqnr_db, tensor_stats
+from harness.metrics import (METRIC_NAMES, cosine, error_metrics, mae, max_abs, mse, pearson, rel_l2, rmse, sqnr_db,
+                             tensor_stats)
 
 
 def test_max_abs_is_the_first_largest_with_its_index():
@@ -86,3 +88,111 @@ def test_overflow_fractions_count_against_the_capture_dtype():
     assert s["capture_dtype"] == "float16"
     assert (s["overflow_upper"], s["overflow_lower"]) == (0.5, 0.25)
     assert (tensor_stats(v)["overflow_upper"], tensor_stats(v)["overflow_lower"]) == (0.25, 0.0)
+
+
+def test_standalone_metrics_name_both_shapes_on_a_mismatch():
+    """The standalone metrics check the shapes themselves (in ``_d``; error_metrics has its own check): a
+    ValueError naming both shapes (mutants metrics _d 2, 3, 4: a ValueError(None), or a TypeError from
+    list(None) in place of either shape)."""
+    ref, test = np.zeros((1, 2, 2), np.float32), np.zeros((1, 2, 3), np.float32)
+    for fn in (mse, mae, rmse, max_abs, rel_l2, sqnr_db):
+        with pytest.raises(ValueError, match=r"^shape mismatch: reference \[1, 2, 2\] vs test \[1, 2, 3\]$"):
+            fn(ref, test)
+
+
+def test_sqnr_of_a_reference_with_unit_energy():
+    """sum ref^2 = 1 exactly is an ordinary signal: 10 log10(1 / 0.25) dB (mutant metrics _sqnr_sums 4 took a
+    signal of 1.0 for a zero one and gave -inf)."""
+    ref, test = np.array([1.0, 0.0]), np.array([0.5, 0.0])
+    assert sqnr_db(ref, test) == 10 * math.log10(4.0)
+    assert error_metrics(ref, test)["sqnr_db"] == 10 * math.log10(4.0)
+
+
+def test_orthogonal_arrays_of_unit_norm_give_zero_cosine_and_pearson():
+    """||ref|| ||test|| = 1 and the centred product of norms = 1 exactly: cosine and pearson are 0, defined
+    (mutants metrics _row 168 and 175 read a denominator of 1.0 as a zero one and gave nan)."""
+    ref = np.array([0.5, -0.5, 0.5, -0.5])
+    test = np.array([0.5, 0.5, -0.5, -0.5])
+    m = error_metrics(ref, test)
+    assert (m["cosine"], m["pearson"]) == (0.0, 0.0) and "undefined" not in m
+    assert (cosine(ref, test), pearson(ref, test)) == (0.0, 0.0)
+
+
+def test_cosine_and_pearson_are_nan_not_inf_when_a_norm_underflows():
+    """ref's squares (1e-340) underflow to 0 while <ref, test> = 2e-70 does not: the zero norm makes cosine
+    and pearson undefined (nan), never +-inf, in error_metrics as in the single formulas (mutants metrics
+    _row 165 and 172 divided by the zero norm and gave inf)."""
+    ref = np.array([1e-170, -1e-170])
+    test = np.array([1e100, -1e100])
+    m = error_metrics(ref, test)
+    assert math.isnan(m["cosine"]) and math.isnan(m["pearson"])
+    assert math.isnan(cosine(ref, test)) and math.isnan(pearson(ref, test))
+    assert set(m["undefined"]) == {"rel_l2", "cosine", "pearson"}  # ||ref|| computes as 0: rel_l2 too
+
+
+def test_rows_of_non_finite_and_empty_arrays():
+    """Every metric nan, max_abs_index the mode's first non-finite position, and "undefined" giving, for
+    every metric, the NaN / Inf counts and first positions of both arrays (mutants metrics _nonfinite_note
+    1, 2, 8-14 and error_metrics 12-36: no note for a float array, garbled counts, names or positions, the
+    reference's position in place of the mode's, the row's keys renamed). Empty arrays: the reason is
+    "both arrays are empty" (error_metrics 11 sent them to the formulas, which fail)."""
+    ref = np.zeros((2, 2, 3), np.float32)
+    test = np.ones((2, 2, 3), np.float32)
+    test[0, 1, 2], test[1, 0, 0] = np.nan, -np.inf
+    ref[0, 0, 1] = np.inf
+    row = error_metrics(ref, test)
+    why = ("the mode's array holds 1 NaN and 1 Inf values (first at (0, 1, 2)); "
+           "the reference holds 0 NaN and 1 Inf values (first at (0, 0, 1))")
+    assert sorted(row) == sorted(METRIC_NAMES + ("undefined",))
+    assert row["max_abs_index"] == [0, 1, 2]
+    assert all(math.isnan(row[k]) for k in METRIC_NAMES if k != "max_abs_index")
+    assert row["undefined"] == {k: why for k in METRIC_NAMES if k != "max_abs_index"}
+    assert error_metrics(np.zeros(3), np.array([1.0, np.inf, np.inf]))["undefined"]["mse"] == \
+        "the mode's array holds 0 NaN and 2 Inf values (first at (1,))"
+    empty = error_metrics(np.zeros((2, 0, 3), np.float32), np.zeros((2, 0, 3), np.float32))
+    assert empty["max_abs_index"] == [] and all(math.isnan(empty[k]) for k in METRIC_NAMES if k != "max_abs_index")
+    assert empty["undefined"] == {k: "both arrays are empty" for k in METRIC_NAMES if k != "max_abs_index"}
+
+
+def test_undefined_names_each_nan_metric_of_finite_arrays_and_nothing_else():
+    """Finite arrays: "undefined" maps exactly the nan metrics to their reasons, and is absent when none is
+    nan (mutants metrics error_metrics 46, 48, 49: no map, None, or the key renamed)."""
+    zero, one = np.zeros((1, 2, 2), np.float32), np.ones((1, 2, 2), np.float32)
+    assert error_metrics(zero, one)["undefined"] == {
+        "rel_l2": "the reference is all zeros (||ref|| = 0) but the mode is not",
+        "cosine": "an array is all zeros (zero norm)", "pearson": "an array is constant (zero variance)"}
+    ramp = np.arange(4, dtype=np.float32).reshape(1, 2, 2)
+    assert "undefined" not in error_metrics(ramp, ramp * ramp)
+
+
+def test_stats_of_empty_single_and_overflowed_tensors():
+    """An empty capture: mean, std, min, max nan, l2 0, no overflow (mutants metrics overflow_fractions 3, 4,
+    tensor_stats 99, 103: 1.0 overflowed, min()/max() of nothing). One value is not "empty" (tensor_stats 15).
+    A single +inf of an fp16 capture is all overflow (overflow_fractions 2), and its stats are computed
+    quietly: inf - inf in the centred sum raises no RuntimeWarning (tensor_stats 42 dropped the errstate)."""
+    e = tensor_stats(np.zeros((0, 3), np.float32))
+    assert {k: e[k] for k in ("shape", "first_10", "l2", "nan_count", "inf_count", "overflow_upper",
+                              "overflow_lower")} == {"shape": [0, 3], "first_10": [], "l2": 0.0, "nan_count": 0,
+                                                     "inf_count": 0, "overflow_upper": 0.0, "overflow_lower": 0.0}
+    assert all(math.isnan(e[k]) for k in ("mean", "std", "min", "max"))
+    one = tensor_stats(np.array([3.0], np.float32))
+    assert (one["mean"], one["std"], one["min"], one["max"], one["l2"]) == (3.0, 0.0, 3.0, 3.0, 3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = tensor_stats(np.array([np.inf], np.float32), source_dtype="float16")
+    assert (s["overflow_upper"], s["overflow_lower"]) == (1.0, 0.0)
+    assert (s["mean"], s["max"], s["l2"]) == (math.inf, math.inf, math.inf)
+    assert math.isnan(s["std"]) and s["inf_count"] == 1
+
+
+def test_the_largest_finite_value_is_not_an_overflow():
+    """+-65504 is float16's largest finite value: it fits, only beyond it counts (mutants metrics
+    overflow_fractions 12 and 15 counted the limit itself)."""
+    s = tensor_stats(np.array([65504, -65504, 0, 1], np.float16))
+    assert (s["overflow_upper"], s["overflow_lower"]) == (0.0, 0.0)
+
+
+def test_clipped_fraction_of_a_single_code():
+    """One code, clipped: the fraction is 1 (mutant metrics tensor_stats 135 divided by at least 2)."""
+    s = tensor_stats(np.array([127.0], np.float32), np.array([127], np.int8), 1.0, 1)
+    assert s["clipped_fraction"] == 1.0 and s["saturated_fraction"] == 1.0
