@@ -196,3 +196,14 @@ def test_a_config_with_ssm_cfg_not_an_object_is_not_quambas(tmp_path):
     """is_quamba_dir reads ssm_cfg.layer only from an object (a mutant called .get on a string and crashed
     the directory sniffing that every --model goes through)."""
     assert not is_quamba_dir(_config_dir(tmp_path / "s", {"d_model": 24, "ssm_cfg": "W8A8QMamba"}))
+
+
+def test_a_w8o16_embedding_reads_as_its_fp16_rows(tmp_path):
+    """W8O16Embedding's output is fp16: the exact product code * scale rounded once to fp16
+    (quant_embedding_kernel.cuh:65-78); a mutant that handed on the unrounded fp32 product survived (the modes
+    tested round their input to fp16 anyway; the prefix hashes hashed the fp32 bytes)."""
+    sd = handmade_state_dict(embedding="W8O16Embedding")
+    rows = open_quamba(write_handmade(tmp_path / "q", embedding="W8O16Embedding")).embedding()
+    want = sd["backbone.embedding.weight"].to(torch.float32) * sd["backbone.embedding.scales"].to(torch.float32)[:, None]
+    assert rows.dtype == torch.float16 and torch.equal(rows, want.to(torch.float16))
+    assert not torch.equal(rows.to(torch.float32), want)  # the rounding is visible in these rows
