@@ -207,3 +207,30 @@ def test_a_w8o16_embedding_reads_as_its_fp16_rows(tmp_path):
     want = sd["backbone.embedding.weight"].to(torch.float32) * sd["backbone.embedding.scales"].to(torch.float32)[:, None]
     assert rows.dtype == torch.float16 and torch.equal(rows, want.to(torch.float16))
     assert not torch.equal(rows.to(torch.float32), want)  # the rounding is visible in these rows
+
+
+def test_layer_spec_of_mamba_130m_is_quambas_checkpoint_layout():
+    """layer_spec for mamba-130m's sizes (d_model 768, d_inner 1536, d_state 16, dt_rank 48) lists the keys,
+    in state-dict order, and the dtypes and shapes of Quamba's checkpoint (notes §2.6): x_proj's 48 + 2 * 16 = 80
+    outputs need no padding (a mutant that sized x_proj as dt_rank + 3 * d_state survived at the fixture's
+    sizes, where both pad to 32)."""
+    from harness.quamba_ckpt import F, T0, T11, layer_spec
+
+    d = ModelDims(d_model=768, d_inner=1536, d_state=16, d_conv=4, dt_rank=48, n_layer=24, vocab_size=50280,
+                  norm_eps=1e-5)
+    i8, m, s = torch.int8, "backbone.layers.5.mixer.", "backbone.layers.5.mixer.selective_scan."
+
+    def lin(name, shape):
+        return {f"{m}{name}.weight": (i8, shape), f"{m}{name}.a": T11, f"{m}{name}.b": T11, f"{m}{name}.alpha": F}
+    want = {"backbone.layers.5.norm.weight": (torch.float16, (768,)), "backbone.layers.5.norm.output_scale": F,
+            **lin("in_proj", (768, 3072)), m + "conv1d.weight": (i8, (1536, 4)), m + "conv1d.bias": (i8, (1536,)),
+            **{f"{m}conv1d.{k}": F for k in ("weight_scale", "bias_scale", "input_scale", "output_scale")},
+            **lin("x_proj", (1536, 80)), **lin("dt_proj", (48, 1536)),
+            s + "dt_bias": (i8, (1536,)), s + "dt_bias_scale": T0, s + "A_log": (i8, (1536, 16)), s + "A_scale": T0,
+            s + "D": (i8, (1536,)), s + "D_scale": T0,
+            **{s + k: T0 for k in ("u_scale", "dt_scale", "B_scale", "C_scale", "z_scale", "ssm_state_scale")},
+            m + "had.x_H_scale": F, **lin("out_proj", (1536, 768))}
+    spec = layer_spec(d, 5)
+    assert list(spec.items()) == list(want.items())
+    del want[m + "conv1d.bias"]
+    assert list(layer_spec(d, 5, conv_bias=False).items()) == list(want.items())
