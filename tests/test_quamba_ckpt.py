@@ -482,3 +482,68 @@ def test_round_trip_end_to_end_logits_are_bit_identical(exported, hf_dir, tmp_pa
     assert not direct.failed and not via.failed
     for mode in ("0", "2-4"):
         assert np.array_equal(via.by_mode[mode]["logits"], direct.by_mode[mode]["logits"]), mode
+
+
+def _write_back(src, dst):
+    """Read a Quamba directory with open_quamba and write what it read with write_quamba (as export hands it)."""
+    from harness.quamba_ckpt import write_quamba
+
+    q = open_quamba(src)
+    n = q.dims.n_layer
+    embedding = {k: v for k, v in q._sd.items() if k.startswith("backbone.embedding.")}
+    weight, s_in, _alpha = q.lm_head()
+    lm_head = weight if s_in is not None else weight.to(torch.float16)  # write_quamba takes an fp16 float head
+    dst.mkdir()
+    write_quamba(dst, q.dims, json.loads((src / "config.json").read_text()), [q.int8_layer(i) for i in range(n)],
+                 [q.layer_scales(i) for i in range(n)], embedding, lm_head, s_in)
+    return dst
+
+
+def _assert_same_state_dict(ours, theirs):
+    assert list(ours) == list(theirs)  # same keys in Quamba's state-dict order
+    for key, want in theirs.items():
+        got = ours[key]
+        assert type(got) is type(want), key
+        if isinstance(want, torch.Tensor):
+            assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride()), key
+            assert torch.equal(got, want), key
+        else:
+            assert got == want, key
+
+
+@pytest.mark.parametrize("embedding, lm_head", [("Embedding", "Linear"), ("W8O16Embedding", "W8A8B16O16Linear")])
+def test_a_handmade_checkpoint_written_back_is_the_same_checkpoint(tmp_path, embedding, lm_head):
+    """open_quamba then write_quamba reproduces Quamba's own files: every entry's type, dtype, shape, stride and
+    value (the a/alpha epilogue factors of each W8A8 linear, a layer's own norm weight, the conv bias scale) and
+    config.json to the byte (Quamba's json.dump(..., indent=4), quamba_mixer_seq.py:449). Mutants that wrote
+    alpha as s_w / s_in (_linear_entries 21) or s_w * s_in * s_out, s_w / s_in / s_out (24, 25), x_proj
+    without its output scale (_layer_entries 55), ones or an fp32 tensor for a norm weight (4, 10), 1.0 for a
+    stored conv bias scale (44, 46), config.json without or with another indent (write_quamba 48, 50, 51), or a
+    quantized lm_head without its weight scale (lm_head 11) survived."""
+    sd = handmade_state_dict(embedding=embedding, lm_head=lm_head)
+    g = torch.Generator().manual_seed(3)
+    sd["backbone.layers.1.norm.weight"] = (0.5 + torch.rand(24, generator=g)).to(torch.float16)  # not folded
+    src = write_handmade(tmp_path / "src", sd=sd, embedding=embedding, lm_head=lm_head)
+    if lm_head == "W8A8B16O16Linear":
+        codes, s_in, alpha = open_quamba(src).lm_head()
+        assert torch.equal(codes.codes, sd["lm_head.weight"].t()) and codes.scale == sd["lm_head.b"].item()
+        assert (s_in, alpha) == (sd["backbone.norm_f.output_scale"], sd["lm_head.alpha"])
+    dst = _write_back(src, tmp_path / "dst")
+    ours = _load(dst)
+    _assert_same_state_dict(ours, sd)
+    b, c = (ours[f"backbone.layers.0.mixer.selective_scan.{n}_scale"] for n in "BC")
+    assert b.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()  # one storage, as Quamba saves it
+    assert (dst / "config.json").read_text() == (src / "config.json").read_text()
+
+
+def test_a_conv_without_bias_is_written_with_bias_scale_one(tmp_path):
+    """Quamba's QCausalConv1D.from_fp16 stores bias_scale 1.0 and no bias tensor for a conv without bias
+    (qConvLayer.py:70-72); written back, such a checkpoint is the same again (a mutant that read the missing
+    bias's scale crashed, _layer_entries 43; one that wrote 2.0 survived, 45)."""
+    sd = handmade_state_dict()
+    for i in range(2):
+        del sd[f"backbone.layers.{i}.mixer.conv1d.bias"]
+        sd[f"backbone.layers.{i}.mixer.conv1d.bias_scale"] = 1.0
+    src = write_handmade(tmp_path / "src", sd=sd)
+    assert open_quamba(src).int8_layer(0).conv_bias is None
+    _assert_same_state_dict(_load(_write_back(src, tmp_path / "dst")), sd)
