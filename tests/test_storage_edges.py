@@ -146,3 +146,63 @@ def test_an_output_path_that_cannot_be_looked_at_is_a_clear_error(tmp_path):
     with pytest.raises(StorageError, match=r"cannot write .*file\.txt/out\.npz: Not a directory"):
         check_output(tmp_path / "file.txt" / "out.npz")
     assert (tmp_path / "file.txt").read_text() == "mine"
+
+
+def test_write_npz_checks_the_space_for_all_its_arrays_before_writing(tmp_path, monkeypatch):
+    """write_npz sums the arrays' bytes and refuses before writing anything when the disk lacks them (mutants
+    that checked for None, for no bytes or for the 8-byte size of np.asarray(None) per array survived:
+    write_npz mutmut 2, 4, 6, 8). 3 + 3 MiB do not fit in 5 MiB free; each alone would."""
+    import collections
+
+    import harness.files as files
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
+    arrays = {"mode_0_input": np.zeros(3 * 2 ** 18, np.float32), "mode_0_output": np.ones(3 * 2 ** 18, np.float32)}
+    with pytest.raises(StorageError, match=r"not enough disk space for .*c\.npz: about 6\.0 MiB needed, "
+                                           r"5\.0 MiB free"):
+        write_npz(tmp_path / "c.npz", arrays)
+    assert list(tmp_path.iterdir()) == []
+    write_npz(tmp_path / "c.npz", {"mode_0_input": arrays["mode_0_input"]})   # 3 MiB + 10 % fits
+
+
+def test_write_npz_stops_at_its_fault_point_after_the_first_member(tmp_path, monkeypatch):
+    """$QUAMBA_HARNESS_FAULT=write-npz:<signal> sends the signal once the first member is written (the hook that
+    tests interrupt a write with); the previous file is kept and no temporary file is left (mutants that called
+    fault_point(None) or fault_point("XXwrite-npzXX") survived: _npz_writer mutmut 45, 46)."""
+    import signal
+
+    from harness.guard import FAULT_ENV
+
+    class Stopped(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    path = tmp_path / "c.npz"
+    write_npz(path, {"mode_0_output": np.zeros(2, np.float32)})
+    before = path.read_bytes()
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        monkeypatch.setenv(FAULT_ENV, "write-stats:USR1, write-npz:USR1")
+        with pytest.raises(Stopped, match="SIGUSR1"):
+            write_npz(path, {"mode_1_output": np.ones(4, np.float32), "mode_2_output": np.ones(4, np.float32)})
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["c.npz"]
+    monkeypatch.setenv(FAULT_ENV, "write-stats:USR1")   # another point: the write goes through
+    write_npz(path, {"mode_1_output": np.ones(4, np.float32)})
+    with np.load(path) as z:
+        assert z.files == ["mode_1_output"]
+
+
+def test_tensor_meta_of_a_manifest_without_modes_is_empty(tmp_path):
+    """A manifest without "modes" (an aliases-only or schema-0 stats file) has no tensor metadata: {} rather than
+    an AttributeError (mutants that read a missing "modes" as None survived: tensor_meta mutmut 15, 17)."""
+    write_npz(tmp_path / "c.npz", {"mode_0_output": np.zeros(2, np.float32)})
+    write_json(stats_path(tmp_path / "c.npz"), {"schema_version": 1, "aliases": {"mode_1__L0.x": "mode_0_output"}})
+    cf = load_capture(tmp_path / "c.npz")
+    assert cf.manifest == {"schema_version": 1, "aliases": {"mode_1__L0.x": "mode_0_output"}}
+    assert cf.tensor_meta("0", "output") == {} and cf.tensor_meta("1", "L0.x") == {}
+    assert np.array_equal(cf.array("1", "L0.x"), np.zeros(2, np.float32))
