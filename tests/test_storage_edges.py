@@ -248,3 +248,54 @@ def test_write_pair_checks_the_space_for_all_its_arrays_before_writing(tmp_path,
         write_pair(out, arrays, {"schema_version": 2, "modes": {}})
     assert (out.read_bytes(), stats_path(out).read_bytes()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p_stats.json"]
+
+
+def test_a_corrupted_npz_is_refused_with_the_reason(tmp_path):
+    """The loader's message names the exception that np.load raised (a mutant that wrote "NoneType" there
+    survived: load_capture mutmut 22)."""
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(StorageError, match=r"bad\.npz is not a readable \.npz file \(BadZipFile: File is not a zip "
+                                           r"file\)$"):
+        load_capture(bad)
+
+
+def test_a_stats_file_over_the_size_limit_is_refused_with_both_sizes(tmp_path, monkeypatch):
+    """A stats file larger than MAX_MANIFEST_BYTES is refused before it is read, with its size and the limit
+    (a mutant that raised StorageError(None) survived: read_json mutmut 10)."""
+    import harness.storage as storage
+
+    write_npz(tmp_path / "c.npz", {"mode_0_output": np.zeros(2, np.float32)})
+    stats_path(tmp_path / "c.npz").write_text('{"schema_version": 1, "modes": {}}')   # 34 bytes
+    monkeypatch.setattr(storage, "MAX_MANIFEST_BYTES", 33)
+    with pytest.raises(StorageError, match=r"cannot read .*c_stats\.json: 34 bytes is more than a stats file can be "
+                                           r"\(33 bytes\)$"):
+        load_capture(tmp_path / "c.npz")
+    monkeypatch.setattr(storage, "MAX_MANIFEST_BYTES", 34)   # exactly the limit is fine
+    assert load_capture(tmp_path / "c.npz").manifest == {"schema_version": 1, "modes": {}}
+
+
+@pytest.mark.parametrize("npz", [{"file": "c.npz"}, {"file": "c.npz", "sha256": 12}, "c.npz"])
+def test_a_manifest_npz_entry_without_a_sha256_string_is_refused(tmp_path, npz):
+    """"npz" must be an object holding the .npz's sha256 as a string; a dict without it is not read as a schema-1
+    manifest (mutants that accepted any dict, or set no problem, survived: _check_manifest mutmut 45, 46)."""
+    write_npz(tmp_path / "c.npz", {"mode_0_output": np.zeros(2, np.float32)})
+    write_json(stats_path(tmp_path / "c.npz"), {"schema_version": 2, "modes": {}, "npz": npz})
+    with pytest.raises(StorageError, match=r"c_stats\.json is not a valid stats file: 'npz' must be an object with "
+                                           r"the \.npz's sha256$"):
+        load_capture(tmp_path / "c.npz")
+
+
+def test_a_pending_manifest_without_npz_does_not_excuse_a_mismatch(tmp_path):
+    """A pending manifest (valid, but recording no .npz hash) beside a pair whose hash does not match is not the
+    pair's: the mismatch is refused with its reason, not an AttributeError (a mutant that read a missing "npz"
+    as None survived: _matching_manifest mutmut 48)."""
+    from harness.storage import pending_path, write_pair
+
+    out = tmp_path / "p.npz"
+    write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}})
+    write_npz(out, {"mode_a_output": np.zeros(3, np.float32)})            # the .npz replaced outside a pair
+    write_json(pending_path(out), {"schema_version": 2, "modes": {}})
+    with pytest.raises(StorageError, match=r"p\.npz does not match .*p_stats\.json: the stats file records an "
+                                           r"\.npz with sha256 [0-9a-f]{16}\.\.\., the file has"):
+        load_capture(out)
