@@ -299,3 +299,107 @@ def test_a_pending_manifest_without_npz_does_not_excuse_a_mismatch(tmp_path):
     with pytest.raises(StorageError, match=r"p\.npz does not match .*p_stats\.json: the stats file records an "
                                            r"\.npz with sha256 [0-9a-f]{16}\.\.\., the file has"):
         load_capture(out)
+
+
+def test_write_pair_writes_the_bytes_write_npz_writes(tmp_path):
+    """A pair's .npz, streamed member by member, is byte for byte the file write_npz writes for the same arrays,
+    stored or deflated: the same fixed date (1980-01-01), the same zip64 headers (mutants of PairWriter.add that
+    dated members 1981-01-01 or 1980-02-01, or dropped force_zip64, survived: add mutmut 26, 27, 35)."""
+    import zipfile
+
+    from harness.storage import write_pair
+
+    arrays = {"mode_0_output": np.arange(12, dtype=np.float32).reshape(1, 3, 4), "token_ids": np.arange(3),
+              "model": np.array("m"), "mode_0__L0.ssm.u": np.ones((2, 2), np.float16)}
+    for compress in (False, True):
+        write_npz(tmp_path / "n.npz", arrays, compress=compress)
+        write_pair(tmp_path / "p.npz", arrays, {"schema_version": 2, "modes": {}}, compress=compress)
+        assert (tmp_path / "p.npz").read_bytes() == (tmp_path / "n.npz").read_bytes()
+        with zipfile.ZipFile(tmp_path / "p.npz") as zf:
+            assert {i.date_time for i in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+
+
+def test_write_pair_refuses_object_arrays_without_pickling(tmp_path):
+    """A member is never pickled: an object array is refused with numpy's allow_pickle=False error and the
+    previous pair stays (a mutant that wrote with allow_pickle=True survived: PairWriter.add mutmut 47)."""
+    from harness.storage import write_pair
+
+    out = tmp_path / "p.npz"
+    write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}})
+    before = out.read_bytes(), stats_path(out).read_bytes()
+    with pytest.raises(ValueError, match="Object arrays cannot be saved when allow_pickle=False"):
+        write_pair(out, {"mode_a_output": np.array([{"a": 1}], dtype=object)}, {"schema_version": 2, "modes": {}})
+    assert (out.read_bytes(), stats_path(out).read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p_stats.json"]
+
+
+def test_pair_writer_dedups_only_when_asked(tmp_path):
+    """PairWriter stores every array unless dedup=True, and write_pair never dedups (a mutant with dedup=True
+    as the default survived: PairWriter.__init__ mutmut 2)."""
+    from harness.storage import PairWriter, write_pair
+
+    a = np.arange(4, dtype=np.float32)
+    arrays = {"mode_a__L0.ssm.u": a, "mode_b__L0.ssm.u": a.copy()}
+    write_pair(tmp_path / "w.npz", arrays, {"schema_version": 2, "modes": {}})
+    with PairWriter(tmp_path / "p.npz") as writer:
+        for key, arr in arrays.items():
+            writer.add(key, arr)
+        writer.commit({"schema_version": 2, "modes": {}})
+    assert writer.aliases == {} and writer.keys == ["mode_a__L0.ssm.u", "mode_b__L0.ssm.u"]
+    for name in ("w.npz", "p.npz"):
+        with np.load(tmp_path / name) as z:
+            assert z.files == ["mode_a__L0.ssm.u", "mode_b__L0.ssm.u"]
+    with PairWriter(tmp_path / "d.npz", dedup=True) as writer:
+        for key, arr in arrays.items():
+            writer.add(key, arr)
+        writer.commit({"schema_version": 2, "modes": {}})
+    assert writer.aliases == {"mode_b__L0.ssm.u": "mode_a__L0.ssm.u"} and writer.keys == ["mode_a__L0.ssm.u"]
+
+
+def _failing_replace(monkeypatch, fails):
+    """os.replace (as storage calls it) raising ENOSPC for the rename that `fails(src, dst)` picks."""
+    import harness.storage as storage
+    real = storage.os.replace
+
+    def replace(src, dst):
+        if fails(str(src), str(dst)):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(storage.os, "replace", replace)
+
+
+def test_a_commit_that_fails_before_the_npz_rename_leaves_the_old_pair_and_no_pending_manifest(tmp_path, monkeypatch):
+    """The pending manifest is written, then renaming the .npz into place fails: the pending manifest is removed
+    with the temporary files and the old pair is read as before (mutants that started with npz_renamed = True, or
+    removed the pending manifest only after the rename, survived: PairWriter.commit mutmut 14, 46)."""
+    from harness.storage import write_pair
+
+    out = tmp_path / "p.npz"
+    write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "old"})
+    before = out.read_bytes(), stats_path(out).read_bytes()
+    _failing_replace(monkeypatch, lambda src, dst: dst == str(out))
+    with pytest.raises(OSError, match="No space left on device"):
+        write_pair(out, {"mode_a_output": np.zeros(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "new"})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p_stats.json"]
+    assert (out.read_bytes(), stats_path(out).read_bytes()) == before
+    assert load_capture(out).manifest["run"] == "old"
+
+
+def test_a_commit_that_fails_between_the_renames_keeps_the_pending_manifest(tmp_path, monkeypatch):
+    """The .npz is renamed into place, then renaming the pending manifest over _stats.json fails: the pending
+    manifest is kept (it is the only record of the new .npz's hash) and the loader reads the new pair through it
+    (a mutant that set npz_renamed = None after the rename, so the pending manifest was removed, survived:
+    PairWriter.commit mutmut 34)."""
+    from harness.storage import pending_path, write_pair
+
+    out = tmp_path / "p.npz"
+    write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "old"})
+    _failing_replace(monkeypatch, lambda src, dst: src == str(pending_path(out)))
+    with pytest.raises(OSError, match="No space left on device"):
+        write_pair(out, {"mode_a_output": np.zeros(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "new"})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".p_stats.json.pending", "p.npz", "p_stats.json"]
+    cf = load_capture(out)
+    assert cf.manifest["run"] == "new" and cf.array("a", "output").tolist() == [0.0, 0.0, 0.0]
