@@ -94,6 +94,16 @@ def test_sample_of_exactly_the_available_tokens(tok, tmp_path):
         read_sample(tok, path, total + 1)
 
 
+def test_a_sample_of_one_token_is_the_first_token(tok, tmp_path):
+    """--seq_len 1 is a valid sample (the first token); only 0 and below are refused
+    (without it `seq_len <= 1` passed: data read_sample mutant 2)."""
+    path = _write(tmp_path, [_doc(3, "a")], name="text.jsonl")
+    got = read_sample(tok, path, 1)
+    assert got.ids.tolist() == [tok.encode_documents(["a"])[0]] and got.ids.dtype == torch.int64
+    with pytest.raises(DataError, match="positive number of tokens, got 0"):
+        read_sample(tok, path, 0)
+
+
 def test_windows_record_their_file(tok, tmp_path):
     """The provenance (calib_file_sha256) comes from here: the path and the file's sha256."""
     import hashlib
