@@ -114,8 +114,11 @@ def test_ctrl_c_while_starting_shows_no_traceback(tmp_path, command, delay):
     import time
 
     argv = [str(ROOT / command[0]), *command[1:]] if command[0].endswith(".py") else command
+    # the child starts with SIGINT at its default, as under a terminal: a suite started in the background by a
+    # shell without job control inherits SIGINT ignored, and Python then never installs its handler
     p = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(delay)  # inside the imports (torch alone takes longer)
     if p.poll() is not None:
         pytest.skip("the command ended before the signal")
