@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -71,6 +72,13 @@ def _pct(x) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
 
+def _wilson(killed: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion killed / n (n > 0)."""
+    p, zz = killed / n, z * z / n
+    centre, half = (p + zz / 2) / (1 + zz), z * math.sqrt(p * (1 - p) / n + zz / (4 * n)) / (1 + zz)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "mutation.md")
@@ -121,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
            "they catch counts as surviving;",
            "- a mutant is a timeout only past (mutmut's estimate + 30 s) x 10 CPU seconds (a real hang); timeouts "
            "count as killed;",
-           "- `--sample N` runs a seeded random sample of N mutants of a module (column \"not run\" > 0); the score "
-           "is then the score of the sample;",
+           "- `make mutation` runs a seeded random fifth of each module's mutants (`--fraction 0.2 --seed 1`; "
+           "`FRACTION=1` runs all of them) and only mutants without a result in mutants/; column \"not run\" counts "
+           "the others, and the score is then the score of the mutants run, with a 95 % Wilson interval per part;",
            "- operators: all of mutmut's, except that string literals are mutated only when they look like "
            "identifiers or keys (no spaces, at most 40 characters) and only as `\"XX…XX\"` (messages and docstrings "
            "are not mutated);",
@@ -155,25 +164,34 @@ def main(argv: list[str] | None = None) -> int:
         if cs and sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs):
             killed = sum(c["killed"] for c in cs)
             scored = sum(c["mutants"] - c["equivalent"] - c["unchecked"] for c in cs)
-            out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants killed ({_pct(killed / scored)}).")
+            lo, hi = _wilson(killed, scored)
+            out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants run killed ({_pct(killed / scored)}; "
+                       f"95 % interval {_pct(lo)} to {_pct(hi)}).")
     out += ["", "## Surviving mutants and verdicts", "",
             "Every mutant that survived (now, or in an earlier run) with its verdict: the test added for it, "
             "or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
     for m in MODULES:
         names = set(counts.get(m, {}).get("survivors", [])) | set((baseline.get(m) or {}).get("survivors", []))
         names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in results.get(m, {})}
+        not_run = {n for n in names if results[m].get(n) in UNCHECKED}  # survivors of an earlier (fuller) run
         if not names:
             continue
         out += [f"### `{m}`", ""]
-        for name in sorted(names, key=lambda n: (n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1]))):
+        for name in sorted(names, key=lambda n: (n in not_run, n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1]))):
             status = results[m].get(name, "gone")
+            if status in UNCHECKED:
+                status = "not in this run"
             if name in equivalent:
-                verdict = f"equivalent: {equivalent[name]}"
+                verdict = f"equivalent{' (not in this run)' if status == 'not in this run' else ''}: {equivalent[name]}"
             elif name in tested:
-                how = "killed, checked by hand" if name in by_hand else "killed" if status == "killed" else status.upper()
+                how = "killed, checked by hand" if name in by_hand else "killed" if status == "killed" else \
+                    "not in this run; test added when it survived an earlier one" if status == "not in this run" \
+                    else status.upper()
                 verdict = f"{how}: {tested[name]}"
             elif status in ("killed", "timeout"):
                 verdict = "killed by the tests added in this change"
+            elif status == "not in this run":
+                verdict = "not in this run, survived an earlier one, **no verdict yet**"
             else:
                 verdict = f"**{status}, no verdict yet**"
             out.append(f"- `{name.split('.', 1)[1]}` {_diff_line(name)}: {verdict}")
