@@ -96,11 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         r = statuses(m)
         if r is None:
             continue
+        # only this mutants/ directory's results: a mutant not run here is "not run", whatever an earlier run
+        # of older code said (the baseline gives the "score before" column only)
         r = {k: "killed" if k in by_hand and s in ("survived", "no tests") else s for k, s in r.items()}
-        if m in baseline:  # mutants not run again keep their baseline verdict (tests were only added)
-            survivors, checked = set(baseline[m]["survivors"]), set(baseline[m].get("checked", []))
-            r = {k: ("survived" if k in survivors else "killed") if s == "not checked" and k in checked else s
-                 for k, s in r.items()}
         if any(s not in UNCHECKED for s in r.values()):
             results[m] = r
     counts = {m: _counts(r, set(equivalent)) for m, r in results.items()}
