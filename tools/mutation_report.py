@@ -171,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     for m in MODULES:
         names = set(counts.get(m, {}).get("survivors", [])) | set((baseline.get(m) or {}).get("survivors", []))
         names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in results.get(m, {})}
-        not_run = {n for n in names if results[m].get(n) in UNCHECKED}  # survivors of an earlier (fuller) run
+        mine = results.get(m, {})
+        not_run = {n for n in names if mine.get(n, "gone") in UNCHECKED}  # survivors of an earlier run
         if not names:
             continue
         out += [f"### `{m}`", ""]
         for name in sorted(names, key=lambda n: (n in not_run, n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1]))):
-            status = results[m].get(name, "gone")
+            status = mine.get(name, "gone")
             if status in UNCHECKED:
                 status = "not in this run"
             if name in equivalent:
