@@ -98,14 +98,11 @@ def _timed_run(names: list[str], max_children: int, key: str, mutants_run) -> in
     return 0
 
 
-def _all_mutants(module: str) -> list[str]:
-    from mutmut.mutation.data import SourceFileMutationData
-    path = Path(*module.split(".")).with_suffix(".py")
-    if not (ROOT / "mutants" / f"{path}.meta").is_file():
+def _all_statuses(module: str) -> dict[str, str]:
+    """statuses(module), the mutants generated first when mutants/ has none yet."""
+    if statuses(module) is None:
         _generate()
-    m = SourceFileMutationData(path=path)
-    m.load()
-    return sorted(m.exit_code_by_key)
+    return statuses(module)
 
 
 def _generate() -> None:
@@ -148,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                           len(names)) if names else 0
     how = f"sample {args.sample}, seed {args.seed}" if args.sample else \
         f"fraction {args.fraction:g}, seed {args.seed}" if args.fraction < 1 else ""
-    chosen = {module: _choose(module, args.sample, args.fraction, args.seed) for module in args.modules}
+    now = {module: _all_statuses(module) for module in args.modules}
+    chosen = {module: _choose(module, sorted(now[module]), args.sample, args.fraction, args.seed)
+              for module in args.modules}
     if how:
         sample_path = ROOT / "mutants" / "mutation-sample.json"
         samples = json.loads(sample_path.read_text()) if sample_path.is_file() else {}
@@ -157,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         sample_path.write_text(json.dumps(samples, indent=1))
     groups = [(" + ".join(args.modules), args.modules)] if args.one_call else [(m, [m]) for m in args.modules]
     for key, modules in groups:
-        pending = [n for m in modules for n in _pending(m, chosen[m])]
+        # only mutants without a result: mutmut runs every mutant it is named again
+        pending = [n for m in modules for n in chosen[m] if now[m][n] == "not checked"]
         if not pending:
             continue
         status = _timed_run(pending, args.max_children, f"{key} ({how})" if how else key, len(pending))
@@ -166,17 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _choose(module: str, sample: int, fraction: float, seed: int) -> list[str]:
+def _choose(module: str, names: list[str], sample: int, fraction: float, seed: int) -> list[str]:
     """The module's mutants this run is about: all, N of them or a fraction, chosen with a seeded generator."""
-    names = _all_mutants(module)
     k = min(sample, len(names)) if sample else max(1, math.ceil(fraction * len(names))) if fraction < 1 else 0
     return random.Random(f"{seed}:{module}").sample(names, k) if k else names
-
-
-def _pending(module: str, names: list[str]) -> list[str]:
-    """Those of `names` without a result yet (mutmut reruns every name it is given)."""
-    now = statuses(module) or {}
-    return [n for n in names if now.get(n, "not checked") == "not checked"]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ UNCHECKED = ("not checked", "check was interrupted by user", "skipped")
 def _counts(results: dict[str, str], equivalent: set[str]) -> dict:
     killed = sum(s in ("killed", "timeout", "caught by type check") for s in results.values())
     survived = [k for k, s in results.items() if s in ("survived", "no tests", "suspicious", "segfault")]
-    unchecked = [k for k, s in results.items() if s in ("not checked", "check was interrupted by user", "skipped")]
+    unchecked = [k for k, s in results.items() if s in UNCHECKED]
     eq = [k for k in survived if k in equivalent]
     scored = len(results) - len(eq) - len(unchecked)
     return {"mutants": len(results), "killed": killed, "survived": len(survived) - len(eq), "equivalent": len(eq),
