@@ -32,6 +32,7 @@ from .modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
 from .ops.hadamard import hadamard_transform
 from .ops.linear import float_linear, int8_gemm
 from .ops.quant import round_to_dtype, to_output
+from .reuse import SharedOps
 from .spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
 from .storage import tensor_name
 from .weights import WeightBank, lm_head_weight
@@ -192,7 +193,8 @@ def to_device(module: nn.Module, device: str) -> nn.Module:
 
 def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.Tensor], points: list[str],
              depth: int, basis: str, ref_inputs: RefInputs | None = None, end_to_end: bool = False,
-             keep_inputs: tuple[int, ...] = (), device: str = "cpu", on_layer=None) -> ModeRun:
+             keep_inputs: tuple[int, ...] = (), device: str = "cpu", on_layer=None,
+             shared: SharedOps | None = None) -> ModeRun:
     """Run one mode on every sample (ids (1, seq) each); the points L{i}.block.isolated in `points` are
     replayed on ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference
     itself); end_to_end: run all blocks and the head. The result's ``block_inputs`` are the mode's own
@@ -203,8 +205,11 @@ def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.T
     kept (memory then holds one block's activations); without, they are collected in the result.
     device "cuda": the modules' tensors move there and every op runs under torch.device("cuda");
     arrays come back to the CPU (untested: README "Device").
+    shared: the run's ops shared across modes (harness.reuse); None computes every op.
     """
     model = to_device(build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth), device)
+    for block in model.blocks:
+        block.shared = shared
     head = to_device(build_head(recipe, bank), device) if end_to_end else None
     run = ModeRun()
 

@@ -21,6 +21,7 @@ from .ops.hadamard import hadamard_transform, hadamard_transform_fht
 from .ops.linear import Epilogue, float_linear, w8a8_linear
 from .ops.quant import dequantize, f32, quantize, quantize_prescaled, to_output
 from .ops.scan import ScanOrder, selective_scan
+from .reuse import SharedOps
 from .spec import Act, FloatOut, HookPoint, OutSpec, QTensor, QuantOut, Rounding
 
 __all__ = [
@@ -181,6 +182,10 @@ class EmuMambaBlock(nn.Module):
         self.norm, self.in_proj, self.conv1d = norm, in_proj, conv1d
         self.x_proj, self.dt_proj, self.ssm, self.had, self.out_proj = x_proj, dt_proj, ssm, had, out_proj
         self.hooks = nn.ModuleDict({p.replace(".", "_"): HookPoint(p, layer) for p in BLOCK_POINTS})
+        self.shared: SharedOps | None = None  # a run's ops shared across modes (harness.reuse)
+
+    def _op(self, name: str, module: nn.Module, *args):
+        return module(*args) if self.shared is None else self.shared.call(self.layer, name, module, module, *args)
 
     def _at(self, point: str, x):
         return self.hooks[point.replace(".", "_")](x)
@@ -207,23 +212,23 @@ class EmuMambaBlock(nn.Module):
         dims = self.dims
         # fmt: off
         residual = self._at("block.in", residual)
-        normed   = self._at("norm.out", self.norm(residual))                    # (batch, seqlen, d_model)
-        xz       = self._at("in_proj.out", self.in_proj(normed))                # (batch, seqlen, 2 * d_inner)
+        normed   = self._at("norm.out", self._op("norm", self.norm, residual))   # (batch, seqlen, d_model)
+        xz       = self._at("in_proj.out", self._op("in_proj", self.in_proj, normed))  # (batch, seqlen, 2 * d_inner)
         x, z     = xz.split([dims.d_inner, dims.d_inner]) if isinstance(xz, QTensor) else xz.split(dims.d_inner, dim=-1)
         x        = self._at("conv1d.in", self.conv1d.quantize_input(x))
-        conv_out = self._at("conv1d.out", self.conv1d(x))                       # (batch, seqlen, d_inner)
+        conv_out = self._at("conv1d.out", self._op("conv1d", self.conv1d, x))   # (batch, seqlen, d_inner)
         xp_in    = self._at("x_proj.in", self._xproj_input(conv_out))
-        dbl      = self._at("x_proj.out", self.x_proj(xp_in))                   # (batch, seqlen, dt_rank + 2 * d_state)
+        dbl      = self._at("x_proj.out", self._op("x_proj", self.x_proj, xp_in))  # (batch, seqlen, dt_rank + 2 * d_state)
         sizes    = [dims.dt_rank, dims.d_state, dims.d_state]
         dt, B, C = dbl.split(sizes) if isinstance(dbl, QTensor) else dbl.split(sizes, dim=-1)
-        delta    = self._at("dt_proj.out", self.dt_proj(dt))                    # (batch, seqlen, d_inner), before the bias
+        delta    = self._at("dt_proj.out", self._op("dt_proj", self.dt_proj, dt))  # (batch, seqlen, d_inner), before the bias
         u        = self._at("ssm.u", self._ssm_u(conv_out))
-        y, state = self.ssm(u, delta, B, C, z)
+        y, state = self._op("ssm", self.ssm, u, delta, B, C, z)
         y        = self._at("ssm.out", y)                                       # (batch, seqlen, d_inner)
         self._at("ssm.state", state)                                            # (batch, d_inner, d_state)
         if self.had is not None:
-            y    = self._at("had.out", self.had(y))
-        out      = self._at("out_proj.out", dequantize(self.out_proj(y)))       # (batch, seqlen, d_model)
+            y    = self._at("had.out", self._op("had", self.had, y))
+        out      = self._at("out_proj.out", dequantize(self._op("out_proj", self.out_proj, y)))  # (batch, seqlen, d_model)
         # fmt: on
         out = self._at("block.out", out)
         return out, self._at("block.residual", residual + out)

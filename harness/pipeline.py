@@ -284,6 +284,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                     collector.end(mode)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
         state = run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit)
+        provenance["shared_ops"] = state["shared_ops"]
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
         modes.clear()

@@ -2,8 +2,9 @@
 
 Each block of each mode (every sample of it) is checked, compared with the reference, written
 and released as soon as it finishes (``harness.collect``), so memory holds one block's
-activations of one mode, the weight variants the modes still to come need (``analysis.keep_only``)
-and what the studies need: per-sample rows, logits, the reference's block inputs.
+activations of one mode, the weight variants the modes still to come need (``analysis.keep_only``),
+the op results the modes share (``harness.reuse``, at most its ``max_bytes``, dropped when the last
+mode ends) and what the studies need: per-sample rows, logits, the reference's block inputs.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .guard import fault_point, progress
 from .metrics import tensor_stats
 from .modes import ModeRecipe
 from .report import mode_summary
+from .reuse import SharedOps
 from .runchecks import nonfinite_problems, record_nonfinite
 from .samples import end_to_end_rows, mode_sample_rows
 from .storage import research_stats, tensor_name
@@ -37,9 +39,10 @@ def scales_of(recipe: ModeRecipe, calibs: dict):
 def run_todo(cfg, todo: list[ModeRecipe], bank, calibs, ids, points, depth, modes: dict, collector: Collector,
              emit) -> dict:
     """Run every mode, the reference first. Returns what the studies need: per-mode sample rows and
-    end-to-end metrics, the reference's logits and block inputs."""
+    end-to-end metrics, the reference's logits and block inputs, and what the modes shared ("shared_ops")."""
     samples = [ids[k:k + 1] for k in range(ids.shape[0])]
-    state = {"samples": samples, "rows": {}, "e2e": {}, "ref_logits": None, "ref_inputs": None}
+    shared = SharedOps()
+    state = {"samples": samples, "rows": {}, "e2e": {}, "ref_logits": None, "ref_inputs": None, "shared": shared}
     iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
     wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
     ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
@@ -50,6 +53,8 @@ def run_todo(cfg, todo: list[ModeRecipe], bank, calibs, ids, points, depth, mode
         keep_only(bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
         if n == 0:
             fault_point("modes")
+    state["shared_ops"] = shared.summary()
+    del state["shared"]  # its kept results go with it
     return state
 
 
@@ -82,7 +87,7 @@ def _run_one(cfg, recipe, bank, calibs, samples, points, depth, modes, collector
             raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, but it failed")
         run = run_mode(recipe, bank, scales_of(recipe, calibs), samples, points, depth, cfg.basis,
                        None if is_ref else state["ref_inputs"], cfg.end_to_end or cfg.sensitivity,
-                       wanted if is_ref else (), cfg.device, on_layer)
+                       wanted if is_ref else (), cfg.device, on_layer, state["shared"])
         if run.logits:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
