@@ -7,7 +7,8 @@ output (memory-mapped when read, removed when the run ends) unless ``keep=True``
 mode's arrays for callers that want ``RunOutcome.by_mode``. A mode that arrives before the
 reference ended (kept by --resume) waits until the reference ends or the run ends.
 Bit-identical groups of modes are found from a sha256 per array (dtype, shape and bytes), so
-no array has to stay in memory for them.
+no array has to stay in memory for them; an array that an earlier mode had, bit for bit, takes
+that mode's metrics (they are a function of the two arrays alone).
 
 MODES.md contract 9 (a mode that quantizes must not reproduce a float reference bit for bit)
 is decided chunk by chunk: a quantizing mode's chunks are held back only while every block
@@ -71,6 +72,7 @@ class Collector:
         self._held: dict[str, list[dict[str, np.ndarray]]] = {}     # chunks of a quantizing mode, outputs equal so far
         self._outputs_seen: set[str] = set()    # held modes with at least one block output seen
         self._released: set[str] = set()        # quantizing modes shown to differ from the reference
+        self._known_rows: dict = {}             # (tensor, digest) -> metrics row: an array seen before
         self.error: str | None = None
         ref_recipe = next((r for r in recipes if r.name == reference), None)
         float_ref = ref_recipe is not None and not ref_recipe.needs_calibration
@@ -143,6 +145,7 @@ class Collector:
         self._compare_and_store(mode, arrays)
 
     def _compare_and_store(self, mode: str, arrays: dict[str, np.ndarray]) -> None:
+        digests = {t: array_digest(a) for t, a in arrays.items()}  # one sha256 per array: dedup, metrics reuse
         if self.error is None:
             ref_names = [t for t in arrays if t in self.ref_names]
             refs: dict[str, np.ndarray] = {}  # each reference array read once for this chunk
@@ -155,17 +158,19 @@ class Collector:
                 return refs[t]
             try:
                 out = compare_modes({self.reference: ref_names, mode: list(arrays)}, get, self.reference,
-                                    self._comparable, groups=False)
+                                    self._comparable, groups=False, known=self._known_rows,
+                                    digest=lambda _m, t: digests[t])
                 self.rows.setdefault(mode, {}).update(out["modes"].get(mode, {}))
                 if mode in out["skipped"]:
                     self.skipped.setdefault(mode, {}).update(out["skipped"][mode])
             except Exception as e:  # never lose the arrays over the comparison
                 self.error = f"{type(e).__name__}: {e}"
                 print(f"error: the comparison failed ({self.error}); the arrays are written", file=sys.stderr)
-        self._store(mode, arrays)
+        self._store(mode, arrays, digests)
 
-    def _store(self, mode: str, arrays: dict[str, np.ndarray]) -> None:
-        digests = {t: array_digest(a) for t, a in arrays.items()}  # one sha256 per array, also the writer's dedup key
+    def _store(self, mode: str, arrays: dict[str, np.ndarray], digests: dict[str, bytes] | None = None) -> None:
+        if digests is None:  # one sha256 per array, also the writer's dedup key
+            digests = {t: array_digest(a) for t, a in arrays.items()}
         self.digests.setdefault(mode, {}).update({t: np.frombuffer(d, dtype=np.uint8) for t, d in digests.items()})
         if self.writer is not None:
             for tensor, arr in arrays.items():

@@ -12,6 +12,7 @@ file); output is the JSON-ready dict written by ``compare_with_fp.py --json``:
 from __future__ import annotations
 
 import ast
+import copy
 import math
 import re
 from typing import Callable, Mapping
@@ -37,12 +38,16 @@ def input_tensor_for(tensor: str) -> str:
 
 
 def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference: str,
-                  comparable: Callable[[str, str], str | None] | None = None, groups: bool = True) -> dict:
+                  comparable: Callable[[str, str], str | None] | None = None, groups: bool = True,
+                  known: dict | None = None, digest: Callable[[str, str], bytes] | None = None) -> dict:
     """Metrics of every mode against `reference` for every tensor both have.
 
     tensors: mode -> tensor names; get(mode, tensor) -> array; comparable(mode, tensor)
     returns a reason to skip the pair (e.g. different bases) or None. groups=False leaves out
     "identical_groups" (a caller that compares part of the tensors finds them from digests).
+    known and digest(mode, tensor) (storage.array_digest of its array): a caller comparing mode after
+    mode with one reference keeps `known` between calls; a tensor whose array another mode had
+    already, bit for bit, takes that mode's metrics instead of computing them again.
     """
     if reference not in tensors:
         raise CompareError(f"reference mode {reference!r} is not in the file; modes present: {', '.join(tensors) or 'none'}")
@@ -63,8 +68,14 @@ def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference:
             if reason is not None:
                 out["skipped"].setdefault(mode, {})[tensor] = reason
                 continue
-            row = error_metrics(ref, test)
-            row["identical"] = equal(reference, mode, tensor)
+            key = None if known is None or digest is None else (tensor, digest(mode, tensor))
+            if key is not None and key in known:
+                row = copy.deepcopy(known[key])
+            else:
+                row = error_metrics(ref, test)
+                row["identical"] = equal(reference, mode, tensor)
+                if key is not None:
+                    known[key] = copy.deepcopy(row)
             src = input_tensor_for(tensor)
             if src in ref_names and src in names:
                 row["input_differs"] = not equal(reference, mode, src)

@@ -307,3 +307,40 @@ def test_a_resumed_or_outputless_quantizing_mode_is_written_and_entries_need_no_
     c.end("0")
     assert modes["0"]["status"] == "ok" and writer.keys[-1] == "mode_0__L0.ssm.u"
     assert c.finish(["fp32", "0"])["modes"]["0"]["L0.ssm.u"]["max_abs"] == 1.0
+
+
+def test_an_array_an_earlier_mode_had_takes_its_metrics_without_computing_them(tmp_path, monkeypatch):
+    """Mode 1's L1.block.out is mode 0's bit for bit: its row is mode 0's (equal to computing it), and
+    error_metrics runs once for it; a copy with one -0.0 for a 0.0 (equal values, other bits) is computed
+    anew. input_differs stays each mode's own: mode 1's block input is the reference's, mode 0's is not."""
+    import harness.compare as compare
+
+    calls = []
+    real = compare.error_metrics
+    monkeypatch.setattr(compare, "error_metrics", lambda ref, test: calls.append(test.copy()) or real(ref, test))
+    ref, zero = _blocks(0), _blocks(1)
+    zero[1]["L1.block.out"][0, 0, 0] = 0.0
+    one = _blocks(2)
+    one[1]["L1.block.out"] = zero[1]["L1.block.out"].copy()
+    one[1]["L1.block.in"] = ref[1]["L1.block.in"].copy()  # mode 1's block input is the reference's
+    signed = _blocks(3)
+    signed[1]["L1.block.out"] = zero[1]["L1.block.out"].copy()
+    signed[1]["L1.block.out"][0, 0, 0] = -0.0
+    recipes = RECIPES + [SimpleNamespace(name="s", needs_calibration=False)]
+    modes = {m: {"status": "ok", "tensors": {}} for m in ("fp32", "0", "1", "s")}
+    c = Collector(Recorder(), "fp32", modes, recipes, keep=True, spill_dir=tmp_path)
+    for mode, blocks in (("fp32", ref), ("0", zero), ("1", one), ("s", signed)):
+        for chunk in blocks:
+            c.add(mode, chunk)
+        c.end(mode)
+    out = c.finish(["fp32", "0", "1", "s"])["modes"]
+    computed = [a for a in calls if a.shape == (1, 4, 8) and np.array_equal(a, zero[1]["L1.block.out"])]
+    assert len(computed) == 2  # mode 0's and the -0.0 copy's; not mode 1's
+    alone = real(ref[1]["L1.block.out"], zero[1]["L1.block.out"])
+    for mode in ("0", "1"):
+        row = out[mode]["L1.block.out"]
+        assert {k: row[k] for k in alone} == alone and row["identical"] is False
+    assert out["0"]["L1.block.out"]["input_differs"] is True and out["1"]["L1.block.out"]["input_differs"] is False
+    assert out["s"]["L1.block.out"]["mse"] == out["0"]["L1.block.out"]["mse"]
+    out["1"]["L1.block.out"]["mse"] = -1.0  # rows are copies: another mode's stays as it was
+    assert out["0"]["L1.block.out"]["mse"] == alone["mse"]
