@@ -257,7 +257,7 @@ def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, 
                 site = parse_point(point)[1]
                 values = cap.values
                 if rotate and basis == "original" and site in RESIDUAL_BASIS:
-                    values = hadamard_transform(values, transpose=True).to(torch.float32)
+                    values = _original_basis(block.shared, layer, site, values)
                 name = tensor_name(point)
                 per_sample.setdefault(name, []).append(values.numpy())
                 codes.setdefault(name, []).append(None if cap.codes is None else cap.codes.numpy())
@@ -280,6 +280,14 @@ def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, 
             deliver(*_layer_arrays(recipe, basis, per_sample, codes, meta))
             del per_sample, codes
             release_freed()  # the block's activations, gone to the file, leave the process too
+
+
+def _original_basis(shared: SharedOps | None, layer: int, site: str, values: torch.Tensor) -> torch.Tensor:
+    """Had^T of a captured residual-stream value (exact, then fp32); with `shared`, a value another mode
+    had bit for bit takes its result (a copy: each mode's arrays are its own)."""
+    def undo(v: torch.Tensor) -> torch.Tensor:
+        return hadamard_transform(v, transpose=True).to(torch.float32)
+    return undo(values) if shared is None else shared.call(layer, f"original_basis.{site}", None, undo, values).clone()
 
 
 def _layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.ndarray], dict[str, dict]]:

@@ -109,14 +109,15 @@ class SharedOps:
     _calls: dict[tuple[int, str], list[_Call]] = field(default_factory=dict)
     _held: set[int] = field(default_factory=set)  # data_ptr of every storage the kept calls hold
 
-    def call(self, layer: int, op: str, module: torch.nn.Module, fn, *args):
-        """fn(*args), or the result of an earlier call of the same op with the same settings and inputs."""
+    def call(self, layer: int, op: str, module: torch.nn.Module | None, fn, *args):
+        """fn(*args), or the result of an earlier call of the same op with the same settings (the module's
+        attributes; None: a function without any) and inputs."""
         self.calls += 1
-        settings = _settings(module)
+        settings = {} if module is None else _settings(module)
         kept = self._calls.setdefault((layer, op), [])
         for c in kept:
-            if len(c.args) == len(args) and all(_same_value(a, b) for a, b in zip(c.args, args)) \
-                    and _same_settings(c.settings, settings):
+            if _same_settings(c.settings, settings) and len(c.args) == len(args) \
+                    and all(_same_value(a, b) for a, b in zip(c.args, args)):
                 self.reused[op] += 1
                 return c.result
         result = fn(*args)

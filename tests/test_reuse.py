@@ -42,6 +42,7 @@ def test_every_array_and_stat_of_every_mode_is_the_one_computed_alone(observed):
     got = shared.summary()["reused_by_op"]
     assert (got["norm"], got["in_proj"], got["conv1d"]) == (6, 5, 4), got
     assert min(got["x_proj"], got["dt_proj"]) >= 4 and min(got["ssm"], got["had"], got["out_proj"]) >= 2, got
+    assert got["original_basis.block.in"] == 6, got  # the seven rotated fp16 modes enter with one embedding
 
 
 def test_the_isolated_replay_and_a_second_sample_share_too(observed):
@@ -126,7 +127,11 @@ def test_calls_beyond_max_bytes_are_computed_and_not_kept():
 def test_the_main_job_records_what_it_shared(hf_dir, tmp_path):
     out = run_modes(hf_dir, tmp_path, ["fp32", "0", "2-0"])
     shared = out.stats["provenance"]["shared_ops"]
-    assert shared["calls"] == 3 * 8 and shared["reused"] == sum(shared["reused_by_op"].values())
+    # eight ops and three original-basis transforms (block.in, block.out, block.residual) per mode; 2-0
+    # shares all eight ops with 0, and all three inputs of the transforms; 0 shares fp32's block input
+    # only if its embedding were fp32 (it is fp16: no)
+    assert shared["calls"] == 3 * (8 + 3) and shared["reused"] == sum(shared["reused_by_op"].values())
     assert shared["reused_by_op"] == {"conv1d": 1, "dt_proj": 1, "had": 1, "in_proj": 1, "norm": 1, "out_proj": 1,
-                                      "ssm": 1, "x_proj": 1}
+                                      "ssm": 1, "x_proj": 1, "original_basis.block.in": 1,
+                                      "original_basis.block.out": 1, "original_basis.block.residual": 1}
     assert np.array_equal(out.by_mode["0"]["output"], out.by_mode["2-0"]["output"])
