@@ -48,7 +48,11 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True  # the same memory seen the same way
     if a.dtype.is_floating_point:  # bit patterns: -0.0 differs from 0.0, NaN payloads count
         bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.view(bits), b.view(bits))
+        a, b = a.view(bits), b.view(bits)
+    # the last position first (a view): another sample's or mode's input differs there at once, and
+    # a run of many samples compares each call with every kept one of its settings
+    if a.dim() >= 2 and a.shape[-2] > 1 and not torch.equal(a.select(-2, -1), b.select(-2, -1)):
+        return False
     return torch.equal(a, b)
 
 

@@ -135,3 +135,16 @@ def test_the_main_job_records_what_it_shared(hf_dir, tmp_path):
                                       "ssm": 1, "x_proj": 1, "original_basis.block.in": 1,
                                       "original_basis.block.out": 1, "original_basis.block.residual": 1}
     assert np.array_equal(out.by_mode["0"]["output"], out.by_mode["2-0"]["output"])
+
+
+def test_inputs_differing_only_before_or_only_at_the_last_position_do_not_match():
+    """The last position is compared first (a quick no): an input equal there but not before must still
+    not match, nor one that differs only there."""
+    shared, op = SharedOps(), Scale(torch.ones(2))
+    y = torch.arange(6.0).reshape(1, 3, 2)
+    shared.call(0, "op", op, op, y)
+    early, late = y.clone(), y.clone()
+    early[0, 0, 1] = 7.0
+    late[0, 2, 0] = 7.0
+    assert _count(shared, op, early) == 0 and _count(shared, op, late) == 0
+    assert _count(shared, op, y.clone()) == 1
