@@ -233,7 +233,7 @@ def hadamard_transform_fht(x: torch.Tensor, scale: float | None = None) -> torch
         signs = _base_matrix(b).to(torch.float32)[:, :, None]               # (b rows, b terms, 1)
         acc = y[:, None, 0, :] * signs[:, 0]                                # (batch, b, m)
         for c in range(1, b):
-            acc.add_(y[:, None, c, :] * signs[:, c])
+            acc.addcmul_(y[:, None, c, :], signs[:, c])  # acc + s * y_c: s * y_c exact, so one rounding either way
         y = acc
     factor = torch.tensor(1.0 / math.sqrt(n) if scale is None else scale, dtype=torch.float32)
     return (y * factor).reshape(*lead, n)
