@@ -36,7 +36,7 @@ MODULES = (
     "harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harness.ops.scan", "harness.ops.hadamard",
     "harness.metrics", "harness.percentiles", "harness.compare", "harness.storage", "harness.observers", "harness.data",
     "harness.modules", "harness.build", "harness.weights", "harness.calibration",
-    "harness.files", "harness.quamba_ckpt", "harness.collect",
+    "harness.files", "harness.quamba_ckpt", "harness.collect", "harness.reuse",
 )
 
 

@@ -31,7 +31,7 @@ BASELINE = ROOT / "docs" / "mutation-baseline.json"
 VERDICTS = ROOT / "tools" / "mutation_verdicts.toml"
 CORE = {"harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harness.ops.scan", "harness.ops.hadamard",
         "harness.build", "harness.weights", "harness.modules", "harness.observers", "harness.calibration",
-        "harness.data"}
+        "harness.data", "harness.reuse"}
 
 
 UNCHECKED = ("not checked", "check was interrupted by user", "skipped")
