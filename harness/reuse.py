@@ -12,7 +12,8 @@ array of every mode equals the one computed without sharing, bit for bit.
 Two calls are the same when the modules hold the same settings (tensors and QTensors: the same
 objects, which the run's WeightBank shares between modes; everything else equal) and every input
 is bit-identical: the same object, a view of the same memory, or equal bit patterns (QTensors: the
-same scale and codes; a -0.0 is not a 0.0, a NaN never matches). A hit returns the earlier result
+same scale and codes; a -0.0 is not a 0.0, a NaN matches only the same NaN bits). Settings that
+are not tensors (output rules, orders, epsilons) compare with ``==``. A hit returns the earlier result
 object itself, so the next op's input is that object and matches at once. Ops never write into
 their inputs or results after returning them (``modules`` and ``ops`` allocate what they write).
 
@@ -35,7 +36,10 @@ DEFAULT_MAX_BYTES = 256 << 20
 
 
 def _same_float(a, b) -> bool:
-    return type(a) is type(b) and struct.pack("<d", a) == struct.pack("<d", b) if isinstance(a, float) else a == b
+    """Equal values; Python floats by their bits (a -0.0 is not a 0.0, the same NaN bits match)."""
+    if isinstance(a, float):
+        return type(b) is float and struct.pack("<d", a) == struct.pack("<d", b)
+    return a == b
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
