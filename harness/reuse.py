@@ -9,8 +9,9 @@ output. Every op of the emulation is deterministic on the CPU (same inputs, same
 result), so taking the earlier result changes no number; ``tests/test_reuse.py`` proves that every
 array of every mode equals the one computed without sharing, bit for bit.
 
-Two calls are the same when the modules hold the same settings (tensors and QTensors: the same
-objects, which the run's WeightBank shares between modes; everything else equal) and every input
+Two calls are the same when the modules are of one class and hold the same settings (tensors and
+QTensors: the same objects, which the run's WeightBank shares between modes; everything else equal;
+a module with forward hooks is never shared, its hooks must see every call) and every input
 is bit-identical: the same object, a view of the same memory, or equal bit patterns (QTensors: the
 same scale and codes; a -0.0 is not a 0.0, a NaN matches only the same NaN bits). Settings that
 are not tensors (output rules, orders, epsilons) compare with ``==``. A hit returns the earlier result
@@ -71,8 +72,8 @@ def _same_value(a, b) -> bool:
 
 
 def _settings(module: torch.nn.Module) -> dict:
-    """What a module computes with: its own attributes (weights, output rule, order ...)."""
-    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
+    """What a module computes with: its class and its own attributes (weights, output rule, order ...)."""
+    return {"class": type(module), **{k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}}
 
 
 def _same_settings(a: dict, b: dict) -> bool:
@@ -121,6 +122,8 @@ class SharedOps:
         """fn(*args), or the result of an earlier call of the same op with the same settings (the module's
         attributes; None: a function without any) and inputs."""
         self.calls += 1
+        if module is not None and (module._forward_hooks or module._forward_pre_hooks):
+            return fn(*args)  # its hooks must see the call: never shared
         settings = {} if module is None else _settings(module)
         kept = self._calls.setdefault((layer, op), [])
         for c in kept:

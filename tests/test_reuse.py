@@ -148,3 +148,74 @@ def test_inputs_differing_only_before_or_only_at_the_last_position_do_not_match(
     late[0, 2, 0] = 7.0
     assert _count(shared, op, early) == 0 and _count(shared, op, late) == 0
     assert _count(shared, op, y.clone()) == 1
+
+
+def test_float_settings_match_by_their_bits():
+    """A setting of -0.0 is not one of 0.0; a NaN setting matches the same NaN (Python floats by bits)."""
+    shared, w = SharedOps(), torch.ones(1)
+    x = torch.ones(1, 3)
+    shared.call(0, "op", Scale(w, 0.0), Scale(w, 0.0), x)
+    assert _count(shared, Scale(w, -0.0), x) == 0 and _count(shared, Scale(w, 0.0), x) == 1
+    nan = float("nan")
+    shared.call(0, "op", Scale(w, nan), Scale(w, nan), x)
+    assert _count(shared, Scale(w, nan), x) == 1
+    assert _count(shared, Scale(w, 0), x) == 0  # an int 0 is another setting than a float 0.0
+
+
+def test_other_views_of_the_same_memory_do_not_match():
+    """Rows 0 and 1 of one tensor (same storage, other offset) and a matrix and its transpose (same
+    offset, other strides) are other inputs."""
+    shared, op = SharedOps(), Scale(torch.ones(1))
+    t = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    shared.call(0, "op", op, op, t[0])
+    assert _count(shared, op, t[1]) == 0 and _count(shared, op, t[0]) == 1
+    shared.call(0, "op", op, op, t)
+    assert _count(shared, op, t.t()) == 0 and _count(shared, op, t.t().t()) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.bfloat16])
+def test_every_float_width_compares_bits(dtype):
+    shared, op = SharedOps(), Scale(torch.ones(1))
+    zero = torch.zeros(2, 3, dtype=dtype)
+    shared.call(0, "op", op, op, zero)
+    assert _count(shared, op, -zero) == 0 and _count(shared, op, zero.clone()) == 1
+
+
+def test_an_input_of_another_rank_is_a_clean_miss():
+    """(2, 3) kept, (6,) of the same values given: another input (no error from comparing positions)."""
+    shared, op = SharedOps(), Scale(torch.ones(1))
+    x = torch.arange(6.0)
+    shared.call(0, "op", op, op, x.reshape(2, 3))
+    assert _count(shared, op, x) == 0
+
+
+def test_module_class_hooks_and_training_mode():
+    """Another class with the same attributes is another op; the training flag is no setting; a module
+    with a forward hook is never shared (its hook fires on every call)."""
+    class Twice(Scale):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    shared, w, x = SharedOps(), torch.ones(1), torch.ones(1, 3)
+    first = shared.call(0, "op", Scale(w), Scale(w), x)
+    twice = Twice(w)
+    assert torch.equal(shared.call(0, "op", twice, twice, x), first * 2)
+    evaluated = Scale(w).eval()
+    assert _count(shared, evaluated, x) == 1
+    seen = []
+    hooked = Scale(w)
+    hooked.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    assert _count(shared, hooked, x) == 0 and _count(shared, hooked, x) == 0 and len(seen) == 2
+
+
+def test_the_summary_and_the_bytes_kept_count_codes_and_results():
+    """kept_bytes counts every storage a kept call holds once: int8 codes, results, a result given back
+    as an input (held already). The summary in MB, rounded to 0.1."""
+    shared, op = SharedOps(max_bytes=3 << 20), Scale(torch.ones(1))
+    codes = torch.ones(1, 1 << 19, dtype=torch.int8)                 # 0.5 MB of codes -> 2 MB fp32 result
+    out = shared.call(0, "op", op, op, QTensor(codes, 0.5))
+    assert shared.kept_bytes == (1 << 19) + (2 << 20)
+    shared.call(0, "op", op, op, out)                                 # its input is held: + 2 MB result: no room
+    assert shared.kept_bytes == (1 << 19) + (2 << 20)
+    assert _count(shared, op, QTensor(codes.clone(), 0.5)) == 1
+    assert shared.summary() == {"calls": 3, "reused": 1, "reused_by_op": {"op": 1}, "kept_mb": 2.5, "max_mb": 3.0}
