@@ -190,8 +190,8 @@ def test_an_input_of_another_rank_is_a_clean_miss():
 
 
 def test_module_class_hooks_and_training_mode():
-    """Another class with the same attributes is another op; the training flag is no setting; a module
-    with a forward hook is never shared (its hook fires on every call)."""
+    """Another class with the same attributes, or with other attributes, is another op; the training flag
+    is no setting; a module with a forward hook is never shared (its hook fires on every call)."""
     class Twice(Scale):
         def forward(self, x):
             return super().forward(x) * 2
@@ -200,6 +200,16 @@ def test_module_class_hooks_and_training_mode():
     first = shared.call(0, "op", Scale(w), Scale(w), x)
     twice = Twice(w)
     assert torch.equal(shared.call(0, "op", twice, twice, x), first * 2)
+    class Shift(torch.nn.Module):  # other attributes (only `weight`): other settings
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+        def forward(self, x):
+            return x + self.weight
+
+    shift = Shift(w)
+    assert torch.equal(shared.call(0, "op", shift, shift, x), x + 1)
     evaluated = Scale(w).eval()
     assert _count(shared, evaluated, x) == 1
     seen = []
@@ -211,11 +221,12 @@ def test_module_class_hooks_and_training_mode():
 def test_the_summary_and_the_bytes_kept_count_codes_and_results():
     """kept_bytes counts every storage a kept call holds once: int8 codes, results, a result given back
     as an input (held already). The summary in MB, rounded to 0.1."""
-    shared, op = SharedOps(max_bytes=3 << 20), Scale(torch.ones(1))
-    codes = torch.ones(1, 1 << 19, dtype=torch.int8)                 # 0.5 MB of codes -> 2 MB fp32 result
+    n = (1 << 19) + (1 << 15)                                          # bytes of codes; the fp32 result 4 n
+    shared, op = SharedOps(max_bytes=(3 << 20) + (1 << 17)), Scale(torch.ones(1))   # 3.125 MB
+    codes = torch.ones(1, n, dtype=torch.int8)
     out = shared.call(0, "op", op, op, QTensor(codes, 0.5))
-    assert shared.kept_bytes == (1 << 19) + (2 << 20)
-    shared.call(0, "op", op, op, out)                                 # its input is held: + 2 MB result: no room
-    assert shared.kept_bytes == (1 << 19) + (2 << 20)
+    assert shared.kept_bytes == 5 * n                                  # 2.65625 MB
+    shared.call(0, "op", op, op, out)                                 # its input is held: + 4 n result: no room
+    assert shared.kept_bytes == 5 * n
     assert _count(shared, op, QTensor(codes.clone(), 0.5)) == 1
-    assert shared.summary() == {"calls": 3, "reused": 1, "reused_by_op": {"op": 1}, "kept_mb": 2.5, "max_mb": 3.0}
+    assert shared.summary() == {"calls": 3, "reused": 1, "reused_by_op": {"op": 1}, "kept_mb": 2.7, "max_mb": 3.1}
