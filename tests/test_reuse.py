@@ -122,6 +122,10 @@ def test_calls_beyond_max_bytes_are_computed_and_not_kept():
     assert _count(shared, op, torch.ones(1, 3)) == 1
     kept = shared.call(0, "op", op, op, a)
     assert _count(shared, op, kept) == 0 and shared.kept_bytes == 24  # a result as input: held already, but no room
+    two = SharedOps(max_bytes=2 * 24)  # room for two calls, not three: the bytes add up
+    for x in (a, b, 2 * a):
+        two.call(0, "op", op, op, x)
+    assert two.kept_bytes == 48 and _count(two, op, b) == 1 and _count(two, op, 2 * a) == 0
 
 
 def test_the_main_job_records_what_it_shared(hf_dir, tmp_path):
