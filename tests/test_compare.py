@@ -95,3 +95,29 @@ def test_equality_is_decided_over_every_chunk(monkeypatch):
     assert not compare._equal(a, b) and not compare._equal(b, a)
     assert compare._equal(np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32))
     assert not compare._equal(np.zeros((2, 3)), np.zeros((3, 2)))
+
+
+def test_known_rows_are_keyed_by_each_modes_own_digest(monkeypatch):
+    """compare_modes with known/digest: digest(mode, tensor) is asked for the mode being compared (a
+    mutant asked for mode None); b's array equals a's, so its row is a's without computing it again,
+    and c's differs, so it is computed."""
+    import hashlib
+
+    import harness.compare as compare
+
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal(16).astype(np.float32)
+    same = rng.standard_normal(16).astype(np.float32)
+    arrays = {"r": {"t": ref}, "a": {"t": same}, "b": {"t": same.copy()}, "c": {"t": same * 2}}
+    asked, computed = [], []
+    real = compare.error_metrics
+    monkeypatch.setattr(compare, "error_metrics", lambda x, y: computed.append(y) or real(x, y))
+
+    def digest(mode, tensor):
+        asked.append(mode)
+        return hashlib.sha256(arrays[mode][tensor].tobytes()).digest()
+
+    known: dict = {}
+    out = compare_modes({m: ["t"] for m in arrays}, lambda m, t: arrays[m][t], "r", known=known, digest=digest)
+    assert asked == ["a", "b", "c"] and len(computed) == 2 and len(known) == 2
+    assert out["modes"]["b"]["t"] == out["modes"]["a"]["t"] != out["modes"]["c"]["t"]

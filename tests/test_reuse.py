@@ -210,10 +210,10 @@ def test_module_class_hooks_and_training_mode():
             self.weight = weight
 
         def forward(self, x):
-            return x + self.weight
+            return x - self.weight
 
     shift = Shift(w)
-    assert torch.equal(shared.call(0, "op", shift, shift, x), x + 1)
+    assert torch.equal(shared.call(0, "op", shift, shift, x), x - 1)  # not Scale's x * 2
     evaluated = Scale(w).eval()
     assert _count(shared, evaluated, x) == 1
     seen = []
