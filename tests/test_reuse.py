@@ -53,7 +53,6 @@ def test_the_isolated_replay_and_a_second_sample_share_too(observed):
     points = select_points([0], ["ssm.out", "block.out"]) + ["L0.block.isolated"]
     recipes = {r.name: r for r in resolve_modes(["fp32", "0", "2-0"], None)}
     ref = run_mode(recipes["fp32"], bank, None, samples, points, 0, "original", keep_inputs=(0,))
-    from harness.analysis import RefInputs
     ref_inputs = RefInputs(True, ref.block_inputs)
     shared = SharedOps()
     for name in ("0", "2-0"):
