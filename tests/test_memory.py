@@ -13,27 +13,22 @@ _PROBE = r"""
 import ctypes, ctypes.util, json
 from harness import memory
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-try:
-    libc.mallinfo2.restype = MallInfo2
-except AttributeError:
+if memory._mallinfo2 is None:  # not glibc >= 2.33
     print(json.dumps(None)); raise SystemExit
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 size = 8 << 20
 block = libc.malloc(size)
 ctypes.memset(block, 1, size)
 libc.free(block)
-kept = libc.mallinfo2().keepcost
+kept = memory._mallinfo2().keepcost
 free = memory.heap_free()
 below = memory.release_freed()             # the free total is far below RELEASE_MIN_FREE: nothing returned
-kept_below = libc.mallinfo2().keepcost
+kept_below = memory._mallinfo2().keepcost
 released = memory.release_freed(0)
 print(json.dumps({"size": size, "kept": kept, "free": free, "below": below, "kept_below": kept_below,
-                  "released": released, "after": libc.mallinfo2().keepcost, "mmap": memory.MMAP_THRESHOLD,
+                  "released": released, "after": memory._mallinfo2().keepcost, "mmap": memory.MMAP_THRESHOLD,
                   "trim": memory.TRIM_THRESHOLD, "min_free": memory.RELEASE_MIN_FREE}))
 """
 

@@ -100,9 +100,11 @@ def _timed_run(names: list[str], max_children: int, key: str, mutants_run) -> in
 
 def _all_statuses(module: str) -> dict[str, str]:
     """statuses(module), the mutants generated first when mutants/ has none yet."""
-    if statuses(module) is None:
+    found = statuses(module)
+    if found is None:
         _generate()
-    return statuses(module)
+        found = statuses(module)
+    return found
 
 
 def _generate() -> None:
