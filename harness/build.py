@@ -88,8 +88,7 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
     s_u = scales.s_u if scales is not None else None
     return EmuMambaBlock(
         layer, dims,
-        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, _out(recipe.norm_out == "int8", scales, "s_in", even, act),
-                        inv_sqrt=quamba),
+        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, _out(recipe.norm_out == "int8", scales, "s_in", even, act)),
         in_proj=EmuLinear(p.in_proj, in_order, _out(recipe.in_proj_out == "int8", scales, "s_xz", even, act)),
         conv1d=EmuConv1d(p.conv_weight, p.conv_bias, conv_input, conv_out, pre_silu),
         x_proj=EmuLinear(p.x_proj, Epilogue.WEIGHT_THEN_RATIO, _out(int8_weights, scales, "s_xp", even, act)),

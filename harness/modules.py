@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .ops.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
+from .ops import portable
 from .ops.hadamard import hadamard_transform, hadamard_transform_fht
 from .ops.linear import Epilogue, float_linear, w8a8_linear
 from .ops.quant import dequantize, f32, quantize, quantize_prescaled, to_output
@@ -39,24 +40,22 @@ BLOCK_POINTS: tuple[str, ...] = (
 class EmuRMSNorm(nn.Module):
     """RMSNorm of the fp32 residual stream: y = r * rstd [* weight], then the output rule.
 
-    rstd = 1 / sqrt(sum(r^2) / d_model + eps) with inv_sqrt (Triton's `rstd = 1 / tl.sqrt(var + eps)`,
-    triton/quant_norm.py:111-114; prep=quamba), else torch.rsqrt(mean(r^2) + eps) (prep=exact; on CPU
-    torch.rsqrt differs from 1/sqrt in the last bit for about 13 % of inputs).
+    rstd = 1 / sqrt(sum(r^2) / d_model + eps) (Triton's `rstd = 1 / tl.sqrt(var + eps)`,
+    triton/quant_norm.py:111-114), with the sum in a fixed pairwise order and a correctly rounded
+    sqrt (``ops.portable``): the same bits on every CPU. torch.rsqrt, which prep=exact used before,
+    differs from 1/sqrt by CPU and tensor size; both preps now compute this one formula.
     With the rotation the weight is folded into in_proj and is None. A quantized
     output is sat8(RNE(y / s_in)) (Triton `rint`, notes §2.6 step 1).
     """
 
-    def __init__(self, weight: torch.Tensor | None, eps: float, out: OutSpec, inv_sqrt: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor | None, eps: float, out: OutSpec) -> None:
         super().__init__()
-        self.weight, self.eps, self.out, self.inv_sqrt = weight, eps, out, inv_sqrt
+        self.weight, self.eps, self.out = weight, eps, out
 
     def forward(self, residual: torch.Tensor) -> Act:
         """residual: (batch, seqlen, d_model) fp32 -> (batch, seqlen, d_model)."""
-        if self.inv_sqrt:
-            var = residual.pow(2).sum(-1, keepdim=True) / residual.shape[-1]
-            y = residual * (1 / torch.sqrt(var + self.eps))
-        else:
-            y = residual * torch.rsqrt(residual.pow(2).mean(-1, keepdim=True) + self.eps)
+        var = portable.sum_last(residual * residual) / residual.shape[-1]
+        y = residual * (1.0 / portable.sqrt(var + self.eps))
         if self.weight is not None:
             y = y * self.weight
         return to_output(y, self.out)

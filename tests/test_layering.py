@@ -11,10 +11,12 @@ PKG = Path(__file__).resolve().parent.parent / "harness"
 ALLOWED = {
     "spec": set(),
     "memory": set(),
+    "machine": set(),
     "ops.quant": {"spec"},
     "ops.linear": {"spec", "ops.quant"},
-    "ops.conv1d": {"spec", "ops.quant"},
-    "ops.scan": {"spec", "ops.quant"},
+    "ops.portable": {"ops.quant"},
+    "ops.conv1d": {"spec", "ops.quant", "ops.portable"},
+    "ops.scan": {"spec", "ops.quant", "ops.portable"},
     "ops.hadamard": set(),
     "percentiles": set(),
     "metrics": {"percentiles"},
@@ -24,7 +26,7 @@ ALLOWED = {
     "capture": {"spec"},
     "observers": {"ops.quant"},
     "reuse": {"spec"},
-    "modules": {"spec", "ops.conv1d", "ops.hadamard", "ops.linear", "ops.quant", "ops.scan", "reuse"},
+    "modules": {"spec", "ops.conv1d", "ops.hadamard", "ops.linear", "ops.quant", "ops.portable", "ops.scan", "reuse"},
     "modes": set(),
     "loading": {"spec"},
     "data": {"files", "loading"},
@@ -49,7 +51,7 @@ ALLOWED = {
                  "runchecks", "samples", "storage"},
     "pipeline": {"__init__", "spec", "analysis", "build", "calibration", "capture", "compare", "data", "loading", "metrics",
                  "modes", "files", "guard", "quamba_pair", "report", "resume", "runmodes", "samples", "storage", "collect",
-                 "weights"},
+                 "weights", "machine"},
         # the HTML report: the top of the layering, reads files only through storage
     "htmlreport.figures": set(),
     "htmlreport.html": set(),
@@ -72,8 +74,10 @@ def _harness_imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = package[: len(package) - (node.level - 1)]
-            found.add(".".join(base + ([node.module] if node.module else [])))  # "from . import x" -> the package
+            base = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            for alias in node.names:  # "from .ops import portable" imports the module ops.portable
+                sub = PKG.joinpath(*base, alias.name + ".py")
+                found.add(".".join(base + [alias.name]) if sub.exists() else ".".join(base))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness"):
             found.add(node.module.removeprefix("harness").lstrip(".") or "__init__")
     return {f or "__init__" for f in found}

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from harness.build import build_block
 from harness.modes import CALIBRATION_RECIPES, get_mode
+from harness.ops import portable
+from harness.ops.portable import sum_last
 from harness.modules import EmuRMSNorm
 from harness.ops.conv1d import float_causal_conv1d_silu, silu_kernel
 from harness.ops.hadamard import _base_matrix, hadamard_factors, hadamard_transform, hadamard_transform_fht, \
@@ -121,31 +123,42 @@ def test_int8_weights_are_quantized_from_the_quamba_fp16_weights():
 
 def test_rms_norm_multiplies_by_one_over_sqrt():
     """Triton: rstd = 1 / tl.sqrt(var + eps) (triton/quant_norm.py:114), var = sum(x^2) / N over d_model, on
-    the (batch, seqlen, d_model) stream (mutants that summed or divided over dim 1 survived a 2-D input)."""
+    the (batch, seqlen, d_model) stream (mutants that summed or divided over dim 1 survived a 2-D input).
+    The sum is the fixed pairwise one and the sqrt correctly rounded (the same on every CPU): checked
+    against float64, where the correctly rounded sqrt of the fp32 var is exact to compute."""
     r = torch.randn(2, 64, 48, generator=torch.Generator().manual_seed(2)) * 3
-    var = (r * r).sum(-1, keepdim=True) / 48
-    quamba = EmuRMSNorm(None, 1e-5, FloatOut(torch.float32), inv_sqrt=True)(r)
-    assert torch.equal(quamba, r * (1 / torch.sqrt(var + 1e-5)))
-    assert not torch.equal(quamba, r * torch.rsqrt(var + 1e-5))
+    var = sum_last(r * r) / 48
+    rstd = 1.0 / (var + 1e-5).double().sqrt().float()
+    quamba = EmuRMSNorm(None, 1e-5, FloatOut(torch.float32))(r)
+    assert torch.equal(quamba, r * rstd)
+    # over d_model, not dim 1; and the pairwise sum, not a sequential one: both change bits here
+    assert not torch.equal(quamba, r * (1.0 / ((r * r).sum(1, keepdim=True) / 64 + 1e-5).double().sqrt().float()))
+    seq = r[..., :1] * r[..., :1]
+    for i in range(1, 48):
+        seq = seq + r[..., i:i + 1] * r[..., i:i + 1]
+    assert not torch.equal(quamba, r * (1.0 / (seq / 48 + 1e-5).double().sqrt().float()))
 
 
 def _fork_scan(u, delta, A_log, B, C, D, z, bias):
-    """selective_scan_SE.py:129-273 written out: (B, D, L) layout, per step, .sum(dim=2), y * F.silu(z)."""
+    """selective_scan_SE.py:129-273 written out: (B, D, L) layout, per step, .sum(dim=2), y * F.silu(z).
+
+    With the emulation's portable functions: exp, log1p and silu from harness.ops.portable, and the
+    sum over d_state (contiguous) in its fixed pairwise order: the bits the fork's order gives on any CPU."""
     u, delta, z = (t.transpose(1, 2) for t in (u, delta, z))          # (B, D, L)
     B, C = B.transpose(1, 2), C.transpose(1, 2)                       # (B, N, L)
     delta = delta + bias[None, :, None]
-    delta = torch.where(delta <= 20.0, torch.log1p(torch.exp(delta)), delta)
-    A = -torch.exp(A_log)
+    delta = torch.where(delta <= 20.0, portable.log1p(portable.exp(delta)), delta)
+    A = -portable.exp(A_log)
     x = torch.zeros(u.shape[0], u.shape[1], A.shape[1])
     ys = []
     for i in range(u.shape[2]):
         delta_i, u_i = delta[:, :, i], u[:, :, i]
-        deltaA_i = torch.exp(delta_i.unsqueeze(2) * A.unsqueeze(0))
+        deltaA_i = portable.exp(delta_i.unsqueeze(2) * A.unsqueeze(0))
         deltaB_u_i = delta_i.unsqueeze(2) * B[:, :, i].unsqueeze(1) * u_i.unsqueeze(2)
         x = deltaA_i * x + deltaB_u_i
-        ys.append((x * C[:, :, i].unsqueeze(1)).sum(dim=2))
+        ys.append(sum_last(x * C[:, :, i].unsqueeze(1))[..., 0])
     y = torch.stack(ys, dim=2) + u * D.unsqueeze(0).unsqueeze(2)
-    return (y * F.silu(z)).transpose(1, 2)
+    return (y * portable.silu(z)).transpose(1, 2)
 
 
 def test_torch_order_is_the_forks_pytorch_scan_bit_for_bit():
@@ -163,7 +176,7 @@ def test_torch_order_is_the_forks_pytorch_scan_bit_for_bit():
 
 def test_gate_formulas_differ_where_silu_differs():
     z = torch.randn(4096, generator=torch.Generator().manual_seed(4)) * 4
-    assert (F.silu(z) != z * torch.sigmoid(z)).any()
+    assert (portable.silu(z) != z * portable.sigmoid(z)).any()
 
 
 def test_calibration_conv_rounds_to_fp16_before_silu():
@@ -207,14 +220,14 @@ def _block(recipe, calibration=False):
     return build_block(recipe, p, scales, dims, 0, calibration)
 
 
-@pytest.mark.parametrize("mode,order,in_order,inv", [
-    ("0", ScanOrder.KERNEL, Epilogue.RATIO_THEN_WEIGHT, True),
-    ("2-1", ScanOrder.TORCH, Epilogue.RATIO_THEN_WEIGHT, True),
-    ("3", ScanOrder.TORCH, Epilogue.WEIGHT_THEN_RATIO, True),
+@pytest.mark.parametrize("mode,order,in_order", [
+    ("0", ScanOrder.KERNEL, Epilogue.RATIO_THEN_WEIGHT),
+    ("2-1", ScanOrder.TORCH, Epilogue.RATIO_THEN_WEIGHT),
+    ("3", ScanOrder.TORCH, Epilogue.WEIGHT_THEN_RATIO),
 ])
-def test_built_in_quantized_modes_take_quambas_op_order(mode, order, in_order, inv):
+def test_built_in_quantized_modes_take_quambas_op_order(mode, order, in_order):
     block = _block(get_mode(mode))
-    assert (block.ssm.order, block.in_proj.order, block.norm.inv_sqrt, block.had.fht) == (order, in_order, inv, True)
+    assert (block.ssm.order, block.in_proj.order, block.had.fht) == (order, in_order, True)
 
 
 def test_calibration_model_of_prep_quamba():
@@ -236,7 +249,7 @@ def test_mamba_order_is_the_kernel_order_with_mamba_ssms_gate(monkeypatch):
     y = torch.randn(4096, generator=g)
     z = torch.randn(4096, generator=g) * 4
     mamba = scan_mod._gate(y, z, ScanOrder.MAMBA)
-    assert torch.equal(mamba, y * (z / (1 + torch.exp(-z))))
+    assert torch.equal(mamba, y * (z / (portable.exp(-z) + 1.0)))
     assert not torch.equal(mamba, scan_mod._gate(y, z, ScanOrder.KERNEL))
     monkeypatch.setattr(scan_mod, "_gate", lambda y, z, order: y)  # the same ungated arithmetic as KERNEL
     ungated = [selective_scan(*ops[:7], ops[7], o, FloatOut(torch.float32))[0] for o in (ScanOrder.MAMBA, ScanOrder.KERNEL)]

@@ -10,7 +10,13 @@ each (batch, channel d, token t):
 
 Both outputs come from the same v, so a true-fp32 conv differs from the int8
 conv only by the final rounding. The GPU kernel uses `__expf` (fast math); this
-emulation uses exact fp32 `exp`, so rare values can land one code apart.
+emulation uses the correctly rounded fp32 `exp` of ``portable`` (the same bits on every
+CPU), so rare values can land one code apart.
+
+The floating-point conv sums its taps in a fixed order, one rounding per product and per sum
+(bias first, then tap 0 .. d_conv-1, the loop order of mamba's causal_conv1d kernel, which
+contracts each step into an FMA on the GPU), instead of F.conv1d, whose order and FMA use
+follow the CPU's oneDNN/ATen code path.
 """
 from __future__ import annotations
 
@@ -18,14 +24,15 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import OutSpec, QTensor
+from .portable import exp
 from .quant import dequantize, f32, fma_f32, round_to_dtype, to_output
 
 __all__ = ["silu_kernel", "int8_causal_conv1d_silu", "float_causal_conv1d_silu", "causal_conv1d_silu_ref"]
 
 
 def silu_kernel(v: torch.Tensor) -> torch.Tensor:
-    """SiLU as the conv kernel writes it: v / (1 + exp(-v)), in fp32."""
-    return v / (1 + torch.exp(-v))
+    """SiLU as the conv kernel writes it: v / (1 + exp(-v)), in fp32 (portable exp)."""
+    return v / (exp(-v) + 1.0)
 
 
 def _shifted(x: torch.Tensor, shift: int) -> torch.Tensor:
@@ -60,7 +67,7 @@ def int8_causal_conv1d_silu(x: QTensor, weight: QTensor, bias: QTensor | None, o
 
 def float_causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                              out: OutSpec, pre_silu: torch.dtype | None = None) -> QTensor | torch.Tensor:
-    """Floating-point causal conv + SiLU in fp32 (F.conv1d with left padding).
+    """Floating-point causal conv + SiLU in fp32: v = ((bias + w0 x_{t-3}) + w1 x_{t-2}) + ..., one rounding a step.
 
     x: (batch, seqlen, d_inner) fp32 (or QTensor, dequantized); weight: (d_inner, d_conv) fp32;
     bias: (d_inner,) fp32 or None. pre_silu: dtype the conv output is stored in before SiLU
@@ -68,10 +75,12 @@ def float_causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     qMambaLayer.py:105-106), or None to apply SiLU to the fp32 value.
     Returns (batch, seqlen, d_inner).
     """
-    xf = dequantize(x)
-    d_inner, d_conv = weight.shape
-    v = F.conv1d(xf.transpose(1, 2), weight.unsqueeze(1), bias, padding=d_conv - 1, groups=d_inner)
-    v = v[..., : xf.shape[1]].transpose(1, 2)
+    xf = dequantize(x).to(torch.float32)
+    d_conv = weight.shape[1]
+    w = weight.to(torch.float32)
+    v = torch.zeros_like(xf) if bias is None else bias.to(torch.float32).expand_as(xf).clone()
+    for k in range(d_conv):
+        v += w[:, k] * _shifted(xf, d_conv - 1 - k)   # product, then sum: two kernels, never an FMA
     if pre_silu is not None:
         v = round_to_dtype(v, pre_silu)
     return to_output(silu_kernel(v), out)

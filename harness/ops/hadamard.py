@@ -12,9 +12,9 @@ after 40, so 20 * 2^k with k >= 1 uses the 40 base like Quamba does.
 
 H_12 is symmetric, so Had_n is an involution for n = 2^k and 12 * 2^k; the 20,
 28 and 40 bases are not symmetric, and there the inverse is the transpose.
-``hadamard_transform`` computes in float64: a sum of fp16 inputs of width up to a
-few thousand is then exact (fp32 inputs: float64-accurate) before the caller's
-single rounding (prep=exact). ``hadamard_transform_fht`` reproduces the fp32
+``hadamard_transform`` computes in float64 in a fixed order: a sum of fp16 inputs of
+width up to a few thousand is then exact (fp32 inputs: float64-accurate, the same bits
+on every CPU) before the caller's single rounding (prep=exact). ``hadamard_transform_fht`` reproduces the fp32
 arithmetic of the fast_hadamard_transform kernel instead (prep=quamba), and
 ``quamba_kernel_support`` says which widths Quamba's kernels actually transform.
 """
@@ -200,8 +200,14 @@ def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool
     lead = x.shape[:-1]
     y = _butterflies(x, torch.float64, b, m)
     if b > 1:
+        # out[c] = sum_d H[c, d] y[d] term by term in float64 (H = +-1: each product exact): a fixed
+        # order, where a matmul's order (MKL's, by CPU) could move the last bit of an fp32 input's sum
         base = _base_matrix(b)
-        y = (base.t() if transpose else base) @ y   # out[c, j] = sum_d H[c, d] y[d, j]
+        signs = (base.t() if transpose else base)[:, :, None]               # (b rows, b terms, 1)
+        acc = y[:, None, 0, :] * signs[:, 0]                                # (batch, b, m)
+        for d in range(1, b):
+            acc += y[:, None, d, :] * signs[:, d]
+        y = acc
     y = y.reshape(*lead, n)
     return y * (1.0 / math.sqrt(n)) if normalized else y
 

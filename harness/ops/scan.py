@@ -19,15 +19,17 @@ Shared by both orders (notes §2.6 step 6, §3.4), all fp32, h_{-1} = 0:
     out_t  = (y_t * (z_t * sigmoid(z_t))) rounded to the output dtype once.
 ``TORCH`` (the fork's PyTorch scan, selective_scan_SE.py:219-273; prep=quamba's reference order):
     dBu_t  = (delta_t * B_t) * u_t  (line 219: delta * B_i * u);
-    y_t    = (h_t * C_t).sum(dim) over d_state with torch's sum on a contiguous (.., d_state) layout
-             (line 244), then + u_t * D (line 268);
+    y_t    = (h_t * C_t).sum(dim) over d_state (line 244), as a fixed pairwise sum (the GPU's
+             reduction order is not reproducible; torch's CPU order follows the vector width),
+             then + u_t * D (line 268);
     out_t  = (y_t * F.silu(z_t)) (line 273) rounded to the output dtype once.
 ``MAMBA`` (mamba_ssm's floating-point kernel that Quamba's calibration model runs,
 selective_scan_fwd_kernel.cuh:158-298 of the vendored 3rdparty/mamba): ``KERNEL``'s order
 (y starts at D * u, one FMA per state) with the gate out_t = y_t * (z_t / (1 + exp(-z_t))) (line 298).
 
 The GPU kernel runs the recurrence as a parallel (tree-order) scan with `__expf`;
-neither is reproducible on a CPU, so both orders use the sequential recurrence.
+neither is reproducible on a CPU, so both orders use the sequential recurrence, and every
+exp, log1p and sigmoid is ``portable``'s (correctly rounded, the same bits on every CPU).
 Time is processed in chunks to bound memory; chunking does not change any
 arithmetic (elementwise ops, and the recurrence carries h across chunks).
 """
@@ -38,6 +40,7 @@ import enum
 import torch
 
 from ..spec import FloatOut, QTensor
+from . import portable
 from .quant import dequantize, fma_f32, round_to_dtype
 
 __all__ = ["ScanOrder", "selective_scan", "selective_scan_ref", "softplus_thresholded"]
@@ -53,8 +56,8 @@ class ScanOrder(str, enum.Enum):
 
 
 def softplus_thresholded(x: torch.Tensor) -> torch.Tensor:
-    """log1p(exp(x)) for x <= 20, x above (the kernel's and F.softplus' threshold)."""
-    return torch.where(x <= 20.0, torch.log1p(torch.exp(x)), x)
+    """log1p(exp(x)) for x <= 20, x above (the kernel's and F.softplus' threshold); portable exp and log1p."""
+    return portable.softplus(x, 20.0)
 
 
 def _delta(delta: QTensor | torch.Tensor, delta_bias: torch.Tensor, order: ScanOrder) -> torch.Tensor:
@@ -79,8 +82,8 @@ def _output(states: torch.Tensor, C: torch.Tensor, u: torch.Tensor, D: torch.Ten
     d_state = states.shape[2]
     if order is ScanOrder.TORCH:
         # (h * C).sum(dim) with d_state contiguous, as the fork's (B, D, N) state: (chunk, batch, d_inner, d_state)
-        prod = (states.transpose(2, 3) * C[:, :, None, :]).contiguous()
-        return prod.sum(dim=3) + u * D
+        prod = states.transpose(2, 3) * C[:, :, None, :]
+        return portable.sum_last(prod)[..., 0] + u * D
     if order in (ScanOrder.KERNEL, ScanOrder.MAMBA):
         # y = fma(h_n, C_n, y) in turn, as fma_f32: the float64 products of fp32 numbers are exact (all taken
         # at once); each step adds in float64 (y's fp32 values promoted exactly) and rounds once to fp32 on
@@ -98,12 +101,12 @@ def _output(states: torch.Tensor, C: torch.Tensor, u: torch.Tensor, D: torch.Ten
 
 def _gate(y: torch.Tensor, z: torch.Tensor, order: ScanOrder) -> torch.Tensor:
     if order is ScanOrder.KERNEL:
-        return (y * z) / (1 + torch.exp(-z))
+        return (y * z) / (portable.exp(-z) + 1.0)
     if order is ScanOrder.MAMBA:
-        return y * (z / (1 + torch.exp(-z)))
+        return y * (z / (portable.exp(-z) + 1.0))
     if order is ScanOrder.TORCH:
-        return y * torch.nn.functional.silu(z)
-    return y * (z * torch.sigmoid(z))
+        return y * portable.silu(z)
+    return y * (z * portable.sigmoid(z))
 
 
 def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_log: QTensor | torch.Tensor,
@@ -118,7 +121,7 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
     final state h: (batch, d_inner, d_state) fp32.
     """
     u, z, Bf, Cf = dequantize(u), dequantize(z), dequantize(B), dequantize(C)
-    A = -torch.exp(dequantize(A_log))                                      # (d_inner, d_state)
+    A = -portable.exp(dequantize(A_log))                                   # (d_inner, d_state)
     At = A.t().contiguous()                                                # (d_state, d_inner)
     Df, bias = dequantize(D), dequantize(delta_bias)
     dt = _delta(delta, bias, order)                                        # (batch, seqlen, d_inner)
@@ -138,7 +141,7 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
         u_c = u[:, sl].transpose(0, 1)
         B_c = Bf[:, sl].transpose(0, 1)                                    # (chunk, batch, d_state)
         C_c = Cf[:, sl].transpose(0, 1)
-        torch.mul(dt_c[:, :, None, :], At, out=dA).exp_()                  # exp(delta * A)
+        portable.exp_(torch.mul(dt_c[:, :, None, :], At, out=dA))          # exp(delta * A)
         if order in (ScanOrder.KERNEL, ScanOrder.MAMBA):
             torch.mul(B_c[..., None], (dt_c * u_c)[:, :, None, :], out=dBu)  # B * (delta * u)
         else:

@@ -10,12 +10,13 @@ quant_sscan_fwd_kernel.cuh:154-272 (notes §2.6 step 6), per (batch b, channel d
 
 Every step is written with numpy float32 scalars (one IEEE rounding per operation);
 an FMA is a float64 product plus add rounded once to float32 (the emulation's FMA),
-exp, log1p and sigmoid are torch's, on whole tensors laid out as the implementation lays them out.
+exp, log1p and sigmoid are harness.ops.portable's (elementwise, the same bits on every CPU).
 """
 import numpy as np
 import pytest
 import torch
 
+from harness.ops import portable
 from harness.ops.scan import ScanOrder, selective_scan
 from harness.spec import FloatOut, QTensor
 
@@ -26,11 +27,10 @@ def _fma(a, b, c):
     return f32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
-# exp, log1p and sigmoid are torch's, applied to whole tensors laid out as the implementation lays them out:
-# torch's vectorized and scalar code paths of these functions may differ in the last bit.
+# exp, log1p and sigmoid are portable's: elementwise functions whose bits depend on no CPU or layout.
 def _softplus(pre):
     x = torch.from_numpy(pre)
-    return torch.where(x <= 20.0, torch.log1p(torch.exp(x)), x).numpy()
+    return torch.where(x <= 20.0, portable.log1p(portable.exp(x)), x).numpy()
 
 
 def _dA(dt, A):
@@ -42,15 +42,15 @@ def _dA(dt, A):
             for n in range(d_state):
                 for d in range(d_inner):
                     prod[t, b, n, d] = dt[b, t, d] * A[d, n]
-    return torch.exp(torch.from_numpy(prod)).numpy()
+    return portable.exp(torch.from_numpy(prod)).numpy()
 
 
 def kernel_loop(u, delta, A_log, B, C, D, z, bias, out_dtype):
     """Written-out kernel order; float operands are fp32 tensors, `delta` may be a QTensor."""
     batch, seqlen, d_inner = u.shape
     d_state = A_log.shape[1]
-    A = (-torch.exp(A_log)).numpy()
-    ez = torch.exp(-z).numpy()
+    A = (-portable.exp(A_log)).numpy()
+    ez = portable.exp(-z).numpy()
     u, B, C, D, z, bias = (t.numpy() for t in (u, B, C, D, z, bias))
     pre = np.zeros((batch, seqlen, d_inner), np.float32)
     for b in range(batch):
@@ -137,9 +137,9 @@ def reference_loop(u, delta, A_log, B, C, D, z, bias, out_dtype):
     out = y * (z * sigmoid(z)); an int8 dt is dequantized first (codes * scale), then the bias added."""
     batch, seqlen, d_inner = u.shape
     d_state = A_log.shape[1]
-    A = (-torch.exp(A_log)).numpy()
+    A = (-portable.exp(A_log)).numpy()
     dq = delta.dequantize().numpy() if isinstance(delta, QTensor) else delta.numpy()
-    sig = torch.sigmoid(z).numpy()  # over the whole tensor: torch's vectorized sigmoid differs from its scalar one
+    sig = portable.sigmoid(z).numpy()
     u, B, C, D, z, bias = (t.numpy() for t in (u, B, C, D, z, bias))
     dt = _softplus((dq + bias).astype(np.float32))
     dA = _dA(dt, A)
