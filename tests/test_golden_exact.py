@@ -1,9 +1,18 @@
-"""prep=exact reproduces the arrays of the code before the `prep` knob existed, bit for bit.
+"""prep=exact reproduces the recorded arrays of every built-in mode on any CPU, within a measured tolerance.
 
-tests/data/golden_exact.json holds the sha256 of every captured array (both layers,
-every tap) of every built-in mode, written by tests/data/make_golden_exact.py from
-commit 741a2d5. Here each built-in mode is re-defined with prep=exact and must give
-the same bytes: exact preparation, the calibration model and every op order of then.
+tests/data/golden_exact.json holds a fingerprint of every captured array (both layers, every
+tap) of every built-in mode re-defined with prep=exact, written by
+tests/data/make_golden_exact.py on an AVX-512 Xeon. A fingerprint (L2 norm and four
+projections on fixed +-1 vectors) survives a change of CPU where a sha256 does not; the
+deviation is about the relative L2 error of a change.
+
+Tolerances, from the deviations measured on one machine by changing only the code path
+(docs/determinism.md): the float modes' GEMMs go through MKL, whose kernels change with the
+CPU (MKL_CBWR=AVX2: 3.7e-7; MKL_CBWR=COMPATIBLE: 8.96e-5, mode 1's fp16 path), so the float
+modes get 1e-3. The quantized modes were bit-identical under every MKL path; with ATen's
+scalar build (ATEN_CPU_CAPABILITY=default) one int8 code of layer 1 flipped and the layer-1
+output moved by 1.9e-2, so they get 5e-2: a wrong rounding rule, scale or op order moves
+them further (tests/test_mode_contracts.py and the kernel oracles check those bit for bit).
 """
 import json
 import sys
@@ -12,20 +21,35 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
-from make_golden_exact import MODES, capture, exact_modes_file  # noqa: E402
+from make_golden_exact import MODES, capture, deviation, exact_modes_file  # noqa: E402
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_exact.json").read_text())
+FLOAT_MODES = {"fp32", "1"}
+TOLERANCE = {"float": 1e-3, "quantized": 5e-2}
 
 
 @pytest.fixture(scope="module")
-def digests(tmp_path_factory):
+def fingerprints(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("golden")
     return capture(tmp, exact_modes_file(tmp / "exact.json"))
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_prep_exact_reproduces_the_arrays_of_before(digests, mode):
+def test_prep_exact_reproduces_the_recorded_arrays(fingerprints, mode):
     golden = GOLDEN["modes"][mode]
-    assert set(digests[mode]) == set(golden)
-    differing = [name for name in golden if digests[mode][name] != golden[name]]
-    assert differing == [], f"mode {mode} with prep=exact changed {differing}"
+    assert set(fingerprints[mode]) == set(golden)
+    tol = TOLERANCE["float" if mode in FLOAT_MODES else "quantized"]
+    off = {name: deviation(fingerprints[mode][name], golden[name]) for name in golden}
+    assert {name: d for name, d in off.items() if not d <= tol} == {}, f"mode {mode}: deviation over {tol}"
+
+
+def test_deviation_sees_a_change_the_tolerance_would_not_pass():
+    """A fingerprint moves with the array: a shifted copy and a 1 % scale error are far outside the tolerances."""
+    import numpy as np
+
+    from make_golden_exact import fingerprint
+    a = np.random.default_rng(0).standard_normal((1, 80, 48)).astype(np.float32)
+    assert deviation(fingerprint(a), fingerprint(a)) == 0.0
+    assert deviation(fingerprint(a * 1.01), fingerprint(a)) > TOLERANCE["float"]
+    assert deviation(fingerprint(np.roll(a, 1, axis=1)), fingerprint(a)) > TOLERANCE["quantized"]
+    assert deviation(fingerprint(a[:, :79]), fingerprint(a)) == float("inf")
