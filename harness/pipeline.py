@@ -35,6 +35,7 @@ from .samples import run_studies
 from .runmodes import run_todo, scales_of
 from .resume import ResumeError, previous_modes, recorded_recipe
 from .guard import LockError, OutputLock, fault_point, progress
+from .machine import cpu_provenance
 from .storage import SCHEMA_VERSION, PairWriter, StorageError, check_output, check_writable, pending_path, \
     stats_path
 from .weights import WeightBank
@@ -109,7 +110,7 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: 
     return {
         "harness_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": _version("transformers"), "numpy": np.__version__, "platform": platform.platform(),
-        "device": cfg.device, "torch_threads": torch.get_num_threads(),
+        "device": cfg.device, "torch_threads": torch.get_num_threads(), "cpu": cpu_provenance(),
         "model": {"path": str(ckpt.path), "format": ckpt.format, "dims": asdict(ckpt.dims),
                   "stored_dtype": ckpt.stored_dtype(), "hash": prefix[depth],
                   "hash_scope": f"sha256 over dims, embedding and blocks 0..{depth} (deeper blocks are never read)"},
