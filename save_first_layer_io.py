@@ -3,30 +3,15 @@
 
     python save_first_layer_io.py --modes fp32 0 2-1 2-4 --seq_len 512
 """
-import os
-import signal
 import sys
 
-_importing = True
+from harness.startup import begin, imported
 
-
-def _quiet_exit(signum, _frame):
-    """Until the harness installs its own handlers: Ctrl-C or SIGTERM during the imports, no traceback.
-    While importing, the process leaves at once: an exception raised inside torch's import can unwind
-    through its C++ and abort the process (exit -6, seen about once in six tries)."""
-    print(f"interrupted by {signal.Signals(signum).name} while starting: nothing was written", file=sys.stderr)
-    if _importing:
-        sys.stderr.flush()
-        os._exit(128 + signum)
-    sys.exit(128 + signum)
-
-
-signal.signal(signal.SIGINT, _quiet_exit)
-signal.signal(signal.SIGTERM, _quiet_exit)
+begin()  # quiet Ctrl-C and SIGTERM during the imports, one BLAS thread for numpy
 
 from harness.cli import capture_main  # noqa: E402
 
-_importing = False
+imported()
 
 if __name__ == "__main__":
     sys.exit(capture_main(prog="save_first_layer_io.py"))

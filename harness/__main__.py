@@ -1,5 +1,15 @@
+"""`python -m harness` and the `quamba-harness` script: quiet start, then the command line."""
 import sys
 
-from .cli import main
+from .startup import begin, imported
 
-sys.exit(main())
+
+def entry() -> int:
+    begin()
+    from .cli import main
+    imported(restore=True)
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(entry())

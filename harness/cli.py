@@ -377,13 +377,28 @@ def _report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return _guarded(report_main, argv, prog)
 
 
+_USAGE = """usage: python -m harness COMMAND [options]   (python -m harness COMMAND --help for its options)
+
+commands:
+  capture   run modes on a model and write the .npz + _stats.json pair (save_first_layer_io.py)
+  compare   compare every mode of a capture against the reference (compare_with_fp.py)
+  report    write the HTML report of a capture
+  export    calibrate and write a Quamba W8A8 checkpoint
+  modes     list the built-in modes with their knobs, and the presets
+  points    list the capture points (taps) and what each one holds"""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"capture": capture_main, "compare": compare_main, "export": export_main, "report": _report_main,
                 "modes": _modes_main, "points": _points_main}
+    if argv[:1] in (["-h"], ["--help"]):
+        print(_USAGE)
+        return 0
     if not argv or argv[0] not in commands:
-        print("usage: python -m harness {capture,compare,export,report,modes,points} [options]  (--help on each)",
-              file=sys.stderr)
+        if argv:
+            print(f"error: unknown command {argv[0]!r}; valid: {', '.join(commands)}", file=sys.stderr)
+        print(_USAGE, file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
     if name in ("capture", "compare", "export", "report"):

@@ -1,0 +1,56 @@
+"""`import harness` has no side effects; its public names load on first use; `python -m harness --help` lists the commands."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={**clean, **(env or {})})
+
+
+def test_import_changes_no_signal_handler_environment_or_import_of_torch():
+    r = _python("import os, signal, sys\n"
+                "before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))\n"
+                "import harness\n"
+                "assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before\n"
+                "assert 'OPENBLAS_NUM_THREADS' not in os.environ\n"
+                "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"
+                "print(harness.__version__)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == __import__("harness").__version__
+
+
+def test_public_names_load_on_first_use():
+    import harness
+    from harness.pipeline import RunConfig, run
+    from harness.storage import load_capture
+    assert harness.RunConfig is RunConfig and harness.run is run and harness.load_capture is load_capture
+    assert set(harness.__all__) <= set(dir(harness))
+    try:
+        harness.no_such_name
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("harness.no_such_name did not raise")
+
+
+def test_help_exits_0_and_lists_every_command():
+    r = subprocess.run([sys.executable, "-m", "harness", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stderr == ""
+    for command in ("capture", "compare", "report", "export", "modes", "points"):
+        assert f"\n  {command} " in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "harness", "nope"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr and "capture" in bad.stderr
+
+
+def test_entry_points_limit_numpys_blas_threads_unless_the_user_chose():
+    from harness.startup import begin, imported
+    code = "from harness.startup import begin; begin(); import os; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    assert _python(code).stdout.strip() == "1"
+    assert _python(code, {"OPENBLAS_NUM_THREADS": "3"}).stdout.strip() == "3"
+    assert callable(begin) and callable(imported)
