@@ -36,7 +36,7 @@ chromium:
 
 # Mutation testing (mutmut, the `dev` extra, installed on first use): writes docs/mutation.md.
 # A seeded fifth of every module's mutants (FRACTION=1: all of them, hours on 2 cores); mutants with a
-# result in mutants/ are not run again, so a stopped run resumes. MODULES=harness.ops.quant limits the
+# result in mutants/ are not run again, so a stopped run resumes. MODULES=harness.emulation.ops.quant limits the
 # run; CHILDREN workers (default: one per core, each with one torch thread) run mutants side by side;
 # all modules go through one mutmut run (one clean-test pass).
 DEV_STAMP := $(VENV)/.installed-dev

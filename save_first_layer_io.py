@@ -5,11 +5,11 @@
 """
 import sys
 
-from harness.startup import begin, imported
+from harness.runtime.startup import begin, imported
 
 begin()  # quiet Ctrl-C and SIGTERM during the imports, one BLAS thread for numpy
 
-from harness.cli import capture_main  # noqa: E402
+from harness.cli import capture_main
 
 imported()
 

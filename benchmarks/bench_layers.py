@@ -50,9 +50,9 @@ def _write_ids(model: Path, seq_len: int, calib: tuple[int, int], work: Path) ->
     """The sample's and the calibration windows' token ids, as the harness reads them, for every child."""
     import numpy as np
 
-    from harness.calibration import CalibrationSettings
-    from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
-    from harness.loading import load_tokenizer
+    from harness.runner.calibration import CalibrationSettings
+    from harness.checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
+    from harness.checkpoints.loading import load_tokenizer
 
     tok, settings = load_tokenizer(model), CalibrationSettings(*calib)
     np.save(work / "ids.npy", read_sample(tok, DEFAULT_TEXT_FILE, seq_len).ids.numpy())
@@ -98,10 +98,10 @@ def _child_hf_calib(a: dict) -> dict:
 def _child_one_mode(a: dict) -> dict:
     import torch
 
-    from harness.analysis import build_head
-    from harness.build import build_backbone
+    from harness.runner.forwards import build_head
+    from harness.emulation.build import build_backbone
     from harness.modes import resolve_modes
-    from harness.quamba_pair import open_models
+    from harness.runner.pairing import open_models
 
     models = open_models(Path(a["model"]), None)
     (recipe,) = resolve_modes(["fp32"], None)
@@ -118,8 +118,8 @@ def _child_one_mode(a: dict) -> dict:
 
 
 def _child_calibrate(a: dict) -> dict:
-    from harness.calibration import CalibrationSettings, calibrate
-    from harness.quamba_pair import open_models
+    from harness.runner.calibration import CalibrationSettings, calibrate
+    from harness.runner.pairing import open_models
 
     models = open_models(Path(a["model"]), None)
     settings = CalibrationSettings(a["calib_samples"], a["calib_seqlen"])
@@ -131,8 +131,8 @@ def _child_calibrate(a: dict) -> dict:
 
 
 def _child_all(a: dict, taps_all: bool = False) -> dict:
-    from harness.calibration import CalibrationSettings
-    from harness.pipeline import RunConfig, run
+    from harness.runner.calibration import CalibrationSettings
+    from harness.runner.pipeline import RunConfig, run
 
     cfg = RunConfig(model=Path(a["model"]), modes=a["modes"], output_file=Path(a["out"]) / "all.npz",
                     seq_len=a["seq_len"], calib=CalibrationSettings(a["calib_samples"], a["calib_seqlen"]),

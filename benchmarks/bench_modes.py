@@ -44,8 +44,8 @@ from common import MODES, peak_mb, spawn  # noqa: E402
 # ---------------------------------------------------------------- child procedures (one per process)
 
 def _child_harness(a: dict) -> dict:
-    from harness.calibration import CalibrationSettings
-    from harness.pipeline import RunConfig, run
+    from harness.runner.calibration import CalibrationSettings
+    from harness.runner.pipeline import RunConfig, run
 
     cfg = RunConfig(model=Path(a["model"]), modes=a["modes"], output_file=Path(a["out"]) / "h.npz",
                     seq_len=a["seq_len"], calib=CalibrationSettings(a["calib_samples"], a["calib_seqlen"]),
@@ -59,8 +59,8 @@ def _child_harness(a: dict) -> dict:
 
 
 def _prepare(a: dict):
-    from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
-    from harness.loading import load_tokenizer, open_checkpoint
+    from harness.checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
+    from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 
     ckpt = open_checkpoint(a["model"])
     tok = load_tokenizer(a["model"])
@@ -70,11 +70,11 @@ def _prepare(a: dict):
 
 
 def _child_naive(a: dict) -> dict:
-    from harness.build import build_backbone
-    from harness.calibration import run_observers
-    from harness.capture import capture
+    from harness.emulation.build import build_backbone
+    from harness.runner.calibration import run_observers
+    from harness.emulation.capture import capture
     from harness.modes import get_mode
-    from harness.weights import WeightBank
+    from harness.runner.weightbank import WeightBank
 
     start = time.perf_counter()
     for mode in a["modes"]:
@@ -90,10 +90,10 @@ def _child_naive(a: dict) -> dict:
 
 
 def _child_floor(a: dict) -> dict:
-    from harness.build import build_backbone
-    from harness.calibration import run_observers
+    from harness.emulation.build import build_backbone
+    from harness.runner.calibration import run_observers
     from harness.modes import get_mode
-    from harness.weights import WeightBank
+    from harness.runner.weightbank import WeightBank
 
     ckpt, windows, ids = _prepare(a)
     ckpt.embedding()
@@ -109,7 +109,7 @@ def _child_scan(a: dict) -> dict:
     """Median time of the harness scan (both orders) and transformers' reference loop at the same shape."""
     import torch
 
-    from harness.ops.scan import ScanOrder, selective_scan
+    from harness.emulation.ops.scan import ScanOrder, selective_scan
     from harness.spec import FloatOut
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

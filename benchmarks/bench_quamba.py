@@ -36,7 +36,7 @@ from common import MODES, spawn  # noqa: E402
 
 
 def _child_quamba(a: dict) -> dict:
-    from harness.pipeline import RunConfig, run
+    from harness.runner.pipeline import RunConfig, run
 
     cfg = RunConfig(model=Path(a["quamba"]), mamba_model_path=Path(a["float"]), modes=MODES,
                     output_file=Path(a["out"]) / "q.npz", seq_len=a["seq_len"], layers=[0])
@@ -52,11 +52,11 @@ def _child_quamba(a: dict) -> dict:
 
 
 def _child_floor(a: dict) -> dict:
-    from harness.build import build_backbone
-    from harness.data import DEFAULT_TEXT_FILE, read_sample
-    from harness.loading import load_tokenizer
+    from harness.emulation.build import build_backbone
+    from harness.checkpoints.text import DEFAULT_TEXT_FILE, read_sample
+    from harness.checkpoints.loading import load_tokenizer
     from harness.modes import get_mode
-    from harness.quamba_pair import checkpoint_calibration, open_models
+    from harness.runner.pairing import checkpoint_calibration, open_models
 
     opening = time.perf_counter()
     models = open_models(Path(a["quamba"]), Path(a["float"]))
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         args.runs = 1
     from checkpoints import write_random_checkpoint
 
-    from harness.calibration import CalibrationSettings
-    from harness.export import ExportConfig, export
+    from harness.runner.calibration import CalibrationSettings
+    from harness.runner.export import ExportConfig, export
 
     with tempfile.TemporaryDirectory(prefix="bench-quamba-") as tmp:
         work = args.work or Path(tmp)

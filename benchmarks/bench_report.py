@@ -40,10 +40,10 @@ def _width(point: str) -> int:
 
 
 def write_130m_file(path: Path, seq: int, layers: int = 24) -> None:
-    from harness.capture import POINTS
-    from harness.compare import compare_modes
-    from harness.metrics import tensor_stats
-    from harness.storage import SCHEMA_VERSION, array_key, stats_path, tensor_name, write_json, write_npz
+    from harness.emulation.capture import POINTS
+    from harness.metrics.compare import compare_modes
+    from harness.metrics.errors import tensor_stats
+    from harness.store.format import SCHEMA_VERSION, array_key, stats_path, tensor_name, write_json, write_npz
 
     rng = np.random.default_rng(0)
     arrays, modes = {}, {}
@@ -76,7 +76,7 @@ def write_130m_file(path: Path, seq: int, layers: int = 24) -> None:
 
 
 def _time_report(npz: Path, repeat: int) -> dict:
-    from harness.htmlreport.build import write_report
+    from harness.report.build import write_report
 
     times, cpu = [], []
     for _ in range(repeat):
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.skip != "make-run":
-            from harness.pipeline import RunConfig, run
+            from harness.runner.pipeline import RunConfig, run
 
-            from harness.calibration import default_cache_dir
+            from harness.runner.calibration import default_cache_dir
             run(RunConfig(modes=["essential"], output_file=work / "first_layer_io_all_modes.npz",
                           cache_dir=default_cache_dir()), emit=lambda _s: None)
             results["make_run"] = _time_report(work / "first_layer_io_all_modes.npz", args.repeat)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.storage import load_capture, write_json, write_npz, write_pair
+from harness.store.format import load_capture, write_json, write_npz, write_pair
 
 
 def main() -> None:

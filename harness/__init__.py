@@ -9,7 +9,7 @@ capture layer inputs/outputs through forward hooks, and compare every mode again
     print(capture.array("0", "output").shape)                                 # (1, 512, d_model)
 
 Importing the package does nothing else: torch and the rest load on first use of a name
-below, and signal handling and thread settings belong to the command lines (harness.startup).
+below, and signal handling and thread settings belong to the command lines (harness.runtime.startup).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import importlib
 __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first access, PEP 562)
-_EXPORTS = {"run": "pipeline", "RunConfig": "pipeline", "compare_modes": "compare", "get_mode": "modes",
-            "list_modes": "modes", "load_capture": "storage"}
+_EXPORTS = {"run": "runner.pipeline", "RunConfig": "runner.pipeline", "compare_modes": "metrics.compare",
+            "get_mode": "modes", "list_modes": "modes", "load_capture": "store.format"}
 
 __all__ = ["__version__", *_EXPORTS]
 

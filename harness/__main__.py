@@ -1,7 +1,7 @@
 """`python -m harness` and the `quamba-harness` script: quiet start, then the command line."""
 import sys
 
-from .startup import begin, imported
+from .runtime.startup import begin, imported
 
 
 def entry() -> int:

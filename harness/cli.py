@@ -51,7 +51,7 @@ def _positive_int(text: str) -> int:
 _alpha = _checked(float, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
 def _layer(text: str) -> str:
     """One --layers item: all, a block index, -1 (the last; -2 the one before), or a range A-B."""
-    from .capture import LAYER_SPEC_RE
+    from .emulation.capture import LAYER_SPEC_RE
 
     text = text.strip()
     if len(text) > 30 or not LAYER_SPEC_RE.match(text):
@@ -71,7 +71,7 @@ def _opt(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    from .pipeline import DEFAULT_MODEL
+    from .runner.pipeline import DEFAULT_MODEL
 
     g = p.add_argument_group("model")
     _opt(g, "model", default=None, help=f"model directory (default: the shipped {DEFAULT_MODEL.name}); "
@@ -96,7 +96,7 @@ def _add_mode_options(p: argparse.ArgumentParser) -> None:
 
 def _add_calibration_options(g) -> None:
     """The calibration options of capture and export (one definition: same names, ranges and defaults)."""
-    from .data import DEFAULT_CALIB_FILE
+    from .checkpoints.text import DEFAULT_CALIB_FILE
 
     _opt(g, "calib_data_num", type=_positive_int, default=512, help="calibration samples (default: 512)")
     _opt(g, "calib_seqlen", type=_positive_int, default=512, help="tokens per calibration sample (default: 512)")
@@ -110,7 +110,7 @@ def _add_calibration_options(g) -> None:
 
 
 def _add_data_options(p: argparse.ArgumentParser) -> None:
-    from .data import DEFAULT_TEXT_FILE
+    from .checkpoints.text import DEFAULT_TEXT_FILE
 
     g = p.add_argument_group("data and calibration")
     _opt(g, "seq_len", type=_positive_int, default=512, help="tokens in the test sample (default: 512)")
@@ -120,7 +120,7 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
-    from .capture import TAP_POINTS
+    from .emulation.capture import TAP_POINTS
 
     g = p.add_argument_group("capture and output")
     _opt(g, "output_file", type=Path, default=Path("first_layer_io_all_modes.npz"),
@@ -161,8 +161,8 @@ def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def _config_from_args(args: argparse.Namespace):
-    from .calibration import CalibrationSettings, default_cache_dir
-    from .pipeline import DEFAULT_MODEL, RunConfig
+    from .runner.calibration import CalibrationSettings, default_cache_dir
+    from .runner.pipeline import DEFAULT_MODEL, RunConfig
 
     if args.pretrained_dir is not None:
         model = args.pretrained_dir / (args.model or DEFAULT_MODEL.name)
@@ -182,7 +182,7 @@ def _config_from_args(args: argparse.Namespace):
 
 
 def _interrupted(e) -> int:
-    from .guard import progress
+    from .runtime.guard import progress
 
     print(f"interrupted by {e.name} while {progress.phase}: {progress.kept()}", file=sys.stderr)
     return e.exit_code
@@ -190,7 +190,7 @@ def _interrupted(e) -> int:
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
     """Run a command with SIGINT/SIGTERM turned into a clean exit (130/143, one line, no traceback)."""
-    from .guard import Interrupted, handle_signals
+    from .runtime.guard import Interrupted, handle_signals
 
     try:
         with handle_signals():
@@ -205,7 +205,7 @@ def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def _capture(argv: list[str] | None, prog: str | None) -> int:
     args = build_capture_parser(prog).parse_args(argv)
-    from .pipeline import InputError, run
+    from .runner.pipeline import InputError, run
 
     try:
         outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print)
@@ -220,10 +220,10 @@ def _capture(argv: list[str] | None, prog: str | None) -> int:
 
 
 def _write_report(npz: Path, reference: str) -> int:
-    """capture --report: the HTML report of the file just written (harness.htmlreport); without the
+    """capture --report: the HTML report of the file just written (harness.report); without the
     reference mode (not run, or failed) the report has no comparison, as the capture's output."""
-    from .htmlreport.build import write_report
-    from .storage import StorageError
+    from .report.build import write_report
+    from .store.format import StorageError
 
     try:
         out = write_report(npz, reference=reference, require_reference=False)
@@ -253,14 +253,22 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _compare(argv: list[str] | None, prog: str | None) -> int:
-    from .guard import progress
+    from .runtime.guard import progress
 
     progress.reset()
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
-    from .compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
-    from .report import comparison_tables, sensitivity_tables
-    from .storage import StorageError, check_output, check_writable, load_capture, pending_path, stats_path, write_json
+    from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
+    from .report.text import comparison_tables, sensitivity_tables
+    from .store.format import (
+        StorageError,
+        check_output,
+        check_writable,
+        load_capture,
+        pending_path,
+        stats_path,
+        write_json,
+    )
 
     out = args.json or args.save_comparison
     try:
@@ -332,8 +340,8 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def _export(argv: list[str] | None, prog: str | None) -> int:
     args = build_export_parser(prog).parse_args(argv)
-    from .calibration import CalibrationSettings, default_cache_dir
-    from .export import INPUT_ERRORS, ExportConfig, export
+    from .runner.calibration import CalibrationSettings, default_cache_dir
+    from .runner.export import INPUT_ERRORS, ExportConfig, export
 
     cfg = ExportConfig(model=args.model, output_dir=args.output_dir, tokenizer=args.tokenizer,
                        calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,
@@ -363,7 +371,7 @@ def _modes_main(argv: list[str]) -> int:
 
 
 def _points_main(argv: list[str]) -> int:
-    from .capture import DERIVED_POINTS, POINTS
+    from .emulation.capture import DERIVED_POINTS, POINTS
 
     for point, what in {**POINTS, **DERIVED_POINTS}.items():
         print(f"L<i>.{point:<16} {what}")
@@ -372,7 +380,7 @@ def _points_main(argv: list[str]) -> int:
 
 def _report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """The report command; matplotlib is imported only when a report is asked for."""
-    from .htmlreport.build import report_main
+    from .report.build import report_main
 
     return _guarded(report_main, argv, prog)
 

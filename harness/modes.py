@@ -1,6 +1,6 @@
 """Modes as data: the knobs of MODES.md, the built-in recipes, presets and user mode files.
 
-A ``ModeRecipe`` holds knob values only; ``harness.build`` is the single place
+A ``ModeRecipe`` holds knob values only; ``harness.emulation.build`` is the single place
 that turns a recipe into emulated modules. Built-in modes are entries of the
 same registry that ``--modes_file`` extends.
 """
@@ -142,7 +142,7 @@ BUILTIN_MODES: dict[str, ModeRecipe] = {name: _recipe(name, title, row) for name
 
 # The models calibration runs through (not user modes), one per prep: the rotated
 # model with fp16 weights and fp16 activations, as Quamba calibrates its fp16 model
-# (notes §2.3). harness.build gives the prep=quamba one the arithmetic of that model
+# (notes §2.3). harness.emulation.build gives the prep=quamba one the arithmetic of that model
 # (build_block's calibration flag): fp16 conv output before SiLU, mamba_ssm's scan.
 CALIBRATION_RECIPES: dict[str, ModeRecipe] = {
     prep: _recipe("calibration", f"rotated fp16 model used for calibration (prep={prep})",

@@ -154,7 +154,7 @@ class LayerScales:
 class HookPoint(torch.nn.Module):
     """Identity module marking a capture site; forward hooks on it see the value passing by.
 
-    ``point`` is the site name of ``harness.capture.POINTS`` (e.g. "ssm.u") and
+    ``point`` is the site name of ``harness.emulation.capture.POINTS`` (e.g. "ssm.u") and
     ``layer`` the block index, so capture derives names and never types them.
     """
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.calibration import CalibrationSettings, run_observers
-from harness.loading import open_checkpoint
-from harness.pipeline import RunConfig, run
-from harness.weights import WeightBank
+from harness.runner.calibration import CalibrationSettings, run_observers
+from harness.checkpoints.loading import open_checkpoint
+from harness.runner.pipeline import RunConfig, run
+from harness.runner.weightbank import WeightBank
 
 FAST_CALIB = CalibrationSettings(num_samples=16, seqlen=64, alpha=0.9995, batch_size=8, seed=42)
 

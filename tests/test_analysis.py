@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.analysis import run_mode
-from harness.capture import TapError, resolve_layers
-from harness.endmetrics import cross_entropy, end_to_end_metrics, kl_divergence, top1_agreement
-from harness.htmlreport.data import load_report_data
-from harness.intervals import mean_ci, paired_difference, t_critical
+from harness.runner.forwards import run_mode
+from harness.emulation.capture import TapError, resolve_layers
+from harness.metrics.logits import cross_entropy, end_to_end_metrics, kl_divergence, top1_agreement
+from harness.report.data import load_report_data
+from harness.metrics.intervals import mean_ci, paired_difference, t_critical
 from harness.modes import resolve_modes
-from harness.quamba_pair import open_models
+from harness.runner.pairing import open_models
 from helpers import run_modes
 
 
@@ -120,8 +120,8 @@ def test_isolated_replays_the_mode_block_on_the_reference_input(big_run, hf_dir)
     """Mode 1 (not rotated) on fp32's input (rotated, converted to the original basis as the file stores it):
     each stored L{i}.block.isolated equals the mode's block run again here on that input, bit for bit,
     and differs from the accumulated output past layer 0 (the replay is not the forward's output)."""
-    from harness.analysis import isolated_out
-    from harness.build import build_backbone
+    from harness.runner.forwards import isolated_out
+    from harness.emulation.build import build_backbone
 
     (recipe,) = resolve_modes(["1"], None)
     model = build_backbone(recipe, open_models(hf_dir, None).bank, None, 1)
@@ -180,8 +180,8 @@ def test_sensitivity_and_the_report_reads_it(big_run):
 
 
 def test_device_plumbing(hf_dir, tmp_path, capsys):
-    from harness.analysis import build_head, to_device
-    from harness.build import build_backbone
+    from harness.runner.forwards import build_head, to_device
+    from harness.emulation.build import build_backbone
     from harness.cli import capture_main
 
     models = open_models(hf_dir, None)
@@ -201,7 +201,7 @@ def test_device_plumbing(hf_dir, tmp_path, capsys):
 
 
 def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, monkeypatch):
-    from harness.storage import dedup_arrays, load_capture, write_pair
+    from harness.store.format import dedup_arrays, load_capture, write_pair
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     kw = dict(layers=["all"], taps=["ssm.u"], seq_len=32, samples=2, isolated=True, end_to_end=True)
@@ -228,8 +228,8 @@ def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, mon
 def test_quamba_checkpoint_head_is_emulated_as_quamba_computes(tmp_path, lm_head):
     from quamba_fixture import handmade_state_dict, write_handmade
 
-    from harness.ops import portable
-    from harness.quamba_ckpt import open_quamba
+    from harness.emulation.ops import portable
+    from harness.checkpoints.quamba import open_quamba
 
     q = write_handmade(tmp_path / "q", lm_head=lm_head)
     sd = handmade_state_dict(lm_head=lm_head)

@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from harness import storage
-from harness.storage import write_json, write_npz
+from harness.store import format as storage
+from harness.store.format import write_json, write_npz
 
 
 def _previous(tmp_path):
@@ -45,7 +45,7 @@ def test_failure_at_the_rename_keeps_the_previous_file(tmp_path, monkeypatch):
 
 def test_interrupt_while_writing_json_keeps_the_previous_file(tmp_path, monkeypatch):
     """KeyboardInterrupt is a BaseException: the temporary file must still be removed."""
-    from harness import files
+    from harness.store import files
     path = tmp_path / "cap_stats.json"
     write_json(path, {"a": 1})
     before = path.read_bytes()

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import make_hf_model, write_hf_dir
 from harness.cli import capture_main, compare_main
-from harness.storage import stats_path
+from harness.store.format import stats_path
 
 FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
 

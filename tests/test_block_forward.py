@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.build import build_block
-from harness.capture import capture, point_name
+from harness.emulation.build import build_block
+from harness.emulation.capture import capture, point_name
 from harness.modes import BUILTIN_MODES
-from harness.modules import BLOCK_POINTS
-from harness.ops.hadamard import hadamard_transform
-from harness.ops.quant import dequantize
+from harness.emulation.modules import BLOCK_POINTS
+from harness.emulation.ops.hadamard import hadamard_transform
+from harness.emulation.ops.quant import dequantize
 from helpers import observed_bank
 
 
@@ -82,9 +82,9 @@ def test_fp32_block_equals_the_transformers_mixer(setup, hf_model):
 def test_a_quantizing_mode_without_scales_is_refused_by_name(hf_dir):
     """build_backbone refuses a mode that quantizes activations when no scales are given, naming the mode (a
     mutant that raised a bare ValueError survived)."""
-    from harness.build import build_backbone
-    from harness.loading import open_checkpoint
+    from harness.emulation.build import build_backbone
+    from harness.checkpoints.loading import open_checkpoint
     from harness.modes import get_mode
-    from harness.weights import WeightBank
+    from harness.runner.weightbank import WeightBank
     with pytest.raises(ValueError, match=r"^mode '2-4' quantizes activations and needs calibrated scales$"):
         build_backbone(get_mode("2-4"), WeightBank(open_checkpoint(hf_dir)), None, 0)

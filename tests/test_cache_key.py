@@ -4,10 +4,10 @@ import dataclasses
 import pytest
 import torch
 
-import harness.calibration as calibration
-from harness.calibration import CalibrationSettings, _layer_keys as _keys_of_prep, calibrate
-from harness.loading import open_checkpoint
-from harness.weights import WeightBank
+import harness.runner.calibration as calibration
+from harness.runner.calibration import CalibrationSettings, _layer_keys as _keys_of_prep, calibrate
+from harness.checkpoints.loading import open_checkpoint
+from harness.runner.weightbank import WeightBank
 
 BASE = CalibrationSettings(num_samples=4, seqlen=16, alpha=0.9995, batch_size=2, seed=42)
 
@@ -127,7 +127,7 @@ def test_settings_are_validated(kw, message):
 
 def test_default_cache_dir(monkeypatch, tmp_path):
     from pathlib import Path
-    from harness.calibration import default_cache_dir
+    from harness.runner.calibration import default_cache_dir
     monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(tmp_path / "q"))
     assert default_cache_dir() == tmp_path / "q"
     monkeypatch.delenv("QUAMBA_HARNESS_CACHE")
@@ -191,7 +191,7 @@ def test_cache_file_round_trip_and_every_refusal_names_its_reason(tmp_path):
     reason (mutants that hashed None, wrote no parents, dropped the version or prep field, read `and` for `or`
     or raised bare ValueErrors survived)."""
     import json
-    from harness.calibration import _read_cached, _write_cached
+    from harness.runner.calibration import _read_cached, _write_cached
     from harness.spec import SCALE_NAMES, LayerScales
     scales = LayerScales(**{n: 0.5 + k / 8 for k, n in enumerate(SCALE_NAMES)})
     path = tmp_path / "a" / "b" / "layer0.json"
@@ -219,7 +219,7 @@ def test_the_calibration_model_scans_in_mamba_ssms_order(setup, monkeypatch):
     """Quamba calibrates its fp16 model with mamba_ssm's selective_scan (notes §1.3): run_observers builds the
     calibration model, whose scan order is MAMBA whatever the recipe's ssm_impl (mutants that built the
     mode's own model survived: one fp32 ulp in the scan rarely moves an fp16 percentile)."""
-    from harness.ops.scan import ScanOrder
+    from harness.emulation.ops.scan import ScanOrder
     ckpt, windows, _ = setup
     built = []
     real = calibration.build_backbone

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness.calibration import CalibrationSettings, calibrate, run_observers
-from harness.data import DEFAULT_CALIB_FILE, DataError, calibration_windows, read_documents, tokenize_file
-from harness.loading import load_tokenizer, open_checkpoint
-from harness.weights import WeightBank
+from harness.runner.calibration import CalibrationSettings, calibrate, run_observers
+from harness.checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows, read_documents, tokenize_file
+from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.runner.weightbank import WeightBank
 from conftest import SHIPPED
 from helpers import FAST_CALIB, run_modes
 

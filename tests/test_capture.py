@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from harness.capture import TAP_POINTS, TapError, capture, parse_point, point_sort_key, select_points
+from harness.emulation.capture import TAP_POINTS, TapError, capture, parse_point, point_sort_key, select_points
 from harness.spec import HookPoint, QTensor
 
 

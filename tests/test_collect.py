@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from harness.collect import Collector
+from harness.runner.collect import Collector
 
 
 class Recorder:
@@ -193,7 +193,7 @@ def test_rows_are_the_reference_against_the_mode_and_other_bases_are_skipped(tmp
     """Each row is error_metrics(reference, mode) (rel_l2 and SQNR are not symmetric: swapped, they would
     describe the reference's error against the mode), and a tensor stored in another basis than the
     reference's is skipped with the reason, not compared."""
-    from harness.metrics import error_metrics
+    from harness.metrics.errors import error_metrics
 
     blocks = {"fp32": _blocks(0), "0": _blocks(1), "1": _blocks(2)}
     writer, modes = Recorder(), {m: {"status": "ok", "tensors": {}} for m in ("fp32", "0", "1")}
@@ -215,7 +215,7 @@ def test_rows_are_the_reference_against_the_mode_and_other_bases_are_skipped(tmp
 def test_a_failing_comparison_is_reported_and_the_arrays_are_still_written(tmp_path, monkeypatch, capsys):
     """The comparison must never cost the arrays: an exception in it is recorded once (type and message), said
     on stderr, and every mode's arrays are still written."""
-    import harness.collect as collect
+    import harness.runner.collect as collect
 
     def boom(*_a, **_k):
         raise RuntimeError("boom")
@@ -230,7 +230,7 @@ def test_identical_groups_come_from_byte_digests(tmp_path):
     """Groups are found from a sha256 per array: arrays that differ are never grouped (a digest of anything but
     the array grouped every mode), equal arrays always are (the array [337.0], whose digest read as float64
     holds a NaN pattern); block_io_names picks the block I/O tensors for the printed table."""
-    from harness.collect import block_io_names
+    from harness.runner.collect import block_io_names
 
     same = {"output": np.array([337.0], np.float32)}
     writer, modes = Recorder(), {m: {"status": "ok", "tensors": {}} for m in ("fp32", "1", "2")}
@@ -313,7 +313,7 @@ def test_an_array_an_earlier_mode_had_takes_its_metrics_without_computing_them(t
     """Mode 1's L1.block.out is mode 0's bit for bit: its row is mode 0's (equal to computing it), and
     error_metrics runs once for it; a copy with one -0.0 for a 0.0 (equal values, other bits) is computed
     anew. input_differs stays each mode's own: mode 1's block input is the reference's, mode 0's is not."""
-    import harness.compare as compare
+    import harness.metrics.compare as compare
 
     calls = []
     real = compare.error_metrics

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from harness.compare import CompareError, compare_modes, identical_groups, input_tensor_for, same_basis
+from harness.metrics.compare import CompareError, compare_modes, identical_groups, input_tensor_for, same_basis
 
 
 def _arrays():
@@ -80,7 +80,7 @@ def test_input_tensor_for(tensor, source):
 def test_equality_is_decided_over_every_chunk(monkeypatch):
     """_equal compares the flattened arrays chunk by chunk: a difference in the last chunk only is found,
     NaN at the same places (in any chunk) counts as equal, at different places not; empty arrays are equal."""
-    from harness import compare
+    from harness.metrics import compare
 
     monkeypatch.setattr(compare, "_EQUAL_CHUNK", 7)
     a = np.arange(30, dtype=np.float32).reshape(3, 10)
@@ -103,7 +103,7 @@ def test_known_rows_are_keyed_by_each_modes_own_digest(monkeypatch):
     and c's differs, so it is computed."""
     import hashlib
 
-    import harness.compare as compare
+    import harness.metrics.compare as compare
 
     rng = np.random.default_rng(5)
     ref = rng.standard_normal(16).astype(np.float32)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness import calibration
+from harness.runner import calibration
 from harness.cli import capture_main, compare_main
-from harness.storage import StorageError, load_capture, stats_path, write_pair
+from harness.store.format import StorageError, load_capture, stats_path, write_pair
 
 FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
 

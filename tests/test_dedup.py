@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from harness.storage import dedup_arrays, load_capture, write_npz
+from harness.store.format import dedup_arrays, load_capture, write_npz
 
 
 def test_identical_tap_arrays_are_stored_once():

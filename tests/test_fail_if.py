@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from harness.compare import CompareError, fail_if_violations
+from harness.metrics.compare import CompareError, fail_if_violations
 
 # two modes x two tensors; the numbers are chosen so that each expression below separates them
 COMPARISON = {

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import ROOT, make_hf_model, write_hf_dir
 from harness.cli import compare_main
-from harness.guard import OutputLock
-from harness.storage import load_capture, pending_path, stats_path
+from harness.runtime.guard import OutputLock
+from harness.store.format import load_capture, pending_path, stats_path
 
 FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
 PHASES = ["before-calibration", "calibration", "modes", "write-npz", "write-stats", "between-renames"]
@@ -108,7 +108,7 @@ def test_sigkill_between_the_renames_is_read_as_the_new_pair(setup, tmp_path):
 @pytest.mark.parametrize("command", [["save_first_layer_io.py"], ["-m", "harness", "export"],
                                      ["-m", "harness", "capture"]], ids=["capture", "export", "python-m-harness"])
 def test_ctrl_c_while_starting_shows_no_traceback(tmp_path, command, delay):
-    """Every entry imports torch (seconds) before its handlers exist (harness.startup.begin() covers that time).
+    """Every entry imports torch (seconds) before its handlers exist (harness.runtime.startup.begin() covers that time).
     compare_with_fp.py uses the same begin() but imports no torch: it is done in 0.3 s, before any signal.
     Two moments inside the imports: an exception raised there could abort the process (exit -6) when
     it unwound through torch's C++, so the handler leaves with os._exit."""

@@ -1,12 +1,12 @@
-"""harness.files details: TrailingSha256, the hash of a file taken behind its writer, region by region."""
+"""harness.store.files details: TrailingSha256, the hash of a file taken behind its writer, region by region."""
 import hashlib
 import threading
 import time
 
 import pytest
 
-import harness.files as files
-from harness.files import TrailingSha256
+import harness.store.files as files
+from harness.store.files import TrailingSha256
 
 
 def test_trailing_hash_of_regions_is_the_file_hash(tmp_path):

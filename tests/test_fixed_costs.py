@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.metrics import METRICS, abs_percentiles, error_metrics, max_abs
+from harness.metrics.errors import METRICS, abs_percentiles, error_metrics, max_abs
 
 
 def _same(x: float, y: float) -> bool:
@@ -39,7 +39,7 @@ def test_abs_percentiles_equal_numpy_percentile():
 
 
 def test_order_stats_fall_back_when_the_sample_misleads():
-    from harness.percentiles import _order_stats
+    from harness.metrics.percentiles import _order_stats
 
     values = np.arange(1, 2 ** 15 + 1, dtype=np.float64)
     values[::17] = 0.0  # every sampled element (step 17 for this size) is 0: the brackets miss
@@ -94,7 +94,7 @@ def test_sum_of_a_contiguous_array_is_the_sum_of_its_flat_view(shape):
 
 
 def test_compare_modes_compares_each_pair_once_with_the_same_answers(monkeypatch):
-    import harness.compare as compare
+    import harness.metrics.compare as compare
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 6, 4)).astype(np.float32)
@@ -122,8 +122,8 @@ def test_sample_tokenized_one_document_at_a_time_has_the_same_ids(extra):
     """read_sample encodes only the documents it needs, one at a time; the ids are the first seq_len of
     the whole file's stream (documents encoded two at a time, joined by end-of-text)."""
     from conftest import SHIPPED
-    from harness.data import DEFAULT_TEXT_FILE, read_sample, tokenize_file
-    from harness.loading import load_tokenizer
+    from harness.checkpoints.text import DEFAULT_TEXT_FILE, read_sample, tokenize_file
+    from harness.checkpoints.loading import load_tokenizer
 
     tok = load_tokenizer(SHIPPED)
     stream = tokenize_file(tok, DEFAULT_TEXT_FILE)
@@ -147,8 +147,8 @@ def json_text(path, n):
 def test_npz_hash_taken_behind_the_writer_is_the_files(tmp_path, compress):
     """PairWriter hashes finished members in a worker thread while it writes; the sha256 in the manifest is
     still file_sha256 of the .npz on disk, and load_capture accepts the pair."""
-    from harness.files import TrailingSha256, file_sha256
-    from harness.storage import PairWriter, load_capture
+    from harness.store.files import TrailingSha256, file_sha256
+    from harness.store.format import PairWriter, load_capture
 
     rng = np.random.default_rng(2)
     arrays = {f"mode_{m}_{t}": rng.standard_normal((1, 300, 70)).astype(np.float32)
@@ -178,7 +178,7 @@ def test_npz_hash_taken_behind_the_writer_is_the_files(tmp_path, compress):
 def test_chunked_sums_equal_numpy_sum_bit_for_bit(n, leaf, monkeypatch):
     """_tree combines the leaves' sums in numpy's pairwise order: the total equals np.sum over the whole
     array (values spread over many magnitudes, so another order would show in the last bits)."""
-    from harness import metrics
+    from harness.metrics import errors as metrics
 
     monkeypatch.setattr(metrics, "_LEAF", leaf)
     rng = np.random.default_rng(n)
@@ -198,8 +198,8 @@ def _stats_by_formula(v: np.ndarray) -> dict:
 def test_metrics_of_arrays_seen_in_chunks_equal_the_single_formulas(leaf, monkeypatch):
     """Arrays of several chunks (a small leaf, or the default one with 2**20 + values, as the logits):
     every metric, the percentiles and the stats equal the whole-array formulas bit for bit."""
-    from harness import metrics
-    from harness.metrics import tensor_stats
+    from harness.metrics import errors as metrics
+    from harness.metrics.errors import tensor_stats
 
     monkeypatch.setattr(metrics, "_LEAF", leaf)
     rng = np.random.default_rng(5)
@@ -222,8 +222,8 @@ def test_metrics_of_arrays_seen_in_chunks_equal_the_single_formulas(leaf, monkey
 def test_chunked_percentiles_fall_back_when_the_sample_misleads(monkeypatch):
     """Every sampled |d| is 0 (the differences sit off the sample's grid): the chunks' brackets miss,
     and |d| taken whole decides, still equal to np.percentile."""
-    from harness import metrics
-    from harness.percentiles import sample_step
+    from harness.metrics import errors as metrics
+    from harness.metrics.percentiles import sample_step
 
     monkeypatch.setattr(metrics, "_LEAF", 4096)
     n = 3 * 2 ** 15

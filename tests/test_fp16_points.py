@@ -9,10 +9,10 @@ conv output); update the rows it changes.
 import pytest
 import torch
 
-from harness.build import build_backbone
-from harness.capture import capture, point_name
+from harness.emulation.build import build_backbone
+from harness.emulation.capture import capture, point_name
 from harness.modes import BUILTIN_MODES
-from harness.modules import BLOCK_POINTS
+from harness.emulation.modules import BLOCK_POINTS
 from helpers import observed_bank
 
 # mode -> points whose float value is rounded to fp16 (every other float point must not be on the grid)

@@ -11,12 +11,12 @@ import pytest
 from matplotlib.figure import Figure
 
 from harness.cli import main
-from harness.compare import CompareError
-from harness.htmlreport import figures as F
-from harness.htmlreport.build import build_report, report_path, write_report
-from harness.htmlreport.data import load_report_data
-from harness.metrics import sqnr_db
-from harness.storage import SCHEMA_VERSION, stats_path, write_json, write_npz
+from harness.metrics.compare import CompareError
+from harness.report import figures as F
+from harness.report.build import build_report, report_path, write_report
+from harness.report.data import load_report_data
+from harness.metrics.errors import sqnr_db
+from harness.store.format import SCHEMA_VERSION, stats_path, write_json, write_npz
 from helpers import run_modes
 
 RNG = np.random.default_rng(0)
@@ -280,7 +280,7 @@ def test_overflow_per_layer_figure_plots_the_largest_fraction_per_layer():
 
 
 def test_auto_selection_of_a_big_file_keeps_first_layer_and_worst_layers(tmp_path):
-    from harness.htmlreport.sections import focus_layers, select_tensors
+    from harness.report.sections import focus_layers, select_tensors
 
     arrays, noise = {}, {5: 0.5, 9: 0.3}          # layers 5 and 9 are the worst
     for layer in range(12):

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.build import build_backbone
-from harness.calibration import run_observers
-from harness.capture import capture
-from harness.data import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
-from harness.loading import load_tokenizer, open_checkpoint
+from harness.emulation.build import build_backbone
+from harness.runner.calibration import run_observers
+from harness.emulation.capture import capture
+from harness.checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
+from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.modes import BUILTIN_MODES
-from harness.weights import WeightBank
+from harness.runner.weightbank import WeightBank
 from helpers import run_modes
 
 POINTS = ["L0.block.in", "L0.block.out", "L0.block.residual", "L0.ssm.u", "L0.had.out"]
@@ -57,7 +57,7 @@ def test_lazy_loading_equals_full_loading(model_dir, tmp_path):
         def get_tensor(self, key):
             return self[key]
 
-    import harness.loading as loading
+    import harness.checkpoints.loading as loading
 
     original = loading._open_weights
     loading._open_weights = lambda file: Eager(everything)

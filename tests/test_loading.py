@@ -4,7 +4,7 @@ import shutil
 import pytest
 import torch
 
-from harness.loading import LAYER_TENSORS, ModelDirError, load_tokenizer, open_checkpoint
+from harness.checkpoints.loading import LAYER_TENSORS, ModelDirError, load_tokenizer, open_checkpoint
 
 
 def test_both_formats_give_the_same_model(hf_dir, ssm_dir):
@@ -94,7 +94,7 @@ def test_layer_tensor_table_covers_the_mixer():
 def test_dropping_the_mapped_pages_keeps_every_tensor_and_its_values(hf_dir):
     """The weight bank drops the checkpoint's resident pages between modes: tensors read before (zero-copy
     views of the map) and after must still hold the file's values."""
-    from harness.memory import release_freed
+    from harness.runtime.memory import release_freed
 
     ckpt = open_checkpoint(hf_dir)
     before = ckpt.raw_layer(0)

@@ -1,4 +1,4 @@
-"""harness.memory: freed memory stays for reuse until the explicit trim, which returns it (glibc only)."""
+"""harness.runtime.memory: freed memory stays for reuse until the explicit trim, which returns it (glibc only)."""
 import json
 import subprocess
 import sys

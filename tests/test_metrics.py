@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.metrics import METRICS, error_metrics, tensor_stats
+from harness.metrics.errors import METRICS, error_metrics, tensor_stats
 
 
 def test_metrics_by_hand():

@@ -5,8 +5,19 @@ import warnings
 import numpy as np
 import pytest
 
-from harness.metrics import (METRIC_NAMES, cosine, error_metrics, mae, max_abs, mse, pearson, rel_l2, rmse, sqnr_db,
-                             tensor_stats)
+from harness.metrics.errors import (
+    METRIC_NAMES,
+    cosine,
+    error_metrics,
+    mae,
+    max_abs,
+    mse,
+    pearson,
+    rel_l2,
+    rmse,
+    sqnr_db,
+    tensor_stats,
+)
 
 
 def test_max_abs_is_the_first_largest_with_its_index():

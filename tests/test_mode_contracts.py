@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.build import build_backbone
-from harness.calibration import calibrate
-from harness.capture import capture
-from harness.data import DEFAULT_CALIB_FILE, calibration_windows
-from harness.loading import load_tokenizer, open_checkpoint
+from harness.emulation.build import build_backbone
+from harness.runner.calibration import calibrate
+from harness.emulation.capture import capture
+from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
+from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.modes import get_mode
-from harness.ops.quant import quantize
+from harness.emulation.ops.quant import quantize
 from harness.spec import Rounding
-from harness.weights import WeightBank
+from harness.runner.weightbank import WeightBank
 from helpers import FAST_CALIB, on_grid, run_modes
 
 QUANT = ["0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]

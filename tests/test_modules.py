@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from harness.modules import ConvInput, EmuConv1d, EmuHadamard, EmuMambaBlock, UInput
-from harness.ops.hadamard import hadamard_matrix
-from harness.ops.quant import round_half_away
+from harness.emulation.modules import ConvInput, EmuConv1d, EmuHadamard, EmuMambaBlock, UInput
+from harness.emulation.ops.hadamard import hadamard_matrix
+from harness.emulation.ops.quant import round_half_away
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 
@@ -61,7 +61,7 @@ def test_online_hadamard_rounds_t_to_fp32_before_the_scale():
     import math
 
     import numpy as np
-    from harness.modules import EmuHadamard
+    from harness.emulation.modules import EmuHadamard
     from harness.spec import QuantOut, Rounding
     s_out = (1.0 / math.sqrt(2)) / 1.25
     assert np.float32((1.0 / math.sqrt(2)) / s_out) == 1.25   # the module's f32(1/sqrt(n) / s_H)
@@ -94,8 +94,8 @@ def test_linear_with_one_int8_operand_runs_in_floating_point():
     """Only int8 x int8 takes the W8A8 kernel; an int8 weight with a float input (a weight-only recipe) or an
     int8 input with a float weight is an fp32 matmul of the dequantized operands (a mutant that sent either
     case to the kernel survived: no built-in mode mixes them)."""
-    from harness.modules import EmuLinear
-    from harness.ops.linear import Epilogue, float_linear
+    from harness.emulation.modules import EmuLinear
+    from harness.emulation.ops.linear import Epilogue, float_linear
     g = torch.Generator().manual_seed(3)
     wq = QTensor(torch.randint(-128, 128, (5, 8), generator=g, dtype=torch.int8), 0.02)
     xq = QTensor(torch.randint(-128, 128, (2, 3, 8), generator=g, dtype=torch.int8), 0.05)

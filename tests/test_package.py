@@ -27,8 +27,8 @@ def test_import_changes_no_signal_handler_environment_or_import_of_torch():
 
 def test_public_names_load_on_first_use():
     import harness
-    from harness.pipeline import RunConfig, run
-    from harness.storage import load_capture
+    from harness.runner.pipeline import RunConfig, run
+    from harness.store.format import load_capture
     assert harness.RunConfig is RunConfig and harness.run is run and harness.load_capture is load_capture
     assert set(harness.__all__) <= set(dir(harness))
     try:
@@ -49,8 +49,8 @@ def test_help_exits_0_and_lists_every_command():
 
 
 def test_entry_points_limit_numpys_blas_threads_unless_the_user_chose():
-    from harness.startup import begin, imported
-    code = "from harness.startup import begin; begin(); import os; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    from harness.runtime.startup import begin, imported
+    code = "from harness.runtime.startup import begin; begin(); import os; print(os.environ['OPENBLAS_NUM_THREADS'])"
     assert _python(code).stdout.strip() == "1"
     assert _python(code, {"OPENBLAS_NUM_THREADS": "3"}).stdout.strip() == "3"
     assert callable(begin) and callable(imported)

@@ -3,9 +3,9 @@ small _LEAF, as tests/test_fixed_costs.py does) and abs_percentiles still equal 
 import numpy as np
 import pytest
 
-from harness import metrics
-from harness.metrics import error_metrics
-from harness.percentiles import _order_stats, abs_percentiles, ranks_of, sample_step
+from harness.metrics import errors as metrics
+from harness.metrics.errors import error_metrics
+from harness.metrics.percentiles import _order_stats, abs_percentiles, ranks_of, sample_step
 
 
 def _percentiles(ref, test):

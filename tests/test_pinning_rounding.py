@@ -1,6 +1,6 @@
 """Every call site's tie rule and epilogue order, pinned at the block level on inputs where the choices differ.
 
-Blocks are built by ``harness.build.build_block`` for a built-in recipe; each site is
+Blocks are built by ``harness.emulation.build.build_block`` for a built-in recipe; each site is
 fed an input (and given a calibrated scale) constructed so that its value lands
 exactly on a .5 tie (half-even and half-away disagree there), or so that the two
 fp32 epilogue orders give values on different sides of a rounding boundary.
@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from harness.build import build_block
-from harness.loading import open_checkpoint
+from harness.emulation.build import build_block
+from harness.checkpoints.loading import open_checkpoint
 from harness.modes import BUILTIN_MODES
-from harness.ops.hadamard import hadamard_transform
-from harness.ops.linear import Epilogue
+from harness.emulation.ops.hadamard import hadamard_transform
+from harness.emulation.ops.linear import Epilogue
 from harness.spec import FloatOut, LayerScales, QTensor, QuantOut, Rounding
-from harness.weights import WeightBank
+from harness.runner.weightbank import WeightBank
 
 EVEN, AWAY = Rounding.HALF_EVEN, Rounding.HALF_AWAY
 RW, WR = Epilogue.RATIO_THEN_WEIGHT, Epilogue.WEIGHT_THEN_RATIO

@@ -13,15 +13,15 @@ from conftest import ROOT, make_hf_model, write_hf_dir
 from helpers import FAST_CALIB, run_modes
 from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 
-from harness.calibration import calibrate
-from harness.data import DEFAULT_CALIB_FILE, calibration_windows
+from harness.runner.calibration import calibrate
+from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.cli import capture_main, main
-from harness.export import ExportConfig, export
-from harness.loading import load_tokenizer, open_checkpoint
-from harness.ops.quant import quantize_rows_signed_max_fp16
-from harness.quamba_ckpt import open_quamba
-from harness.storage import load_capture
-from harness.weights import WeightBank
+from harness.runner.export import ExportConfig, export
+from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.emulation.ops.quant import quantize_rows_signed_max_fp16
+from harness.checkpoints.quamba import open_quamba
+from harness.store.format import load_capture
+from harness.runner.weightbank import WeightBank
 
 QUANT = ["0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
 FAST = ["--seq_len", "32", "--calib_data_num", "16", "--calib_seqlen", "64"]
@@ -334,7 +334,7 @@ def test_export_never_overwrites(hf_dir, tmp_path, capsys):
 
 
 def test_version_1_stats_files_are_still_read(tmp_path):
-    from harness.storage import stats_path, write_npz
+    from harness.store.format import stats_path, write_npz
     write_npz(tmp_path / "v1.npz", {"mode_0_output": np.zeros((1, 2, 3), np.float32)})
     stats_path(tmp_path / "v1.npz").write_text(json.dumps({"schema_version": 1, "aliases": {}, "modes": {
         "0": {"status": "ok", "tensors": {"output": {"point": "L0.block.out"}}}}}))
@@ -355,9 +355,9 @@ def test_tokenizer_comes_from_the_float_model_when_the_checkpoint_has_none(expor
 def test_pairing_checked_beside_tokenizing_is_the_direct_check(exported, tmp_path, monkeypatch):
     """The pipeline runs check_pair in a thread while it tokenizes: same result as a direct call, and its
     error still ends the run before any file is written."""
-    import harness.pipeline as pipeline
-    from harness.loading import ModelDirError
-    from harness.quamba_pair import check_pair, open_models
+    import harness.runner.pipeline as pipeline
+    from harness.checkpoints.loading import ModelDirError
+    from harness.runner.pairing import check_pair, open_models
 
     other = write_hf_dir(tmp_path / "other", make_hf_model(seed=1))
     out = run_modes(exported, tmp_path, ["fp32", "0"], layers=[0, 1], mamba_model_path=other)
@@ -375,7 +375,7 @@ def test_pairing_checked_beside_tokenizing_is_the_direct_check(exported, tmp_pat
 def test_prefix_hashes_cover_the_scales(tmp_path):
     """Two checkpoints that differ in one scale (a Python float) hash differently from that layer on (a mutant
     that hashed repr(None) for every non-tensor value survived: the provenance would not tell them apart)."""
-    from harness.quamba_ckpt import open_quamba
+    from harness.checkpoints.quamba import open_quamba
 
     sd = handmade_state_dict()
     a = write_handmade(tmp_path / "a", sd=dict(sd))
@@ -420,7 +420,7 @@ def test_any_one_quamba_marker_makes_a_quamba_directory(tmp_path):
     lm_head_cfg): each alone routes the directory to the Quamba reader (whose errors then name what is not
     supported); a mutant that required both norm_cfg and lm_head_cfg, or read a key other than is_hybrid,
     survived and would have read such a checkpoint as a float model."""
-    from harness.quamba_ckpt import is_quamba_dir
+    from harness.checkpoints.quamba import is_quamba_dir
     markers = {"layer": {"ssm_cfg": {"layer": "W8A8QMamba"}}, "hybrid_layers": {"ssm_cfg": {"layer": ["W8A8QMamba"]}},
                "norm": {"norm_cfg": {"norm": "QRMSNorm"}}, "lm_head": {"lm_head_cfg": {"layer": "Linear"}},
                "hybrid": {"is_hybrid": True}}
@@ -486,7 +486,7 @@ def test_round_trip_end_to_end_logits_are_bit_identical(exported, hf_dir, tmp_pa
 
 def _write_back(src, dst):
     """Read a Quamba directory with open_quamba and write what it read with write_quamba (as export hands it)."""
-    from harness.quamba_ckpt import write_quamba
+    from harness.checkpoints.quamba import write_quamba
 
     q = open_quamba(src)
     n = q.dims.n_layer

@@ -11,19 +11,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.build import build_block
+from harness.emulation.build import build_block
 from harness.modes import CALIBRATION_RECIPES, get_mode
-from harness.ops import portable
-from harness.ops.portable import sum_last
-from harness.modules import EmuRMSNorm
-from harness.ops.conv1d import float_causal_conv1d_silu, silu_kernel
-from harness.ops.hadamard import _base_matrix, hadamard_factors, hadamard_transform, hadamard_transform_fht, \
-    quamba_kernel_support
-from harness.ops.linear import Epilogue, w8a8_linear
-from harness.ops.quant import round_to_dtype
-from harness.ops.scan import ScanOrder, selective_scan
+from harness.emulation.ops import portable
+from harness.emulation.ops.portable import sum_last
+from harness.emulation.modules import EmuRMSNorm
+from harness.emulation.ops.conv1d import float_causal_conv1d_silu, silu_kernel
+from harness.emulation.ops.hadamard import (
+    _base_matrix,
+    hadamard_factors,
+    hadamard_transform,
+    hadamard_transform_fht,
+    quamba_kernel_support,
+)
+from harness.emulation.ops.linear import Epilogue, w8a8_linear
+from harness.emulation.ops.quant import round_to_dtype
+from harness.emulation.ops.scan import ScanOrder, selective_scan
 from harness.spec import FloatOut, LayerScales, ModelDims, QTensor
-from harness.weights import WeightBank, fht_fp16, float_layer, quamba_fp16_layer, quamba_int8_layer
+from harness.runner.weightbank import WeightBank
+from harness.emulation.weights import fht_fp16, float_layer, quamba_fp16_layer, quamba_int8_layer
 
 f16 = lambda t: round_to_dtype(t, torch.float16)  # noqa: E731
 
@@ -142,7 +148,7 @@ def test_rms_norm_multiplies_by_one_over_sqrt():
 def _fork_scan(u, delta, A_log, B, C, D, z, bias):
     """selective_scan_SE.py:129-273 written out: (B, D, L) layout, per step, .sum(dim=2), y * F.silu(z).
 
-    With the emulation's portable functions: exp, log1p and silu from harness.ops.portable, and the
+    With the emulation's portable functions: exp, log1p and silu from harness.emulation.ops.portable, and the
     sum over d_state (contiguous) in its fixed pairwise order: the bits the fork's order gives on any CPU."""
     u, delta, z = (t.transpose(1, 2) for t in (u, delta, z))          # (B, D, L)
     B, C = B.transpose(1, 2), C.transpose(1, 2)                       # (B, N, L)
@@ -192,7 +198,7 @@ def test_calibration_conv_rounds_to_fp16_before_silu():
     assert torch.equal(got.flatten(), twice)
     assert not torch.equal(float_causal_conv1d_silu(x, w, None, FloatOut(torch.float16)).flatten(), twice)
     # the block's module hands its pre_silu to the op (a mutant that dropped it survived)
-    from harness.modules import ConvInput, EmuConv1d
+    from harness.emulation.modules import ConvInput, EmuConv1d
     module = EmuConv1d(w, None, ConvInput("float"), FloatOut(torch.float16), torch.float16)
     assert torch.equal(module(x).flatten(), twice)
 
@@ -240,7 +246,7 @@ def test_calibration_model_of_prep_quamba():
 
 def test_mamba_order_is_the_kernel_order_with_mamba_ssms_gate(monkeypatch):
     """mamba_ssm selective_scan_fwd_kernel.cuh:158-298: D*u first, FMA per state, then out *= z / (1 + expf(-z))."""
-    import harness.ops.scan as scan_mod
+    import harness.emulation.ops.scan as scan_mod
     g = torch.Generator().manual_seed(6)
     bsz, L, E, N = 1, 9, 16, 4
     ops = [torch.randn(bsz, L, E, generator=g), torch.randn(bsz, L, E, generator=g), torch.randn(E, N, generator=g),
@@ -273,7 +279,7 @@ def test_hadamard_width_messages_name_the_launcher_range():
 
 def test_weight_bank_prep_and_refusal(tmp_path):
     from conftest import make_hf_model, write_hf_dir
-    from harness.loading import open_checkpoint
+    from harness.checkpoints.loading import open_checkpoint
     bank = WeightBank(open_checkpoint(write_hf_dir(tmp_path / "m", make_hf_model(d_model=48, n_layer=1, seed=2))))
     q = bank.layer(0, "int8", True, "quamba")
     assert torch.equal(q.in_proj.codes, quamba_int8_layer(bank.raw(0)).in_proj.codes)

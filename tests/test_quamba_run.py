@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.calibration import _layer_keys
+from harness.runner.calibration import _layer_keys
 from helpers import FAST_CALIB, run_modes
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from browser import chromium_path, inspect
-from harness.htmlreport.build import write_report
+from harness.report.build import write_report
 from helpers import run_modes
 
 pytestmark = [

@@ -1,12 +1,12 @@
-"""harness.reuse: an op shared across the modes of a run changes no bit of any mode."""
+"""harness.runner.sharedops: an op shared across the modes of a run changes no bit of any mode."""
 import numpy as np
 import pytest
 import torch
 
-from harness.analysis import RefInputs, run_mode
-from harness.capture import select_points
+from harness.runner.forwards import RefInputs, run_mode
+from harness.emulation.capture import select_points
 from harness.modes import resolve_modes
-from harness.reuse import SharedOps
+from harness.runner.sharedops import SharedOps
 from harness.spec import QTensor
 from helpers import observed_bank, run_modes
 

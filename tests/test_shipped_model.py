@@ -4,8 +4,8 @@ import json
 import torch
 
 from conftest import SHIPPED
-from harness.data import DEFAULT_TEXT_FILE, tokenize_file
-from harness.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.text import DEFAULT_TEXT_FILE, tokenize_file
+from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 
 
 def test_size_and_files():

@@ -3,8 +3,16 @@ import json
 import numpy as np
 import pytest
 
-from harness.storage import (StorageError, array_key, dedup_arrays, load_capture, parse_array_key, stats_path,
-                             write_json, write_npz)
+from harness.store.format import (
+    StorageError,
+    array_key,
+    dedup_arrays,
+    load_capture,
+    parse_array_key,
+    stats_path,
+    write_json,
+    write_npz,
+)
 
 
 def test_keys_round_trip():
@@ -81,7 +89,7 @@ def test_json_writes_non_finite_as_strings(tmp_path):
 
 
 def test_write_pair_is_all_or_nothing(tmp_path):
-    from harness.storage import write_pair
+    from harness.store.format import write_pair
 
     out = tmp_path / "p.npz"
     stats = write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}})
@@ -107,7 +115,7 @@ def test_a_pair_killed_between_its_renames_is_read_through_the_pending_manifest(
     tests reach it). A pending manifest that does not match is not taken."""
     import shutil
 
-    from harness.storage import load_capture, pending_path, write_pair
+    from harness.store.format import load_capture, pending_path, write_pair
 
     old, new = tmp_path / "p.npz", tmp_path / "new" / "p.npz"
     new.parent.mkdir()

@@ -4,8 +4,17 @@ import json
 import numpy as np
 import pytest
 
-from harness.storage import (StorageError, check_writable, json_safe, load_capture, parse_array_key, stats_path,
-                             tensor_name, write_json, write_npz)
+from harness.store.format import (
+    StorageError,
+    check_writable,
+    json_safe,
+    load_capture,
+    parse_array_key,
+    stats_path,
+    tensor_name,
+    write_json,
+    write_npz,
+)
 
 
 @pytest.mark.parametrize("key, parsed", [
@@ -93,7 +102,7 @@ def test_entries_carry_zip64_headers(tmp_path):
 
 
 def test_block_io_keys_and_the_capture_path(tmp_path):
-    from harness.storage import array_key
+    from harness.store.format import array_key
     assert [array_key("0", t) for t in ("input", "output", "residual")] == \
         ["mode_0_input", "mode_0_output", "mode_0_residual"]
     write_npz(tmp_path / "c.npz", {"mode_0_residual": np.zeros(1, np.float32)})
@@ -103,7 +112,7 @@ def test_block_io_keys_and_the_capture_path(tmp_path):
 
 def test_space_message_says_how_much_is_free(tmp_path, monkeypatch):
     import collections
-    import harness.files as files
+    import harness.store.files as files
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
     with pytest.raises(StorageError, match=r"about 10\.0 MiB needed, 5\.0 MiB free in "):
@@ -116,8 +125,8 @@ def test_a_streamed_array_is_refused_when_the_disk_cannot_hold_it(tmp_path, monk
     0 bytes survived); the temporary file is removed and nothing is left beside the output."""
     import collections
 
-    import harness.files as files
-    from harness.storage import PairWriter
+    import harness.store.files as files
+    from harness.store.format import PairWriter
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
@@ -132,7 +141,7 @@ def test_file_kind_names_every_special_file_and_only_those():
     """A mode that is none of the named kinds (a symbolic link's, as lstat gives it) is still refused (a mutant
     that took every such mode for a regular file survived: only regular files and the named kinds were tried)."""
     import stat
-    from harness.files import file_kind
+    from harness.store.files import file_kind
     assert file_kind(stat.S_IFREG | 0o644) is None
     assert file_kind(stat.S_IFLNK | 0o777) == "not a regular file"
     assert file_kind(stat.S_IFDIR | 0o755) == "a directory" and file_kind(stat.S_IFIFO | 0o600) == "a FIFO"
@@ -141,7 +150,7 @@ def test_file_kind_names_every_special_file_and_only_those():
 def test_an_output_path_that_cannot_be_looked_at_is_a_clear_error(tmp_path):
     """stat failing for another reason than a missing file (here a parent that is a file) names the path and the
     reason (a mutant that raised StorageError(None) survived: the user would have read "None")."""
-    from harness.files import check_output
+    from harness.store.files import check_output
     (tmp_path / "file.txt").write_text("mine")
     with pytest.raises(StorageError, match=r"cannot write .*file\.txt/out\.npz: Not a directory"):
         check_output(tmp_path / "file.txt" / "out.npz")
@@ -154,7 +163,7 @@ def test_write_npz_checks_the_space_for_all_its_arrays_before_writing(tmp_path, 
     write_npz mutmut 2, 4, 6, 8). 3 + 3 MiB do not fit in 5 MiB free; each alone would."""
     import collections
 
-    import harness.files as files
+    import harness.store.files as files
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(files.shutil, "disk_usage", lambda p: usage(0, 0, 5 * 2 ** 20))
@@ -172,7 +181,7 @@ def test_write_npz_stops_at_its_fault_point_after_the_first_member(tmp_path, mon
     fault_point(None) or fault_point("XXwrite-npzXX") survived: _npz_writer mutmut 45, 46)."""
     import signal
 
-    from harness.guard import FAULT_ENV
+    from harness.runtime.guard import FAULT_ENV
 
     class Stopped(Exception):
         pass
@@ -214,7 +223,7 @@ def test_write_pair_stores_by_default_and_deflates_when_asked(tmp_path):
     argument, survived: write_pair mutmut 1, 11, 13). Both files read back the same arrays."""
     import zipfile
 
-    from harness.storage import write_pair
+    from harness.store.format import write_pair
 
     arrays = {"mode_0_output": np.zeros(1000, np.float32), "token_ids": np.arange(4)}
     write_pair(tmp_path / "s.npz", arrays, {"schema_version": 2, "modes": {}})
@@ -234,8 +243,8 @@ def test_write_pair_checks_the_space_for_all_its_arrays_before_writing(tmp_path,
     None, for no bytes or for np.asarray(None)'s 8 bytes per array survived: write_pair mutmut 5, 7, 9)."""
     import collections
 
-    import harness.files as files
-    from harness.storage import write_pair
+    import harness.store.files as files
+    from harness.store.format import write_pair
 
     out = tmp_path / "p.npz"
     write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}})
@@ -263,7 +272,7 @@ def test_a_corrupted_npz_is_refused_with_the_reason(tmp_path):
 def test_a_stats_file_over_the_size_limit_is_refused_with_both_sizes(tmp_path, monkeypatch):
     """A stats file larger than MAX_MANIFEST_BYTES is refused before it is read, with its size and the limit
     (a mutant that raised StorageError(None) survived: read_json mutmut 10)."""
-    import harness.storage as storage
+    import harness.store.format as storage
 
     write_npz(tmp_path / "c.npz", {"mode_0_output": np.zeros(2, np.float32)})
     stats_path(tmp_path / "c.npz").write_text('{"schema_version": 1, "modes": {}}')   # 34 bytes
@@ -290,7 +299,7 @@ def test_a_pending_manifest_without_npz_does_not_excuse_a_mismatch(tmp_path):
     """A pending manifest (valid, but recording no .npz hash) beside a pair whose hash does not match is not the
     pair's: the mismatch is refused with its reason, not an AttributeError (a mutant that read a missing "npz"
     as None survived: _matching_manifest mutmut 48)."""
-    from harness.storage import pending_path, write_pair
+    from harness.store.format import pending_path, write_pair
 
     out = tmp_path / "p.npz"
     write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}})
@@ -307,7 +316,7 @@ def test_write_pair_writes_the_bytes_write_npz_writes(tmp_path):
     dated members 1981-01-01 or 1980-02-01, or dropped force_zip64, survived: add mutmut 26, 27, 35)."""
     import zipfile
 
-    from harness.storage import write_pair
+    from harness.store.format import write_pair
 
     arrays = {"mode_0_output": np.arange(12, dtype=np.float32).reshape(1, 3, 4), "token_ids": np.arange(3),
               "model": np.array("m"), "mode_0__L0.ssm.u": np.ones((2, 2), np.float16)}
@@ -322,7 +331,7 @@ def test_write_pair_writes_the_bytes_write_npz_writes(tmp_path):
 def test_write_pair_refuses_object_arrays_without_pickling(tmp_path):
     """A member is never pickled: an object array is refused with numpy's allow_pickle=False error and the
     previous pair stays (a mutant that wrote with allow_pickle=True survived: PairWriter.add mutmut 47)."""
-    from harness.storage import write_pair
+    from harness.store.format import write_pair
 
     out = tmp_path / "p.npz"
     write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}})
@@ -336,7 +345,7 @@ def test_write_pair_refuses_object_arrays_without_pickling(tmp_path):
 def test_pair_writer_dedups_only_when_asked(tmp_path):
     """PairWriter stores every array unless dedup=True, and write_pair never dedups (a mutant with dedup=True
     as the default survived: PairWriter.__init__ mutmut 2)."""
-    from harness.storage import PairWriter, write_pair
+    from harness.store.format import PairWriter, write_pair
 
     a = np.arange(4, dtype=np.float32)
     arrays = {"mode_a__L0.ssm.u": a, "mode_b__L0.ssm.u": a.copy()}
@@ -358,7 +367,7 @@ def test_pair_writer_dedups_only_when_asked(tmp_path):
 
 def _failing_replace(monkeypatch, fails):
     """os.replace (as storage calls it) raising ENOSPC for the rename that `fails(src, dst)` picks."""
-    import harness.storage as storage
+    import harness.store.format as storage
     real = storage.os.replace
 
     def replace(src, dst):
@@ -373,7 +382,7 @@ def test_a_commit_that_fails_before_the_npz_rename_leaves_the_old_pair_and_no_pe
     """The pending manifest is written, then renaming the .npz into place fails: the pending manifest is removed
     with the temporary files and the old pair is read as before (mutants that started with npz_renamed = True, or
     removed the pending manifest only after the rename, survived: PairWriter.commit mutmut 14, 46)."""
-    from harness.storage import write_pair
+    from harness.store.format import write_pair
 
     out = tmp_path / "p.npz"
     write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "old"})
@@ -392,7 +401,7 @@ def test_a_commit_that_fails_between_the_renames_keeps_the_pending_manifest(tmp_
     manifest is kept (it is the only record of the new .npz's hash) and the loader reads the new pair through it
     (a mutant that set npz_renamed = None after the rename, so the pending manifest was removed, survived:
     PairWriter.commit mutmut 34)."""
-    from harness.storage import pending_path, write_pair
+    from harness.store.format import pending_path, write_pair
 
     out = tmp_path / "p.npz"
     write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "old"})

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import SHIPPED
-from harness.data import DataError, calibration_windows, read_sample
-from harness.loading import load_tokenizer
+from harness.checkpoints.text import DataError, calibration_windows, read_sample
+from harness.checkpoints.loading import load_tokenizer
 
 SEQLEN = 8
 
@@ -116,7 +116,7 @@ def test_token_ids_must_be_below_the_vocabulary_size():
     """An id equal to vocab_size is already outside the embedding (a mutant that read `>=` as `>` survived)."""
     import torch
 
-    from harness.data import DataError, check_token_ids
+    from harness.checkpoints.text import DataError, check_token_ids
 
     check_token_ids(torch.tensor([[0, 9]]), 10, "tok.json")
     check_token_ids(torch.zeros((1, 0), dtype=torch.int64), 10, "tok.json")
@@ -136,7 +136,7 @@ class _CharTokenizer:
 def test_windows_of_a_tokenizer_without_eos_keep_every_token(tmp_path):
     """Without an end-of-text id nothing is stripped from a document's ids (a mutant that always dropped the last
     id survived: the shipped tokenizer has one); one-token windows are valid (a mutant refused seqlen 1)."""
-    from harness.data import calibration_windows
+    from harness.checkpoints.text import calibration_windows
     f = tmp_path / "docs.jsonl"
     f.write_text('{"text": "abcdefgh"}\n')
     w = calibration_windows(_CharTokenizer(), f, 2, 4, 0)

@@ -2,10 +2,10 @@
 
     python tools/mutation.py [--max-children N] [--fraction F] [--one-call] [MODULE ...]   # default: every module
 
-MODULE is a dotted name (harness.ops.quant). mutmut keeps every result in mutants/ (edit a module and the
+MODULE is a dotted name (harness.emulation.ops.quant). mutmut keeps every result in mutants/ (edit a module and the
 mutants of the functions changed are regenerated without one); only mutants without a result are handed
 to mutmut, so a stopped run resumes where it stopped. (mutmut itself runs every mutant matching the names
-it is given again, results or not: ``mutmut run 'harness.ops.quant.*'`` starts over.)
+it is given again, results or not: ``mutmut run 'harness.emulation.ops.quant.*'`` starts over.)
 ``--fraction F`` runs a seeded random fraction of each module's mutants (at least one): the session-sized
 check ``make mutation`` runs (F = 0.2, seed 1; about an hour with two workers on this 2-core machine).
 ``--sample N`` runs N mutants per module instead, ``--rerun-survivors`` the surviving mutants again
@@ -33,10 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # the modules of [tool.mutmut] only_mutate, as dotted names, in the order they are run
 MODULES = (
-    "harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harness.ops.scan", "harness.ops.hadamard",
-    "harness.metrics", "harness.percentiles", "harness.compare", "harness.storage", "harness.observers", "harness.data",
-    "harness.modules", "harness.build", "harness.weights", "harness.calibration",
-    "harness.files", "harness.quamba_ckpt", "harness.collect", "harness.reuse",
+    "harness.emulation.ops.quant", "harness.emulation.ops.linear", "harness.emulation.ops.conv1d",
+    "harness.emulation.ops.scan", "harness.emulation.ops.hadamard", "harness.emulation.ops.portable",
+    "harness.metrics.errors", "harness.metrics.percentiles", "harness.metrics.compare", "harness.store.format",
+    "harness.emulation.observers", "harness.checkpoints.text", "harness.emulation.modules", "harness.emulation.build",
+    "harness.emulation.weights", "harness.runner.weightbank", "harness.runner.calibration", "harness.store.files",
+    "harness.checkpoints.quamba", "harness.runner.collect", "harness.runner.sharedops",
 )
 
 

@@ -29,9 +29,11 @@ from mutation import MODULES, statuses  # noqa: E402
 
 BASELINE = ROOT / "docs" / "mutation-baseline.json"
 VERDICTS = ROOT / "tools" / "mutation_verdicts.toml"
-CORE = {"harness.ops.quant", "harness.ops.linear", "harness.ops.conv1d", "harness.ops.scan", "harness.ops.hadamard",
-        "harness.build", "harness.weights", "harness.modules", "harness.observers", "harness.calibration",
-        "harness.data", "harness.reuse"}
+CORE = {"harness.emulation.ops.quant", "harness.emulation.ops.linear", "harness.emulation.ops.conv1d",
+        "harness.emulation.ops.scan", "harness.emulation.ops.hadamard", "harness.emulation.ops.portable",
+        "harness.emulation.build", "harness.emulation.weights", "harness.emulation.modules",
+        "harness.emulation.observers", "harness.runner.calibration", "harness.runner.weightbank",
+        "harness.checkpoints.text", "harness.runner.sharedops"}
 
 
 UNCHECKED = ("not checked", "check was interrupted by user", "skipped")

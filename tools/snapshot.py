@@ -29,6 +29,9 @@ CALIB = ["--calib_data_num", "4", "--calib_seqlen", "32", "--no_cache"]
 # stats keys whose values differ between two runs of the same command
 VOLATILE = {"timestamp", "command", "pretrained_dir", "seconds", "timings", "elapsed", "platform", "torch_threads",
             "cpu", "path", "text_file", "wall_seconds", "shared_ops", "calibration_seconds", "duration"}
+# values that hold the temporary directory's random name: the pretrained_dir array (the research
+# tool's key) and the npz's sha256 over the file that holds it
+IGNORED = {"pretrained_dir", "npz.sha256"}
 
 
 def _runs(tmp: Path) -> dict[str, list[str]]:
@@ -91,7 +94,7 @@ def compare(a: dict, b: dict) -> list[str]:
             diffs.append(f"{run}: exit {a[run]['rc']} vs {b[run]['rc']}")
         for part in ("arrays", "stats"):
             x, y = a[run][part], b[run][part]
-            for key in sorted(set(x) | set(y)):
+            for key in sorted((set(x) | set(y)) - IGNORED):
                 if x.get(key) != y.get(key):
                     diffs.append(f"{run} {part} {key}: {x.get(key)} != {y.get(key)}")
     return diffs

@@ -3,7 +3,7 @@ the block boundary; bad orders."""
 import pytest
 import torch
 
-from harness.ops.linear import _EXACT_K, Epilogue, int8_gemm, int8_gemm_float, w8a8_linear
+from harness.emulation.ops.linear import _EXACT_K, Epilogue, int8_gemm, int8_gemm_float, w8a8_linear
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 
@@ -76,7 +76,7 @@ def test_float_output_uses_ratio_s_x_and_the_output_dtype():
 
 def test_saturating_outputs_match_the_oracle():
     """Outputs beyond 127 saturate in the kernel and in the oracle (a clamp to 128 would wrap to -128)."""
-    from harness.ops.linear import w8a8_linear_ref
+    from harness.emulation.ops.linear import w8a8_linear_ref
     x = QTensor(torch.full((1, 4), 127, dtype=torch.int8), 0.5)
     w = QTensor(torch.tensor([[127, 127, 127, 127], [-128, -128, -128, -128], [1, 0, 0, 0]], dtype=torch.int8), 0.5)
     for order in Epilogue:

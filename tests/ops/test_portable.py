@@ -1,4 +1,4 @@
-"""harness.ops.portable: accurate, and the same bits on every CPU.
+"""harness.emulation.ops.portable: accurate, and the same bits on every CPU.
 
 The functions are built from single IEEE operations, so their bits are recorded here once
 (HASHES) and must hold on any machine: inputs come from numpy's PCG64 (portable), and a
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.ops import portable
+from harness.emulation.ops import portable
 
 SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-30, -1e-30, 88.72, 88.73, -87.3, -103.9, -104.0, 20.0, 20.5]
 

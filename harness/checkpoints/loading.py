@@ -1,0 +1,420 @@
+"""Checkpoints and tokenizers from local directories: no network, no unpickling of arbitrary objects.
+
+Two layouts are read:
+
+* transformers (``state-spaces/mamba-130m-hf``): config.json with ``hidden_size``,
+  ``num_hidden_layers`` ...; tensors ``backbone.embeddings.weight``,
+  ``backbone.layers.{i}.mixer.*``; weights in model.safetensors (or sharded with
+  model.safetensors.index.json), or pytorch_model.bin[.index.json];
+* mamba_ssm (``state-spaces/mamba-130m``): config.json with ``d_model``, ``n_layer``,
+  ``ssm_cfg``; tensors ``backbone.embedding.weight`` ...; weights in pytorch_model.bin.
+
+Tensors are read lazily: safetensors files are memory-mapped and each tensor is a
+zero-copy view of its bytes (``MappedSafetensors``), ``.bin`` files are read with
+``torch.load(weights_only=True, mmap=True)``; either way only the pages of the
+tensors that are used (the embedding rows of the sample, the blocks up to the
+deepest captured one) are ever read from disk.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import mmap
+import struct
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from ..spec import ModelDims
+
+__all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
+           "LAYER_TENSORS", "MODEL_DIR_CONTENTS"]
+
+MODEL_DIR_CONTENTS = ("a model directory must contain config.json (transformers Mamba keys hidden_size, "
+                      "num_hidden_layers, ... or mamba_ssm keys d_model, n_layer, ...) and weights "
+                      "(model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+                      "pytorch_model.bin.index.json), plus tokenizer.json unless --tokenizer is given")
+
+# canonical name -> key suffix under backbone.layers.{i}.
+LAYER_TENSORS: dict[str, str] = {
+    "norm_weight": "norm.weight",
+    "in_proj": "mixer.in_proj.weight",
+    "conv_weight": "mixer.conv1d.weight",
+    "conv_bias": "mixer.conv1d.bias",
+    "x_proj": "mixer.x_proj.weight",
+    "dt_proj": "mixer.dt_proj.weight",
+    "dt_bias": "mixer.dt_proj.bias",
+    "A_log": "mixer.A_log",
+    "D": "mixer.D",
+    "out_proj": "mixer.out_proj.weight",
+}
+_OPTIONAL = {"conv_bias"}
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+class ModelDirError(ValueError):
+    """The model directory is missing, incomplete or malformed; the message says what is expected."""
+
+
+def _hash_tensor(h, key: str, t: torch.Tensor, raw: Iterator[bytes] | None = None) -> None:
+    """Feed name, dtype, shape and the little-endian bytes of t (or the same bytes read from its file)."""
+    h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+    if raw is None:
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().data)
+    else:
+        for block in raw:
+            h.update(block)
+
+
+class Checkpoint:
+    """A Mamba-1 checkpoint directory whose tensors are read on demand."""
+
+    def __init__(self, path: Path, key_file: dict[str, Path], embed_key: str, handles: dict[Path, object]) -> None:
+        self.path = path
+        self.format = "?"
+        self.dims: ModelDims | None = None
+        self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
+        self.tensors_read: dict[str, int] = {}  # key -> bytes, for every tensor read so far
+        self._embedding: torch.Tensor | None = None
+
+    def has(self, key: str) -> bool:
+        return key in self._key_file
+
+    def keys(self) -> list[str]:
+        return list(self._key_file)
+
+    def weight_files(self) -> set[Path]:
+        return set(self._key_file.values())
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """One tensor in its stored dtype, read from its file."""
+        if key not in self._key_file:
+            raise ModelDirError(f"{self.path}: tensor {key!r} is missing from the checkpoint ({MODEL_DIR_CONTENTS})")
+        file = self._key_file[key]
+        if file not in self._handles:
+            self.meta(key)  # opens the file, a clear error when it is corrupted
+        handle = self._handles[file]
+        try:
+            t = handle.get_tensor(key) if hasattr(handle, "get_tensor") else handle[key]
+        except (ValueError, RuntimeError, KeyError, TypeError) as e:  # truncated file, bad header entry
+            raise ModelDirError(f"{file}: cannot read tensor {key!r} ({type(e).__name__}: {e})") from None
+        self.tensors_read[key] = t.numel() * t.element_size()
+        return t
+
+    def meta(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of a tensor from its file's header, without reading its data."""
+        file = self._key_file[key]
+        try:
+            handle = self._handles[file] if file in self._handles else self._handles.setdefault(file, _open_weights(file))
+        except Exception as e:  # corrupted or truncated shard
+            raise ModelDirError(f"{file}: cannot read weights ({type(e).__name__}: {e})") from None
+        try:
+            return handle.meta(key) if isinstance(handle, MappedSafetensors) else (tuple(handle[key].shape), handle[key].dtype)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ModelDirError(f"{file}: bad entry for tensor {key!r} ({type(e).__name__}: {e})") from None
+
+    def drop_pages(self) -> None:
+        for handle in (h for h in self._handles.values() if isinstance(h, MappedSafetensors)):
+            handle.drop_pages()  # the resident pages of the memory-mapped weight files
+
+    def read_summary(self) -> dict:
+        """Which tensors were read, their bytes, and the size of the weight files, for provenance."""
+        files = {f for f in self._key_file.values()}
+        return {"count": len(self.tensors_read), "bytes": sum(self.tensors_read.values()),
+                "checkpoint_bytes": sum(f.stat().st_size for f in files if f.exists()),
+                "keys": sorted(self.tensors_read)}
+
+    def layer_key(self, layer: int, name: str) -> str:
+        return f"backbone.layers.{layer}.{LAYER_TENSORS[name]}"
+
+    def raw_layer(self, layer: int) -> dict[str, torch.Tensor | None]:
+        """The float tensors of block `layer` as fp32 (conv weight reshaped to (d_inner, d_conv))."""
+        out: dict[str, torch.Tensor | None] = {}
+        for name in LAYER_TENSORS:
+            key = self.layer_key(layer, name)
+            out[name] = None if (name in _OPTIONAL and not self.has(key)) else self.tensor(key).to(torch.float32)
+        out["conv_weight"] = out["conv_weight"].reshape(self.dims.d_inner, self.dims.d_conv)
+        return out
+
+    def embedding(self) -> torch.Tensor:
+        """(vocab_size, d_model) in the stored dtype (read once)."""
+        if self._embedding is None:
+            self._embedding = self.tensor(self._embed_key)
+        return self._embedding
+
+    def prefix_hashes(self, depth: int) -> list[str]:
+        """sha256 chain: entry i covers the dims, the embedding and blocks 0..i (nothing deeper is read).
+
+        Tensors enter under canonical names, so both checkpoint layouts of the same weights hash alike.
+        """
+        h = hashlib.sha256(json.dumps(asdict(self.dims), sort_keys=True).encode())
+        _hash_tensor(h, "embedding", self.embedding(), self._raw_bytes(self._embed_key))
+        out = []
+        for layer in range(depth + 1):
+            for name in LAYER_TENSORS:
+                key = self.layer_key(layer, name)
+                if self.has(key):
+                    _hash_tensor(h, f"{layer}.{name}", self.tensor(key), self._raw_bytes(key))
+            out.append(h.copy().hexdigest())
+        return out
+
+    def _raw_bytes(self, key: str) -> Iterator[bytes] | None:
+        """The tensor's bytes read straight from a safetensors file (faster than faulting in the map)."""
+        handle = self._handles.get(self._key_file[key])
+        return handle.read_bytes(key) if isinstance(handle, MappedSafetensors) else None
+
+    def stored_dtype(self) -> str:
+        return str(self.embedding().dtype).replace("torch.", "")
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+class MappedSafetensors:
+    """A .safetensors file as zero-copy tensors over a private (copy-on-write) memory map.
+
+    Format: 8-byte little-endian header length, a JSON header {key: {dtype, shape,
+    data_offsets: [begin, end]}}, then the raw little-endian bytes.
+    """
+
+    def __init__(self, file: Path) -> None:
+        self._file = open(file, "rb")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
+        (n,) = struct.unpack("<Q", self._map[:8])
+        if n > len(self._map) - 8:
+            raise ValueError(f"header length {n} exceeds the file size")
+        header = json.loads(self._map[8:8 + n].decode("utf-8"))
+        header.pop("__metadata__", None)
+        self._base, self._header = 8 + n, header
+
+    def keys(self) -> list[str]:
+        return list(self._header)
+
+    def read_bytes(self, key: str, block: int = 1 << 23) -> Iterator[bytes]:
+        """The raw bytes of one tensor, read from the file in blocks."""
+        begin, end = self._header[key]["data_offsets"]
+        with open(self._file.name, "rb") as f:
+            f.seek(self._base + begin)
+            remaining = end - begin
+            while remaining > 0:
+                chunk = f.read(min(block, remaining))
+                if not chunk:
+                    raise ValueError(f"file ends inside tensor {key!r}")
+                remaining -= len(chunk)
+                yield chunk
+
+    def meta(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) from the header; the byte range must fit the file and the shape."""
+        info = self._header[key]
+        if not isinstance(info, dict) or info.get("dtype") not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"unknown dtype {info.get('dtype') if isinstance(info, dict) else info!r}")
+        shape, (begin, end) = tuple(int(n) for n in info["shape"]), info["data_offsets"]
+        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        if not (0 <= begin <= end <= len(self._map) - self._base) or \
+                end - begin != math.prod(shape) * torch.empty((), dtype=dtype).element_size():
+            raise ValueError(f"data_offsets {[begin, end]} do not fit the file or the shape {list(shape)}")
+        return shape, dtype
+
+    def drop_pages(self) -> None:
+        """Drop the resident pages (read again when touched: the map is private, never written)."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        info = self._header[key]
+        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+        if count == 0:
+            return torch.empty(info["shape"], dtype=dtype)
+        flat = torch.frombuffer(self._map, dtype=dtype, count=count, offset=self._base + begin)
+        return flat.reshape(info["shape"])
+
+
+def _open_weights(file: Path):
+    if file.suffix == ".safetensors":
+        return MappedSafetensors(file)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def _weight_index(path: Path) -> tuple[dict[str, Path], dict[Path, object]]:
+    """(tensor key -> file, already opened files), from whichever weight layout the directory has."""
+    for name in _WEIGHT_FILES:
+        f = path / name
+        if not f.is_file():
+            continue
+        if name.endswith(".index.json"):
+            try:
+                weight_map = json.loads(f.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
+                raise ModelDirError(f"{f}: not a valid weight index ({e}); it needs a 'weight_map' table") from None
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ModelDirError(f"{f}: 'weight_map' must be a non-empty table of tensor name -> shard file")
+            for key, shard in weight_map.items():
+                if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+                    raise ModelDirError(f"{f}: tensor {key!r} maps to {shard!r}; shard entries must be file names "
+                                        f"inside {path} (e.g. model-00001-of-00002.safetensors)")
+                if not (path / shard).is_file():
+                    raise ModelDirError(f"{f}: shard {shard} (tensor {key!r}) is missing from {path}")
+            return {k: path / v for k, v in weight_map.items()}, {}
+        try:
+            handle = _open_weights(f)
+            keys = list(handle.keys())
+        except Exception as e:  # corrupted or truncated weight file
+            raise ModelDirError(f"{f}: cannot read weights ({type(e).__name__}: {e})") from None
+        return {k: f for k in keys}, {f: handle}
+    raise ModelDirError(f"{path}: no weight file found; {MODEL_DIR_CONTENTS}")
+
+
+def _dims_from_config(path: Path, cfg: dict, embed: torch.Tensor) -> tuple[str, ModelDims]:
+    vocab, d_from_embed = embed.shape
+    if "hidden_size" in cfg and "num_hidden_layers" in cfg:
+        if cfg.get("use_bias"):
+            raise ModelDirError(f"{path}: use_bias=true (biased in_proj/out_proj) is not supported by Quamba's W8A8 kernels")
+        d_model = int(cfg["hidden_size"])
+        d_inner = int(cfg.get("intermediate_size") or cfg.get("expand", 2) * d_model)
+        rank = cfg.get("time_step_rank", "auto")
+        return "transformers", ModelDims(
+            d_model=d_model, d_inner=d_inner, d_state=int(cfg.get("state_size", 16)),
+            d_conv=int(cfg.get("conv_kernel", 4)),
+            dt_rank=math.ceil(d_model / 16) if rank == "auto" else int(rank),
+            n_layer=int(cfg["num_hidden_layers"]), vocab_size=int(vocab),
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)))
+    if "d_model" in cfg and "n_layer" in cfg:
+        ssm = cfg.get("ssm_cfg") or {}
+        if ssm.get("layer", "Mamba1") != "Mamba1":
+            raise ModelDirError(f"{path}: ssm_cfg.layer={ssm['layer']!r}; only Mamba1 blocks are supported")
+        if not cfg.get("rms_norm", True):
+            raise ModelDirError(f"{path}: rms_norm=false (LayerNorm blocks) is not supported; Quamba uses RMSNorm")
+        d_model = int(cfg["d_model"])
+        rank = ssm.get("dt_rank", "auto")
+        return "mamba_ssm", ModelDims(
+            d_model=d_model, d_inner=int(ssm.get("expand", 2)) * d_model, d_state=int(ssm.get("d_state", 16)),
+            d_conv=int(ssm.get("d_conv", 4)),
+            dt_rank=math.ceil(d_model / 16) if rank == "auto" else int(rank),
+            n_layer=int(cfg["n_layer"]), vocab_size=int(vocab), norm_eps=float(cfg.get("norm_epsilon", 1e-5)))
+    raise ModelDirError(f"{path}/config.json has neither transformers keys (hidden_size, num_hidden_layers) "
+                        f"nor mamba_ssm keys (d_model, n_layer); {MODEL_DIR_CONTENTS}")
+
+
+def _check_dims(path: Path, d: ModelDims) -> None:
+    sizes = {"d_model": d.d_model, "d_inner": d.d_inner, "d_state": d.d_state, "d_conv": d.d_conv,
+             "dt_rank": d.dt_rank, "n_layer": d.n_layer, "vocab_size": d.vocab_size}
+    bad = [f"{k}={v}" for k, v in sizes.items() if not 0 < v <= 1 << 20]
+    if bad:
+        raise ModelDirError(f"{path}/config.json: sizes must be positive integers up to 2^20, got {', '.join(bad)}")
+    if not (math.isfinite(d.norm_eps) and 0.0 < d.norm_eps < 1.0):
+        raise ModelDirError(f"{path}/config.json: the norm epsilon must be a finite number in (0, 1), "
+                            f"got {d.norm_eps}")
+
+
+def _check_shapes(ckpt: Checkpoint) -> None:
+    """Every tensor of every block (read from the headers, no data) against the sizes config.json implies."""
+    d = ckpt.dims
+    expected = {
+        "in_proj": (2 * d.d_inner, d.d_model), "x_proj": (d.dt_rank + 2 * d.d_state, d.d_inner),
+        "dt_proj": (d.d_inner, d.dt_rank), "dt_bias": (d.d_inner,), "A_log": (d.d_inner, d.d_state), "D": (d.d_inner,),
+        "out_proj": (d.d_model, d.d_inner), "norm_weight": (d.d_model,), "conv_bias": (d.d_inner,),
+    }
+    conv = {(d.d_inner, 1, d.d_conv), (d.d_inner, d.d_conv)}
+    for layer in range(d.n_layer):
+        for name in LAYER_TENSORS:
+            key = ckpt.layer_key(layer, name)
+            if not ckpt.has(key):
+                if name in _OPTIONAL:
+                    continue
+                raise ModelDirError(f"{ckpt.path}: tensor {key!r} is missing; config.json says the model has "
+                                    f"{d.n_layer} blocks ({MODEL_DIR_CONTENTS})")
+            got, dtype = ckpt.meta(key)
+            if not dtype.is_floating_point:
+                raise ModelDirError(f"{ckpt.path}: {key} has dtype {dtype}; weights must be floating point")
+            if (got not in conv) if name == "conv_weight" else (got != expected[name]):
+                want = f"{[d.d_inner, 1, d.d_conv]}" if name == "conv_weight" else f"{list(expected[name])}"
+                raise ModelDirError(f"{ckpt.path}: {key} has shape {list(got)}, but config.json implies {want}")
+    if ckpt.embedding().shape[1] != d.d_model:
+        raise ModelDirError(f"{ckpt.path}: embedding width {ckpt.embedding().shape[1]} != d_model {d.d_model}")
+    if not ckpt.embedding().dtype.is_floating_point:
+        raise ModelDirError(f"{ckpt.path}: the embedding has dtype {ckpt.embedding().dtype}; it must be floating point")
+
+
+def open_checkpoint(path: Path | str) -> Checkpoint:
+    """Validate a model directory and index its tensors (reads config, the embedding and layer 0 shapes)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelDirError(f"model directory {path} does not exist; {MODEL_DIR_CONTENTS}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelDirError(f"{path}: config.json is missing; {MODEL_DIR_CONTENTS}")
+    if cfg_file.stat().st_size > 1 << 20:
+        raise ModelDirError(f"{cfg_file} is larger than 1 MiB; it must be the model's JSON configuration")
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ModelDirError(f"{cfg_file} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ModelDirError(f"{cfg_file} must hold a JSON object")
+    key_file, handles = _weight_index(path)
+    embed_key = next((k for k in ("backbone.embeddings.weight", "backbone.embedding.weight") if k in key_file), None)
+    if embed_key is None:
+        raise ModelDirError(f"{path}: no embedding tensor (backbone.embeddings.weight or backbone.embedding.weight); "
+                            f"is this a Mamba checkpoint? {MODEL_DIR_CONTENTS}")
+    ckpt = Checkpoint(path, key_file, embed_key, handles)
+    try:
+        ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
+    except ModelDirError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ModelDirError(f"{cfg_file}: malformed value ({e})") from None
+    _check_dims(path, ckpt.dims)
+    _check_shapes(ckpt)
+    return ckpt
+
+
+class Tokenizer:
+    """A `tokenizers` tokenizer plus the id that separates documents (None if it has no end-of-text token)."""
+
+    def __init__(self, tok, path: Path) -> None:
+        self.tok, self.path = tok, path
+        self.eos_id = next((tok.token_to_id(t) for t in ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+                            if tok.token_to_id(t) is not None), None)
+
+    def encode_documents(self, docs: list[str]) -> list[list[int]]:
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets: faster, same ids
+        return [enc.ids for enc in encode(docs, add_special_tokens=False)]
+
+
+def load_tokenizer(model_dir: Path, tokenizer_dir: Path | None = None) -> Tokenizer:
+    """tokenizer.json (or vocab.json + merges.txt, byte-level BPE) from tokenizer_dir or the model directory."""
+    where = Path(tokenizer_dir) if tokenizer_dir is not None else Path(model_dir)
+    if not where.is_dir():
+        raise ModelDirError(f"tokenizer directory {where} does not exist; it must contain tokenizer.json "
+                            f"(or vocab.json and merges.txt)")
+    if (where / "tokenizer.json").is_file():
+        if (where / "tokenizer.json").stat().st_size > 1 << 30:
+            raise ModelDirError(f"{where / 'tokenizer.json'} is larger than 1 GiB; it cannot be a tokenizer")
+        try:
+            return Tokenizer(HFTokenizer.from_file(str(where / "tokenizer.json")), where / "tokenizer.json")
+        except Exception as e:
+            raise ModelDirError(f"{where / 'tokenizer.json'} cannot be read as a tokenizer ({e})") from None
+    if (where / "vocab.json").is_file() and (where / "merges.txt").is_file():
+        try:
+            tok = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
+        except Exception as e:
+            raise ModelDirError(f"{where}: vocab.json and merges.txt cannot be read as a byte-level BPE tokenizer "
+                                f"({e}); vocab.json must map tokens to ids, merges.txt list merges") from None
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        return Tokenizer(tok, where / "vocab.json")
+    hint = "" if tokenizer_dir is not None else "; pass --tokenizer DIR to use another directory"
+    raise ModelDirError(f"no tokenizer in {where}: it must contain tokenizer.json (or vocab.json and merges.txt){hint}")

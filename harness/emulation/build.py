@@ -1,0 +1,143 @@
+"""The one place that turns a mode recipe into emulated modules (MODES.md knobs -> module settings).
+
+Rules beyond the knob table, for recipes that mix float and int8 pieces:
+
+* a linear or conv layer runs the int8 kernel when its weights are int8 and its
+  input is int8; otherwise it multiplies real values in fp32;
+* x_proj and dt_proj outputs are int8 (at s_xp, s_dt) exactly when weights are int8;
+* an int8 conv quantizes a float input at s_xz (conv_in=static) or per call
+  (conv_in=dynamic); x_proj (int8 weights) quantizes a float conv output at s_u (RNE);
+* the online Hadamard exists only with rotate=yes (out_proj absorbed Had_E);
+* out_proj's output, the embedding and the float paths use act_dtype; the SSM
+  output y is rounded to act_dtype.
+
+``prep`` selects the weights (harness.emulation.weights) and, with them, the op order of the
+steps whose order Quamba's own code fixes (prep=exact keeps the harness's order of
+before the knob existed, bit for bit):
+
+============================  ===============================  ==============================
+step                          prep=quamba                      prep=exact
+============================  ===============================  ==============================
+RMSNorm                       1 / sqrt(var + eps) (Triton)     torch.rsqrt
+reference-order scan          ScanOrder.TORCH (fork's loop)    ScanOrder.REFERENCE
+in_proj with a float output   W8A8B16O16 `forward` epilogue:   RATIO_THEN_WEIGHT
+                              WEIGHT_THEN_RATIO                (in_proj's int8 order)
+Hadamard (online and float)   kernel fp32 butterflies          exact, rounded once
+============================  ===============================  ==============================
+
+The calibration model of prep=quamba (``calibration=True``) is Quamba's fp16 model:
+conv output stored fp16 before SiLU and SiLU output fp16 (qMambaLayer.py:105-106),
+and mamba_ssm's scan (ScanOrder.MAMBA).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ..modes import ModeRecipe
+from .modules import (
+    ConvInput,
+    EmuBackbone,
+    EmuConv1d,
+    EmuHadamard,
+    EmuLinear,
+    EmuMambaBlock,
+    EmuRMSNorm,
+    EmuSelectiveScan,
+    UInput,
+)
+from .ops.hadamard import quamba_kernel_support
+from .ops.linear import Epilogue
+from .ops.scan import ScanOrder
+from ..spec import FLOAT_DTYPES, FloatOut, LayerScales, ModelDims, OutSpec, QuantOut, Rounding
+from .weights import LayerParams
+
+__all__ = ["build_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource"]
+
+def act_dtype(recipe: ModeRecipe) -> torch.dtype:
+    return FLOAT_DTYPES[recipe.act_dtype]
+
+
+def _out(quantized: bool, scales: LayerScales | None, name: str, rounding: Rounding, act: FloatOut) -> OutSpec:
+    if not quantized:
+        return act
+    assert scales is not None, f"quantized output needs calibrated scale {name}"
+    return QuantOut(getattr(scales, name), rounding)
+
+
+def _scan_order(recipe: ModeRecipe, calibration: bool) -> ScanOrder:
+    if recipe.prep == "exact":
+        return ScanOrder(recipe.ssm_impl)
+    if calibration:
+        return ScanOrder.MAMBA
+    return ScanOrder.KERNEL if recipe.ssm_impl == "kernel" else ScanOrder.TORCH
+
+
+def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, dims: ModelDims,
+                layer: int, calibration: bool = False) -> EmuMambaBlock:
+    """One block of `recipe` from prepared parameters and the layer's calibrated scales.
+
+    calibration: build the calibration model of the recipe's prep (module docstring).
+    """
+    act = FloatOut(act_dtype(recipe))
+    int8_weights = recipe.weights == "int8"
+    rotate = recipe.rotate == "yes"
+    quamba = recipe.prep == "quamba"
+    even, away = Rounding.HALF_EVEN, Rounding.HALF_AWAY
+    if int8_weights:
+        conv_input = ConvInput("dynamic") if recipe.conv_in == "dynamic" else ConvInput("static", scales.s_xz)
+    else:
+        conv_input = ConvInput("float")
+    conv_out = _out(recipe.conv_out == "int8", scales, "s_u", away, FloatOut(torch.float32))
+    pre_silu = None
+    if calibration and quamba:  # fp16 nn.Conv1d, then fp16 SiLU (qMambaLayer.py:105-106)
+        conv_out, pre_silu = FloatOut(torch.float16), torch.float16
+    # mode 3's float-output in_proj: W8A8B16O16Linear.forward applies the weight scale first
+    # (qLinearLayer.py:806-820, cutlass_scaled_mm_dq(y, x, W, a, b) as out_proj)
+    in_order = Epilogue.WEIGHT_THEN_RATIO if quamba and recipe.in_proj_out == "fp" else Epilogue.RATIO_THEN_WEIGHT
+    s_u = scales.s_u if scales is not None else None
+    return EmuMambaBlock(
+        layer, dims,
+        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, _out(recipe.norm_out == "int8", scales, "s_in", even, act)),
+        in_proj=EmuLinear(p.in_proj, in_order, _out(recipe.in_proj_out == "int8", scales, "s_xz", even, act)),
+        conv1d=EmuConv1d(p.conv_weight, p.conv_bias, conv_input, conv_out, pre_silu),
+        x_proj=EmuLinear(p.x_proj, Epilogue.WEIGHT_THEN_RATIO, _out(int8_weights, scales, "s_xp", even, act)),
+        dt_proj=EmuLinear(p.dt_proj, Epilogue.RATIO_THEN_WEIGHT, _out(int8_weights, scales, "s_dt", even, act)),
+        ssm=EmuSelectiveScan(p.A_log, p.D, p.dt_bias, _scan_order(recipe, calibration), act),
+        had=EmuHadamard(_out(recipe.had_out == "int8", scales, "s_H", away, act), fht=quamba) if rotate else None,
+        out_proj=EmuLinear(p.out_proj, Epilogue.WEIGHT_THEN_RATIO, act),
+        u_input=UInput(ssm_u=recipe.ssm_u, s_u=s_u, xproj_requant=int8_weights),
+    )
+
+
+class WeightSource(Protocol):
+    """Where build_backbone takes a mode's weights from (harness.runner.weightbank.WeightBank)."""
+
+    dims: ModelDims
+
+    def layer(self, i: int, weights: str, rotate: bool, prep: str) -> LayerParams: ...
+
+    def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype, prep: str, weights: str) -> torch.Tensor: ...
+
+
+def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerScales] | None,
+                   depth: int, calibration: bool = False) -> EmuBackbone:
+    """Embedding and blocks 0..depth of `recipe`; nothing deeper is read or built."""
+    if recipe.needs_calibration and scales is None:
+        raise ValueError(f"mode {recipe.name!r} quantizes activations and needs calibrated scales")
+    rotate = recipe.rotate == "yes"
+    dims = bank.dims
+    blocks = [build_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), scales[i] if scales else None,
+                          dims, i, calibration) for i in range(depth + 1)]
+    dtype = act_dtype(recipe)
+    return EmuBackbone(lambda ids: bank.embed(ids, rotate, dtype, recipe.prep, recipe.weights), blocks)
+
+
+def hadamard_kernel_support(recipes: list[ModeRecipe], dims: ModelDims) -> dict[str, str | None] | None:
+    """For runs with a rotated mode: per rotated width ("d_model", "d_inner"), None when Quamba's
+    Hadamard kernels transform it, else why not (ops.hadamard.quamba_kernel_support). The harness
+    rotates such widths all the same; the run warns and records it. None when no mode rotates."""
+    if not any(r.rotate == "yes" for r in recipes):
+        return None
+    return {"d_model": quamba_kernel_support(dims.d_model), "d_inner": quamba_kernel_support(dims.d_inner)}

@@ -1,0 +1,172 @@
+"""Capture sites, their names, and the hook context manager that records them.
+
+A capture point is named ``L{layer}.{site}.{role}``: the block index, the module
+site, and what is taken there. The sites form one closed table (POINTS), so
+names are generated, parsed and sorted in one place; layers sort numerically.
+"""
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ..spec import HookPoint, QTensor
+
+__all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name", "parse_point", "point_sort_key",
+           "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE", "resolve_layers"]
+
+# point -> what it holds (README "Capture points" is generated from the same words)
+POINTS: dict[str, str] = {
+    "block.in": "residual stream entering the block (layer 0: the embedding) [batch, seqlen, d_model]",
+    "norm.out": "RMSNorm output = in_proj input [batch, seqlen, d_model]",
+    "in_proj.out": "in_proj output, x then z [batch, seqlen, 2*d_inner]",
+    "conv1d.in": "conv input as the conv uses it (after static/dynamic quantization) [batch, seqlen, d_inner]",
+    "conv1d.out": "conv + SiLU output [batch, seqlen, d_inner]",
+    "x_proj.in": "x_proj input (the conv output, re-quantized at s_u where the recipe says) [batch, seqlen, d_inner]",
+    "x_proj.out": "x_proj output: dt_low, B, C [batch, seqlen, dt_rank+2*d_state]",
+    "dt_proj.out": "dt_proj output before the bias and softplus [batch, seqlen, d_inner]",
+    "ssm.u": "the scan's u input [batch, seqlen, d_inner]",
+    "ssm.out": "scan output y, gated by SiLU(z) [batch, seqlen, d_inner]",
+    "ssm.state": "final SSM state h_L [batch, d_inner, d_state]",
+    "had.out": "online Hadamard output = out_proj input (rotated modes only) [batch, seqlen, d_inner]",
+    "out_proj.out": "out_proj output = mixer output, in the model's own basis [batch, seqlen, d_model]",
+    "block.out": "mixer output before the residual add [batch, seqlen, d_model]",
+    "block.residual": "residual stream after the block [batch, seqlen, d_model]",
+}
+# Points the harness computes beside the hooks (harness.runner.forwards): not taps, chosen by their own options.
+DERIVED_POINTS: dict[str, str] = {
+    "block.isolated": "mixer output of the block run on the reference's block input (--isolated) [batch, seqlen, d_model]",
+}
+ISOLATED = "block.isolated"
+BLOCK_IO = ("block.in", "block.out", "block.residual")
+TAP_POINTS = tuple(p for p in POINTS if p not in BLOCK_IO)
+# Points in the residual-stream basis: stored in the checkpoint's original basis unless --basis rotated.
+RESIDUAL_BASIS = BLOCK_IO
+
+_NAME_RE = re.compile(r"^L(\d+)\.(.+)$")
+
+
+class TapError(ValueError):
+    """An unknown tap or layer; the message lists the valid ones."""
+
+
+# one --layers item: all, a block index, a negative index from the end (-1 the last), a range A-B
+LAYER_SPEC_RE = re.compile(r"^(all|-?\d+|\d+-\d+)$")
+
+
+def resolve_layers(spec: list, n_layer: int) -> list[int]:
+    """--layers items (ints or strings: "all", "3", "-1", "0-5") -> sorted distinct block indices."""
+    chosen: set[int] = set()
+    valid = f"(valid: 0..{n_layer - 1}, -1..-{n_layer} from the end, all, or a range such as 0-{n_layer - 1})"
+    for item in spec:
+        text = str(item).strip()
+        if not LAYER_SPEC_RE.match(text):
+            raise TapError(f"invalid --layers item {text!r} {valid}")
+        if text == "all":
+            chosen |= set(range(n_layer))
+            continue
+        if re.match(r"^\d+-\d+$", text):
+            lo, hi = (int(v) for v in text.split("-"))
+            if lo > hi or hi >= n_layer:
+                raise TapError(f"--layers range {text!r} does not fit: the model has {n_layer} blocks {valid}")
+            chosen |= set(range(lo, hi + 1))
+            continue
+        i = int(text)
+        if not -n_layer <= i < n_layer:
+            raise TapError(f"layer {i} was requested, but the model has {n_layer} blocks {valid}")
+        chosen.add(i % n_layer)
+    if not chosen:
+        raise TapError(f"--layers is empty {valid}")
+    return sorted(chosen)
+
+
+def point_name(layer: int, point: str) -> str:
+    return f"L{layer}.{point}"
+
+
+def parse_point(name: str) -> tuple[int, str]:
+    m = _NAME_RE.match(name)
+    if not m or (m.group(2) not in POINTS and m.group(2) not in DERIVED_POINTS):
+        raise TapError(f"invalid capture point {name!r}; expected L<layer>.<point> with point one of: {', '.join(POINTS)}")
+    return int(m.group(1)), m.group(2)
+
+
+def point_sort_key(name: str) -> tuple[int, int]:
+    layer, point = parse_point(name)
+    return layer, (list(POINTS) + list(DERIVED_POINTS)).index(point)
+
+
+def select_points(layers: list[int], taps: list[str] | None) -> list[str]:
+    """Full point names to capture: block I/O of every layer plus the requested taps.
+
+    taps: None/[] for none, ["all"], point names ("ssm.u", applied to every layer) or
+    full names ("L1.ssm.u", which also adds layer 1).
+    """
+    chosen = {point_name(layer, p) for layer in layers for p in BLOCK_IO}
+    for tap in taps or []:
+        if tap == "all":
+            chosen |= {point_name(layer, p) for layer in layers for p in TAP_POINTS}
+        elif tap in POINTS:
+            chosen |= {point_name(layer, tap) for layer in layers}
+        elif _NAME_RE.match(tap):
+            layer, point = parse_point(tap)
+            chosen |= {tap} | {point_name(layer, p) for p in BLOCK_IO}
+        else:
+            raise TapError(f"unknown tap {tap!r}; valid: all, {', '.join(TAP_POINTS)} (or L<layer>.<point>)")
+    return sorted(chosen, key=point_sort_key)
+
+
+@dataclass
+class Captured:
+    """One captured value: real values as fp32, and the int8 codes and scale when it was quantized.
+
+    values: (any) fp32 CPU tensor; codes: same shape int8 or None.
+    """
+
+    values: torch.Tensor
+    codes: torch.Tensor | None = None
+    scale: float | None = None
+    n_clipped: int | None = None
+    dtype: str | None = None  # the float dtype at the capture point (float16, float32), before the fp32 copy
+
+    @property
+    def quantized(self) -> bool:
+        return self.codes is not None
+
+
+def _record(x) -> Captured:
+    if isinstance(x, QTensor):
+        return Captured(x.dequantize().detach().cpu(), x.codes.detach().cpu().clone(), x.scale, x.n_clipped)
+    return Captured(x.detach().to("cpu", torch.float32).clone(), dtype=str(x.dtype).replace("torch.", ""))
+
+
+@contextmanager
+def capture(model: nn.Module, names: list[str]) -> Iterator[dict[str, Captured]]:
+    """Record the values passing the named HookPoints during forwards inside the block.
+
+    Hooks are removed on exit, also when the forward raises. A point reached
+    again (a second forward) overwrites the earlier value.
+    """
+    wanted = set(names)
+    store: dict[str, Captured] = {}
+    handles = []
+
+    def make_hook(name: str):
+        def hook(_module, _inputs, output):
+            store[name] = _record(output)
+        return hook
+
+    try:
+        for module in model.modules():
+            if isinstance(module, HookPoint):
+                name = point_name(module.layer, module.point)
+                if name in wanted:
+                    handles.append(module.register_forward_hook(make_hook(name)))
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -1,0 +1,114 @@
+"""W8A8 linear layers: int8 x int8 GEMM with exact integer accumulation and the fp32 epilogue.
+
+The CUTLASS kernels of Quamba1 accumulate in int32 and rescale with two fp32
+multiplies whose order depends on the call site (notes §2.6 steps 2, 4, 5, 9):
+
+    RATIO_THEN_WEIGHT (in_proj, dt_proj; `to_seqlen_last`):
+        t = f32(f32(s_x / s_out) * f32(acc));  v = f32(s_w * t)
+    WEIGHT_THEN_RATIO (x_proj, out_proj; `forward`):
+        t = f32(s_w * f32(acc));               v = f32(f32(s_x / s_out) * t)
+
+For an int8 output, q = sat8(RNE(v)) (PTX cvt.rni.sat). For a float output
+(out_proj; in_proj in mode 3) s_out is 1, so the ratio is s_x itself, and v is
+rounded to the output dtype (fp16 in W8A8B16O16).
+
+The accumulator is the kernel's int32 result (whose saturation is never reached:
+|acc| <= K * 128 * 128 < 2**31 for K < 131072), from torch's int8 x int8 -> int32
+GEMM (``torch._int_mm``: exact integer arithmetic, like the kernel's). Where that
+GEMM is missing (an older torch, a device or shape it refuses) the same integers
+come from fp32 matmuls over blocks of K <= 1024, where every partial sum is an
+integer of magnitude <= 1024 * 128 * 128 = 2**24 and therefore exact in fp32
+whatever the summation order, with the block sums added in float64 (exact below
+2**53).
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from ...spec import FloatOut, OutSpec, QTensor, QuantOut, Rounding
+from .quant import dequantize, f32, quantize_prescaled, round_half_even, to_output
+
+__all__ = ["Epilogue", "int8_gemm", "int8_gemm_float", "w8a8_linear", "w8a8_linear_ref", "float_linear"]
+
+
+class Epilogue(str, enum.Enum):
+    RATIO_THEN_WEIGHT = "ratio_then_weight"
+    WEIGHT_THEN_RATIO = "weight_then_ratio"
+
+
+_EXACT_K = 1024  # 1024 * 128 * 128 = 2**24: the largest K whose fp32 partial sums stay exact
+
+
+def int8_gemm(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
+    """acc = x @ w.T, exact: the kernel's int32 accumulator.
+
+    x_codes: (..., k) int8; w_codes: (n, k) int8 -> (..., n) int32.
+    """
+    x2 = x_codes.reshape(-1, x_codes.shape[-1])
+    try:
+        acc = torch._int_mm(x2, w_codes.t())
+    except (AttributeError, RuntimeError, NotImplementedError):  # no int8 GEMM here: the exact float path
+        acc = int8_gemm_float(x2, w_codes)
+    return acc.reshape(*x_codes.shape[:-1], w_codes.shape[0])
+
+
+def int8_gemm_float(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
+    """``int8_gemm`` by float matmuls (the fallback): the same int32 values."""
+    if torch.get_float32_matmul_precision() != "highest":  # reduced-precision fp32 GEMMs would not be exact
+        return (x_codes.to(torch.float64) @ w_codes.to(torch.float64).t()).to(torch.int32)
+    xf, wf = x_codes.to(torch.float32), w_codes.to(torch.float32)
+    acc = None
+    for start in range(0, xf.shape[-1], _EXACT_K):
+        block = (xf[..., start:start + _EXACT_K] @ wf[:, start:start + _EXACT_K].t()).to(torch.float64)
+        acc = block if acc is None else acc + block
+    return acc.to(torch.int32)
+
+
+def _epilogue(acc: torch.Tensor, s_x: float, s_w: float, s_out: float, order: Epilogue) -> torch.Tensor:
+    ratio = torch.tensor(f32(s_x / s_out), dtype=torch.float32)
+    weight = torch.tensor(s_w, dtype=torch.float32)
+    acc32 = acc.to(torch.float32)
+    if order is Epilogue.RATIO_THEN_WEIGHT:
+        return weight * (ratio * acc32)
+    if order is Epilogue.WEIGHT_THEN_RATIO:
+        return ratio * (weight * acc32)
+    raise ValueError(f"unknown epilogue order {order!r}; valid: {[e.value for e in Epilogue]}")
+
+
+def w8a8_linear(x: QTensor, w: QTensor, order: Epilogue, out: OutSpec) -> QTensor | torch.Tensor:
+    """Quamba W8A8 linear layer.
+
+    x: (..., k) int8 codes at x.scale; w: (n, k) int8 codes at w.scale.
+    out: QuantOut(s_out, HALF_EVEN) for W8A8B8O8, or FloatOut(dtype) for W8A8B16O16.
+    Returns (..., n): int8 at s_out, or fp32 holding values of out.dtype.
+    """
+    acc = int8_gemm(x.codes, w.codes)
+    if isinstance(out, QuantOut):
+        assert out.rounding is Rounding.HALF_EVEN, "CUTLASS int8 epilogues round half to even"
+        return quantize_prescaled(_epilogue(acc, x.scale, w.scale, out.scale, order), out.scale, out.rounding)
+    return to_output(_epilogue(acc, x.scale, w.scale, 1.0, order), out)
+
+
+def w8a8_linear_ref(x: QTensor, w: QTensor, order: Epilogue, out: OutSpec) -> QTensor | torch.Tensor:
+    """Oracle for ``w8a8_linear``: int64 integer accumulation, scalar epilogue written out."""
+    acc = (x.codes.to(torch.int64).unsqueeze(-2) * w.codes.to(torch.int64)).sum(-1)  # (..., n) int64
+    s_out = out.scale if isinstance(out, QuantOut) else 1.0
+    ratio = torch.tensor(f32(x.scale / s_out), dtype=torch.float32)
+    s_w = torch.tensor(w.scale, dtype=torch.float32)
+    acc32 = acc.to(torch.float32)
+    v = s_w * (ratio * acc32) if order is Epilogue.RATIO_THEN_WEIGHT else ratio * (s_w * acc32)
+    if isinstance(out, FloatOut):
+        return v.to(out.dtype).to(torch.float32)
+    q = round_half_even(v).clamp(-128, 127).to(torch.int8)
+    return QTensor(q, out.scale)
+
+
+def float_linear(x: QTensor | torch.Tensor, w: QTensor | torch.Tensor, out: OutSpec) -> QTensor | torch.Tensor:
+    """Linear layer on real values: fp32 matmul of the (dequantized) operands, then the output rule.
+
+    Used whenever one operand is not int8 (float modes, weight-only or activation-only recipes).
+    x: (..., k); w: (n, k) -> (..., n).
+    """
+    return to_output(torch.nn.functional.linear(dequantize(x), dequantize(w)), out)

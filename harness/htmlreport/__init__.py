@@ -1,7 +1,0 @@
-"""The HTML report: one self-contained file of tables and matplotlib figures for a capture file.
-
-    python -m harness report FILE.npz [-o OUT.html] [--figures DIR]
-
-Layout: data.py reads the capture through harness.storage; figures.py draws (matplotlib,
-no display); html.py writes markup; sections.py composes both; build.py is the command.
-"""

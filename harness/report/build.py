@@ -1,0 +1,126 @@
+"""`python -m harness report FILE.npz [-o OUT.html] [--figures DIR]`: the one-file HTML report.
+
+    from harness.report.build import write_report
+    write_report(Path("first_layer_io_all_modes.npz"))   # -> first_layer_io_all_modes_report.html
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from ..metrics.compare import CompareError
+from ..store.format import StorageError, check_writable
+from .figures import mode_colors, render, style
+from .data import load_report_data
+from .html import esc, page
+from .sections import (
+    Figures,
+    comparison_section,
+    end_to_end_section,
+    header_section,
+    layers_section,
+    samples_section,
+    select_tensors,
+    taps_section,
+    tensor_section,
+)
+
+__all__ = ["report_path", "build_report", "write_report", "build_report_parser", "report_main"]
+
+
+def report_path(npz_path: Path) -> Path:
+    """first_layer_io_all_modes.npz -> first_layer_io_all_modes_report.html (same folder)."""
+    npz_path = Path(npz_path)
+    stem = npz_path.name[:-4] if npz_path.name.endswith(".npz") else npz_path.name
+    return npz_path.with_name(f"{stem}_report.html")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _figure_sink(folder: Path):
+    def write(slug: str, fig: Figure) -> None:
+        for fmt in ("png", "svg"):
+            _atomic_write(folder / f"{slug}.{fmt}", render(fig, fmt))
+    return write
+
+
+def build_report(npz_path: Path, reference: str | None = None, tensors: list[str] | None = None,
+                 figures_dir: Path | None = None, require_reference: bool = True) -> tuple[str, list[str]]:
+    """(HTML text, figure names) of the report of one capture file."""
+    d = load_report_data(npz_path, reference, require_reference)
+    figs = Figures(_figure_sink(figures_dir) if figures_dir is not None else None)
+    colors = mode_colors(list(dict.fromkeys([d.reference, *d.modes])))
+    chosen = select_tensors(d, tensors) if d.has_arrays() else []
+    sections = [
+        ("run", "Run", header_section(d)),
+        ("comparison", "Comparison", comparison_section(d)),
+        ("layers", "Error per layer", layers_section(d, figs, colors)),
+        ("end-to-end", "End to end", end_to_end_section(d, figs, colors)),
+        ("samples", "Across samples", samples_section(d, figs, colors)),
+        ("taps", "Saturation and scales", taps_section(d, figs, colors)),
+        ("tensors", "Per tensor", tensor_section(d, figs, colors, chosen)),
+    ]
+    sections = [s for s in sections if s[2]]
+    model = d.stats.get("model") or (str(d.capture.npz["model"]) if "model" in d.capture.npz.files else "")
+    modes = ", ".join(d.modes)
+    subtitle = (f"{esc(d.path.name)}: model {esc(model or '?')}, modes {esc(modes)}, against {esc(d.reference)}"
+                + (" (--stats-only file: no arrays, tables and statistics only)" if d.stats.get("stats_only") else ""))
+    text = page(f"Quamba harness report: {d.path.name}", subtitle, [(a, t) for a, t, _ in sections],
+                [s for _, _, s in sections])
+    return text, figs.names
+
+
+def write_report(npz_path: Path, out: Path | None = None, reference: str | None = None,
+                 tensors: list[str] | None = None, figures_dir: Path | None = None,
+                 require_reference: bool = True) -> Path:
+    """Write the report next to the .npz (or to `out`), atomically; returns its path."""
+    out = Path(out) if out is not None else report_path(npz_path)
+    check_writable(out)
+    if figures_dir is not None:
+        figures_dir = Path(figures_dir)
+        if figures_dir.exists() and not figures_dir.is_dir():
+            raise StorageError(f"--figures {figures_dir} exists and is not a directory")
+        figures_dir.mkdir(parents=True, exist_ok=True)
+    with style():
+        text, _ = build_report(npz_path, reference, tensors, figures_dir, require_reference)
+    _atomic_write(out, text.encode("utf-8"))
+    return out
+
+
+def build_report_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Write one self-contained HTML report (tables and figures) "
+                                "of a capture file: ours (any schema, --stats-only too) or the research tool's.")
+    p.add_argument("file", type=Path, help="capture .npz")
+    p.add_argument("-o", "--output", type=Path, default=None, help="HTML file (default: FILE_report.html next to FILE)")
+    p.add_argument("--figures", type=Path, default=None, metavar="DIR", help="also write every figure as PNG and SVG to DIR")
+    p.add_argument("--reference", default=None, help="reference mode (default: the file's, else fp32)")
+    p.add_argument("--tensors", nargs="+", default=None, metavar="T",
+                   help="tensors that get per-tensor figures: names, 'all', or 'auto' (default: all when there are "
+                        "at most 40, else every tensor of the first layer and the block outputs of the first, the last and the 6 layers of lowest SQNR)")
+    return p
+
+
+def report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_report_parser(prog).parse_args(argv)
+    try:
+        out = write_report(args.file, args.output, args.reference, args.tensors, args.figures)
+    except (StorageError, CompareError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote report {out}" + (f" and figures in {args.figures}" if args.figures else ""))
+    return 0

@@ -1,0 +1,137 @@
+"""``python -m harness export``: calibrate every layer of a float model and write a Quamba1 W8A8 checkpoint.
+
+The weights are prepared and quantized by the code the built-in int8 modes run
+(``WeightBank.layer(i, "int8", True, "quamba")``, ``WeightBank.embed``), the scales come from the same
+calibration (and cache) as a capture, and ``quamba_ckpt.write_quamba`` lays them out as
+``QuambaLMHeadModel.save_pretrained`` does. So capturing from the export gives the arrays of
+capturing from the float model, bit for bit, whatever the weight preparation is.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .calibration import CalibrationSettings, calibrate
+from ..checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows
+from ..checkpoints.loading import ModelDirError, load_tokenizer, open_checkpoint
+from ..emulation.build import build_backbone
+from ..modes import CALIBRATION_RECIPES
+from ..emulation.modules import EmuRMSNorm
+from ..emulation.observers import MinMaxObserver
+from ..emulation.ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
+from ..spec import FloatOut
+from ..checkpoints.quamba import is_quamba_dir, write_quamba
+from .weightbank import WeightBank, lm_head_weight
+
+__all__ = ["ExportConfig", "ExportError", "export", "TOKENIZER_FILES", "INPUT_ERRORS"]
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+_PAD_VOCAB = 8  # MambaConfig.pad_vocab_size_multiple default; QuambaLMHeadModel pads (quamba_mixer_seq.py:371-372)
+
+
+class ExportError(ValueError):
+    """Bad export request (output directory not empty, quantized input model)."""
+
+
+@dataclass
+class ExportConfig:
+    model: Path
+    output_dir: Path
+    tokenizer: Path | None = None
+    calib: CalibrationSettings = field(default_factory=CalibrationSettings)
+    calib_file: Path = DEFAULT_CALIB_FILE
+    cache_dir: Path | None = None
+    quantize_embedding: bool = False
+    quantize_lm_head: bool = False
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0])) if t.shape[0] < rows else t
+
+
+def _lm_head_input_scale(bank: WeightBank, windows: torch.Tensor, batch_size: int, depth: int) -> float:
+    """Min-max scale of lm_head's input (modelutils_mamba.py:182-189): the final norm's fp16 output of the
+    calibration model (weight 1: folded into lm_head) over the calibration windows."""
+    model = build_backbone(CALIBRATION_RECIPES["quamba"], bank, None, depth, calibration=True)
+    norm = EmuRMSNorm(None, bank.dims.norm_eps, FloatOut(torch.float16))
+    observer = MinMaxObserver()
+    for batch in windows.split(batch_size):
+        observer.observe(norm(model(batch)))
+    return observer.compute_scale()
+
+
+def _config(dims, vocab: int, embedding_layer: str, lm_head_layer: str) -> dict:
+    """mamba_ssm MambaConfig.__dict__ with Quamba's additions (modelutils_mamba.py:863-870)."""
+    ssm = {"d_state": dims.d_state, "d_conv": dims.d_conv, "expand": dims.d_inner // dims.d_model}
+    if dims.dt_rank != -(-dims.d_model // 16):
+        ssm["dt_rank"] = dims.dt_rank
+    ssm["layer"] = "W8A8QMamba"
+    return {"d_model": dims.d_model, "d_intermediate": 0, "n_layer": dims.n_layer, "vocab_size": vocab,
+            "ssm_cfg": ssm, "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True,
+            "fused_add_norm": True, "pad_vocab_size_multiple": _PAD_VOCAB, "tie_embeddings": False,
+            "norm_cfg": {"norm": "QRMSNorm"}, "embedding_cfg": {"layer": embedding_layer},
+            "lm_head_cfg": {"layer": lm_head_layer}}
+
+
+def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
+    out = Path(cfg.output_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--output_dir {out} exists and is not an empty directory; nothing is overwritten, "
+                          f"name a new directory")
+    if not os.access(out.parent if out.parent.exists() else Path.cwd(), os.W_OK):
+        raise ExportError(f"--output_dir {out}: the parent directory is not writable")
+    if is_quamba_dir(cfg.model):
+        raise ExportError(f"--model {cfg.model} is already a quantized Quamba checkpoint; export needs the float model")
+    ckpt = open_checkpoint(cfg.model)
+    tok = load_tokenizer(cfg.model, cfg.tokenizer)
+    dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
+    windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+    bank = WeightBank(ckpt)
+    result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir, "quamba")
+    emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
+         f"layers 0..{depth}, {result.info['seconds']} s)")
+    lm_scale = _lm_head_input_scale(bank, windows.ids, cfg.calib.batch_size, depth) if cfg.quantize_lm_head else None
+    layers = []
+    for i in range(dims.n_layer):
+        layers.append(bank.layer(i, "int8", True, "quamba"))
+        bank.release(i)  # keep only the int8 codes of the blocks already done
+    vocab = dims.vocab_size
+    rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
+    # the rotated fp16 rows the int8 modes embed with (Quamba1: fp16, not quantized)
+    table = bank.embed(torch.arange(vocab)[None], True, torch.float16, "quamba", "int8")[0].to(torch.float16)
+    table = _pad_rows(table, rows)
+    if cfg.quantize_embedding:
+        codes, scales = quantize_rows_signed_max_fp16(table)
+        embedding = {"backbone.embedding.weight": codes, "backbone.embedding.scales": scales}
+    else:
+        embedding = {"backbone.embedding.weight": table}
+    lm_head = _pad_rows(lm_head_weight(ckpt).to(torch.float16), rows)
+    if cfg.quantize_lm_head:  # W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785)
+        lm_head = quantize_weight_fp16(lm_head)
+    config = _config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding",
+                     "W8A8B16O16Linear" if cfg.quantize_lm_head else "Linear")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+        write_quamba(tmp, dims, config, layers, result.scales, embedding, lm_head, lm_scale)
+        tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
+        for name in TOKENIZER_FILES:
+            if (tok_dir / name).is_file():
+                shutil.copy(tok_dir / name, tmp / name)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
+         f" and the tokenizer files")
+    return out
+
+
+INPUT_ERRORS = (ExportError, ModelDirError, DataError)

@@ -1,0 +1,329 @@
+"""Analyses that run the model more than once: every sample, isolated layers, end to end, sensitivity.
+
+For one mode, ``run_mode`` builds the emulated backbone once and, for each sample (one
+forward of batch 1 each, so a sample's arrays do not depend on the others):
+
+* captures the chosen points (``harness.emulation.capture``);
+* with ``isolated``: runs each captured block again on the *reference's* input to that
+  block (``L{i}.block.in`` of the reference, in the original basis; rotated into the mode's
+  basis when the mode rotates) and stores the mixer output as ``L{i}.block.isolated``;
+* with ``end_to_end``: continues through every block, the final norm and lm_head
+  (``Head``), giving float32 logits (batch, seq, vocab).
+
+``sensitivity`` runs the reference model with a single block replaced by the mode's.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..emulation.build import act_dtype, build_backbone
+from ..emulation.capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, point_name
+from ..runtime.memory import release_freed
+from ..metrics.errors import tensor_stats
+from ..modes import ModeRecipe
+from ..emulation.modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
+from ..emulation.ops.hadamard import hadamard_transform
+from ..emulation.ops.linear import float_linear, int8_gemm
+from ..emulation.ops.quant import round_to_dtype, to_output
+from .sharedops import SharedOps
+from ..spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
+from ..store.format import tensor_name
+from .weightbank import WeightBank, lm_head_weight
+
+__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "per_sample_of", "keep_only", "basis_of", "sensitivity_kl", "stack"]
+
+_BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
+
+
+def basis_of(recipe: ModeRecipe, site: str, basis: str) -> str | None:
+    """The basis a stored tensor is in (None for points the rotation does not touch)."""
+    if site not in _BASIS_POINTS:
+        return None
+    if recipe.rotate == "no":
+        return "original"
+    return basis if site in RESIDUAL_BASIS + (ISOLATED,) else "rotated"
+
+
+class Head(nn.Module):
+    """Final RMSNorm and lm_head: residual (batch, seq, d_model) fp32 -> logits (batch, seq, vocab) fp32.
+
+    Float recipes (the Quamba1 recipe keeps both in floating point): the norm in fp32 arithmetic
+    with its weight, lm_head in the recipe's weight dtype (fp16 for int8 weights), output rounded
+    to act_dtype. Rotated recipes fold norm_f's weight into lm_head and rotate it (as the blocks,
+    modelutils_mamba.py:64-70). A Quamba checkpoint's W8A8B16O16Linear lm_head: norm_f output
+    quantized at its output scale (RNE), int8 GEMM, times the stored fp32 alpha, fp16 output.
+    """
+
+    def __init__(self, norm: EmuRMSNorm, weight: torch.Tensor | QTensor, out: FloatOut, alpha: float | None = None):
+        super().__init__()
+        self.norm, self.weight, self.out, self.alpha = norm, weight, out, alpha
+
+    @torch.no_grad()
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        x = self.norm(residual)
+        if isinstance(self.weight, QTensor):
+            acc = int8_gemm(x.codes, self.weight.codes).to(torch.float32)
+            return to_output(torch.tensor(self.alpha, dtype=torch.float32) * acc, self.out)
+        return float_linear(x, self.weight, self.out)
+
+
+# bank -> (dtype, rotate, prep) -> (norm weight or None, lm_head weight): prepared once per run, shared between modes
+_HEADS: "weakref.WeakKeyDictionary[WeightBank, dict]" = weakref.WeakKeyDictionary()
+
+
+def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -> tuple[torch.Tensor | None, torch.Tensor]:
+    cache = _HEADS.setdefault(bank, {})
+    if (dtype, rotate, prep) not in cache and prep == "quamba" and rotate:  # Quamba's own fp16 head
+        cache[(dtype, rotate, prep)] = (None, lm_head_weight(bank.ckpt))
+    if (dtype, rotate, prep) not in cache:
+        ckpt = bank.ckpt
+        w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
+        w = round_to_dtype(w.to(torch.float32), dtype)
+        norm_w = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), dtype)
+        if rotate:
+            folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
+            norm_w, w = None, round_to_dtype(hadamard_transform(folded), dtype)
+        cache[(dtype, rotate, prep)] = (norm_w, w)
+    release_freed()
+    return cache[(dtype, rotate, prep)]
+
+
+def _head_key(recipe: ModeRecipe) -> tuple[torch.dtype, bool, str]:
+    return FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], recipe.rotate == "yes", recipe.prep
+
+
+def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
+    """Release the prepared blocks and heads that none of `recipes` (the modes still to run) uses.
+
+    Peak memory then holds the weight variants of the modes to come, not of every mode run so far.
+    """
+    bank.keep_only({(r.weights, r.rotate == "yes", r.prep) for r in recipes})
+    heads, needed = _HEADS.get(bank, {}), {_head_key(r) for r in recipes}
+    for key in [k for k in heads if k not in needed]:
+        del heads[key]
+
+
+def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
+    dims, rotate = bank.dims, recipe.rotate == "yes"
+    act = FloatOut(act_dtype(recipe))
+    if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
+        weight, s_in, alpha = bank.given.lm_head()
+        if isinstance(weight, QTensor):
+            # QRMSNorm: rint (half even) at the output scale (qNorm.py:38-39, notes §2.6 step 1)
+            return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(s_in, Rounding.HALF_EVEN)), weight,
+                        FloatOut(torch.float16), alpha)
+        return Head(EmuRMSNorm(None, dims.norm_eps, act), weight, act)
+    norm_w, w = _float_head(bank, *_head_key(recipe))
+    return Head(EmuRMSNorm(norm_w, dims.norm_eps, act), w, act)
+
+
+def stack(per_sample: list[np.ndarray]) -> np.ndarray:
+    """One sample: the array itself (research layout); several: a leading sample axis."""
+    return per_sample[0] if len(per_sample) == 1 else np.stack(per_sample)
+
+
+@dataclass
+class ModeRun:
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)        # tensor -> array (sample axis when N > 1)
+    tensors: dict[str, dict] = field(default_factory=dict)             # tensor -> stats entry
+    per_sample: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    logits: list[np.ndarray] = field(default_factory=list)             # per sample (1, seq, vocab) fp32
+    block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per sample, own basis
+    residuals: list[torch.Tensor] = field(default_factory=list)  # per sample, while the blocks run
+
+
+def _to_mode_basis(x: torch.Tensor, rotate: bool) -> torch.Tensor:
+    return hadamard_transform(x).to(torch.float32) if rotate else x
+
+
+def _to_original(x: torch.Tensor, rotate: bool) -> torch.Tensor:
+    return hadamard_transform(x, transpose=True).to(torch.float32) if rotate else x
+
+
+def convert(x: torch.Tensor, from_rotated: bool, to_rotated: bool) -> torch.Tensor:
+    """A residual-stream tensor from one basis to the other (unchanged, bit for bit, when they agree)."""
+    return x if from_rotated == to_rotated else _to_mode_basis(_to_original(x, from_rotated), to_rotated)
+
+
+@dataclass
+class RefInputs:
+    """The reference's block inputs in its own basis (rotated or not): per sample, layer -> (1, seq, d_model)."""
+
+    rotated: bool
+    by_sample: list[dict[int, torch.Tensor]]
+
+
+def isolated_out(block: EmuMambaBlock, ref_in: torch.Tensor, ref_rotated: bool, rotate: bool) -> torch.Tensor:
+    """The block's mixer output (in the mode's basis) on the reference's input (in the reference's basis)."""
+    with torch.no_grad():
+        out, _ = block(convert(ref_in, ref_rotated, rotate))
+    return out
+
+
+def on_device(device: str):
+    """torch.device(device) as the default for new tensors; nothing on the CPU (the mode intercepts every
+    torch call: about 40,000 intercepted calls for eight layer-0 modes, measured)."""
+    return contextlib.nullcontext() if device == "cpu" else torch.device(device)
+
+
+def to_device(module: nn.Module, device: str) -> nn.Module:
+    """Move every tensor an emulated module holds (plain attributes, QTensor codes) to `device`, in place.
+
+    The weight bank stays on the CPU; the embedding is looked up there and its rows moved.
+    """
+    if device == "cpu":
+        return module
+    for m in module.modules():
+        for name, value in list(vars(m).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(m, name, value.to(device))
+            elif isinstance(value, QTensor):
+                setattr(m, name, QTensor(value.codes.to(device), value.scale, value.n_clipped))
+        if isinstance(m, EmuBackbone):
+            m.embed = lambda ids, embed=m.embed: embed(ids.cpu()).to(device)
+    return module
+
+
+def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.Tensor], points: list[str],
+             depth: int, basis: str, ref_inputs: RefInputs | None = None, end_to_end: bool = False,
+             keep_inputs: tuple[int, ...] = (), device: str = "cpu", on_layer=None,
+             shared: SharedOps | None = None) -> ModeRun:
+    """Run one mode on every sample (ids (1, seq) each); the points L{i}.block.isolated in `points` are
+    replayed on ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference
+    itself); end_to_end: run all blocks and the head. The result's ``block_inputs`` are the mode's own
+    inputs of the isolated layers and `keep_inputs` (its basis): the RefInputs of the other modes.
+
+    The blocks run one at a time over every sample, so each block's points are complete (every sample)
+    when it finishes: with ``on_layer(arrays, tensors)`` they are handed over block by block and not
+    kept (memory then holds one block's activations); without, they are collected in the result.
+    device "cuda": the modules' tensors move there and every op runs under torch.device("cuda");
+    arrays come back to the CPU (untested: README "Device").
+    shared: the run's ops shared across modes (harness.runner.sharedops); None computes every op.
+    """
+    model = to_device(build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth), device)
+    for block in model.blocks:
+        block.shared = shared
+    head = to_device(build_head(recipe, bank), device) if end_to_end else None
+    run = ModeRun()
+
+    def collect(arrays: dict[str, np.ndarray], tensors: dict[str, dict]) -> None:
+        run.arrays.update(arrays)
+        run.tensors.update(tensors)
+        for name, arr in arrays.items():
+            run.per_sample[name] = per_sample_of(arr, len(samples))
+
+    with on_device(device):
+        _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, device, run, on_layer or collect)
+        if head is not None:
+            run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
+    run.residuals = []
+    return run
+
+
+def per_sample_of(arr: np.ndarray, n: int) -> list[np.ndarray]:
+    """The per-sample arrays of a stored array (the inverse of ``stack``)."""
+    return [arr] if n == 1 else list(arr)
+
+
+def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, device, run: ModeRun, deliver) -> None:
+    rotate = recipe.rotate == "yes"
+    iso_layers = {parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED}
+    hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
+    own = {point_name(i, "block.in") for i in iso_layers | set(keep_inputs)} if ref_inputs is None else set()
+    if own:
+        run.block_inputs = [{} for _ in samples]
+    run.residuals = [model.embed(ids.to(device)) for ids in samples]
+    for layer, block in enumerate(model.blocks):
+        layer_hooked = [p for p in hooked if parse_point(p)[0] == layer]  # in the order of `points`
+        wanted = layer_hooked + sorted(p for p in own if parse_point(p)[0] == layer and p not in layer_hooked)
+        per_sample: dict[str, list[np.ndarray]] = {}
+        codes: dict[str, list] = {}
+        meta: dict[str, tuple] = {}
+        for k in range(len(samples)):
+            block_in = run.residuals[k]
+            with capture(model, wanted) as captured:
+                mixed, run.residuals[k] = block(block_in)
+            for point in layer_hooked:
+                if point not in captured:
+                    continue  # a site the recipe does not have (had.out without rotation)
+                cap = captured[point]
+                site = parse_point(point)[1]
+                values = cap.values
+                if rotate and basis == "original" and site in RESIDUAL_BASIS:
+                    values = _original_basis(block.shared, layer, site, values)
+                name = tensor_name(point)
+                per_sample.setdefault(name, []).append(values.numpy())
+                codes.setdefault(name, []).append(None if cap.codes is None else cap.codes.numpy())
+                meta[name] = (point, site, cap.scale, cap.n_clipped, cap.dtype)
+            if layer in iso_layers:
+                name = point_name(layer, ISOLATED)
+                # on an input equal to the mode's own (the reference itself; layer 0 where the embedding is
+                # shared) the replay is the forward just run: its output is taken, not computed again
+                ref_in = None if ref_inputs is None else convert(ref_inputs.by_sample[k][layer].to(device),
+                                                                 ref_inputs.rotated, rotate)
+                same = ref_in is None or torch.equal(ref_in, block_in)
+                out = (mixed if same else isolated_out(block, ref_in, rotate, rotate)).cpu()
+                out = _to_original(out, rotate) if basis == "original" else out
+                per_sample.setdefault(name, []).append(out.numpy())
+                codes.setdefault(name, []).append(None)
+                meta[name] = (name, ISOLATED, None, None, "float32")
+            if point_name(layer, "block.in") in own:
+                run.block_inputs[k][layer] = captured[point_name(layer, "block.in")].values
+        if per_sample:
+            deliver(*_layer_arrays(recipe, basis, per_sample, codes, meta))
+            del per_sample, codes
+            release_freed()  # the block's activations, gone to the file, leave the process too
+
+
+def _original_basis(shared: SharedOps | None, layer: int, site: str, values: torch.Tensor) -> torch.Tensor:
+    """Had^T of a captured residual-stream value (exact, then fp32); with `shared`, a value another mode
+    had bit for bit takes its result (a copy: each mode's arrays are its own)."""
+    def undo(v: torch.Tensor) -> torch.Tensor:
+        return hadamard_transform(v, transpose=True).to(torch.float32)
+    return undo(values) if shared is None else shared.call(layer, f"original_basis.{site}", None, undo, values).clone()
+
+
+def _layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    arrays, tensors = {}, {}
+    for name, values in per_sample.items():
+        point, site, scale, n_clipped, dtype = meta[name]
+        arrays[name] = stack(values)
+        c = codes[name]
+        clipped = None if n_clipped is None or len(values) > 1 else n_clipped
+        tensors[name] = {"point": point, "basis": basis_of(recipe, site, basis),
+                         **tensor_stats(arrays[name], None if c[0] is None else stack(c), scale, clipped, dtype)}
+    return arrays, tensors
+
+
+@torch.no_grad()
+def sensitivity_kl(recipe: ModeRecipe, bank: WeightBank, scales, ref_recipe: ModeRecipe, ref_scales,
+                   samples: list[torch.Tensor], ref_inputs: RefInputs, ref_logits: list[np.ndarray],
+                   layers: list[int], kl, device: str = "cpu") -> dict[int, list[float]]:
+    """layer -> per-sample KL(reference || model with only that block in `recipe`).
+
+    The reference's residual entering block i (its captured block input) plus the mode's block i
+    output on it (converted to the reference's basis), then the reference's blocks i+1.. and head.
+    """
+    rotate, ref_rotate = recipe.rotate == "yes", ref_inputs.rotated
+    mode_model = to_device(build_backbone(recipe, bank, scales, max(layers)), device)
+    ref_model = to_device(build_backbone(ref_recipe, bank, ref_scales, bank.dims.n_layer - 1), device)
+    ref_head = to_device(build_head(ref_recipe, bank), device)
+    out: dict[int, list[float]] = {}
+    with on_device(device):
+        for layer in layers:
+            out[layer] = []
+            for k in range(len(samples)):
+                ref_in = ref_inputs.by_sample[k][layer].to(device)
+                mixed = isolated_out(mode_model.blocks[layer], ref_in, ref_inputs.rotated, rotate)
+                residual = ref_in + convert(mixed, rotate, ref_rotate)  # in the reference's own basis
+                for block in ref_model.blocks[layer + 1:]:
+                    _, residual = block(residual)
+                out[layer].append(kl(ref_logits[k], ref_head(residual).to(torch.float32).cpu().numpy()))
+    return out

@@ -1,0 +1,111 @@
+"""The mode loop of a capture: every mode run, the reference first, its blocks streamed to the file.
+
+Each block of each mode (every sample of it) is checked, compared with the reference, written
+and released as soon as it finishes (``harness.runner.collect``), so memory holds one block's
+activations of one mode, the weight variants the modes still to come need (``analysis.keep_only``),
+the op results the modes share (``harness.runner.sharedops``, at most its ``max_bytes``, dropped when the last
+mode ends) and what the studies need: per-sample rows, logits, the reference's block inputs.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+
+from .forwards import RefInputs, keep_only, per_sample_of, run_mode, stack
+from .calibration import CalibrationResult
+from ..emulation.capture import ISOLATED, parse_point
+from .collect import Collector
+from ..runtime.guard import fault_point, progress
+from ..metrics.errors import tensor_stats
+from ..modes import ModeRecipe
+from ..report.text import mode_summary
+from .sharedops import SharedOps
+from .checks import nonfinite_problems, record_nonfinite
+from .studies import end_to_end_rows, mode_sample_rows
+from ..store.format import research_stats, tensor_name
+
+__all__ = ["scales_of", "run_todo"]
+
+
+def scales_of(recipe: ModeRecipe, calibs: dict):
+    """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
+    calib = calibs.get(recipe.prep)
+    if recipe.needs_calibration and isinstance(calib, Exception):
+        raise RuntimeError(f"calibration failed: {calib}")
+    return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
+
+
+def run_todo(cfg, todo: list[ModeRecipe], bank, calibs, ids, points, depth, modes: dict, collector: Collector,
+             emit) -> dict:
+    """Run every mode, the reference first. Returns what the studies need: per-mode sample rows and
+    end-to-end metrics, the reference's logits and block inputs, and what the modes shared ("shared_ops")."""
+    samples = [ids[k:k + 1] for k in range(ids.shape[0])]
+    shared = SharedOps()
+    state = {"samples": samples, "rows": {}, "e2e": {}, "ref_logits": None, "ref_inputs": None, "shared": shared}
+    iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
+    wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
+    ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
+    keep_only(bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
+    for n, recipe in enumerate(ordered):
+        _run_one(cfg, recipe, bank, calibs, samples, points, depth, modes, collector, state, bool(iso_layers), wanted)
+        emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
+        keep_only(bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
+        if n == 0:
+            fault_point("modes")
+    state["shared_ops"] = shared.summary()
+    del state["shared"]  # its kept results go with it
+    return state
+
+
+def _run_one(cfg, recipe, bank, calibs, samples, points, depth, modes, collector, state, isolated, wanted) -> None:
+    progress.phase = f"running mode {recipe.name}"
+    start = time.perf_counter()
+    name, is_ref = recipe.name, recipe.name == cfg.reference
+    tensors: dict[str, dict] = {}
+    entry = modes[name] = {"status": "ok", "title": recipe.title, "recipe": recipe.knobs(), "seconds": None,
+                           "tensors": tensors}
+    problems: list[str] = []
+    rows: dict[str, dict] = {}
+    streamed = False
+
+    def on_layer(arrays, chunk_tensors) -> None:
+        nonlocal streamed
+        tensors.update(chunk_tensors)
+        problems.extend(nonfinite_problems(arrays, chunk_tensors))
+        if cfg.samples > 1 and not is_ref and collector.has_reference and "logits" not in arrays:
+            ref = {t: per_sample_of(collector.ref_get(t), len(samples)) for t in arrays if t in collector.ref_names}
+            mine = {t: per_sample_of(a, len(samples)) for t, a in arrays.items()}
+            rows.update(mode_sample_rows(ref, mine, name, modes, cfg.reference))
+        progress.phase = f"writing mode {name}"
+        collector.add(name, arrays)
+        progress.phase = f"running mode {name}"
+        streamed = True
+
+    try:
+        if isolated and not is_ref and state["ref_inputs"] is None:
+            raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, but it failed")
+        run = run_mode(recipe, bank, scales_of(recipe, calibs), samples, points, depth, cfg.basis,
+                       None if is_ref else state["ref_inputs"], cfg.end_to_end or cfg.sensitivity,
+                       wanted if is_ref else (), cfg.device, on_layer, state["shared"])
+        if run.logits:
+            logits = {"logits": stack(run.logits)}
+            on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
+        if is_ref:
+            state.update(ref_logits=run.logits, ref_inputs=RefInputs(recipe.rotate == "yes", run.block_inputs))
+        entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))
+        record_nonfinite(name, entry, problems)
+        if cfg.samples > 1 and not is_ref:
+            state["rows"][name] = rows
+        if run.logits and state["ref_logits"] is not None:
+            state["e2e"][name] = end_to_end_rows(state["ref_logits"], run.logits, samples)
+    except Exception as e:  # a failing mode is recorded (with the blocks it finished), the others go on
+        modes[name] = {"status": "error", "title": recipe.title, "recipe": recipe.knobs(),
+                       "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        print(f"error: mode {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        if streamed:  # the blocks it finished stay in the file; they take no part in the comparison
+            modes[name]["tensors"] = tensors
+            collector.failed(name)
+            return
+    if streamed:
+        collector.end(name)

@@ -1,0 +1,137 @@
+"""The models of one run: a float checkpoint, or a Quamba checkpoint with (optionally) its float model.
+
+With a Quamba checkpoint, int8 rotated prep=quamba recipes run from its codes and scales; recipes
+with float weights (``fp32``, ``1``), without rotation or with prep=exact need the float model
+(``--mamba_model_path``). The pair is checked: equal dimensions (else an error), and the float model's
+weights, prepared and quantized by the same code as the built-in int8 modes
+(``WeightBank.layer(i, "int8", True, "quamba")``), should land within one code of the checkpoint's (the fraction is reported; below ``PAIR_MIN_FRACTION`` a warning says the pair is
+probably mismatched).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .calibration import CalibrationResult
+from ..checkpoints.loading import Checkpoint, ModelDirError, Tokenizer, load_tokenizer, open_checkpoint
+from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir, open_quamba
+from .weightbank import WeightBank
+
+__all__ = ["Models", "open_models", "check_pair", "checkpoint_calibration", "needs_float", "PAIR_MIN_FRACTION"]
+
+PAIR_MIN_FRACTION = 0.99
+_DIMS = ("d_model", "d_inner", "d_state", "d_conv", "dt_rank", "n_layer")
+
+
+@dataclass
+class Models:
+    bank: WeightBank
+    primary: Checkpoint | QuambaCheckpoint   # the --model directory
+    float_ckpt: Checkpoint | None
+    quamba: QuambaCheckpoint | None
+
+    @property
+    def tokenizer_dirs(self) -> list[Path]:
+        return [self.primary.path] + ([self.float_ckpt.path] if self.quamba and self.float_ckpt else [])
+
+    def gives_scales(self, prep: str) -> bool:
+        """A Quamba checkpoint holds the scales (and codes) of prep=quamba: no calibration for those."""
+        return self.quamba is not None and prep == "quamba"
+
+    def needs_calibration(self, recipes) -> bool:
+        """Whether some recipe needs scales that must be calibrated (so the calibration text is read)."""
+        return any(r.needs_calibration and not self.gives_scales(r.prep) for r in recipes)
+
+    def tokenizer(self, tokenizer_dir: Path | None = None) -> Tokenizer:
+        """--tokenizer, else the model directory, else (Quamba checkpoints carry none) the float model's."""
+        if tokenizer_dir is not None:
+            return load_tokenizer(self.primary.path, tokenizer_dir)
+        dirs = self.tokenizer_dirs
+        for d in dirs[1:]:
+            if not any((Path(dirs[0]) / n).is_file() for n in ("tokenizer.json", "vocab.json")):
+                return load_tokenizer(d)
+        return load_tokenizer(dirs[0])
+
+    def pairing(self, depth: int, checked: Future | None = None) -> dict:
+        """check_pair, with a warning on stderr when the two probably do not belong together.
+
+        checked: check_pair(self, depth) already submitted to a thread (its result, or its error, is taken here).
+        """
+        pairing = check_pair(self, depth) if checked is None else checked.result()
+        if not pairing["matched"]:
+            print(f"warning: only {pairing['within_one_code']:.2%} of the weight codes of {self.quamba.path} "
+                  f"(layers 0..{depth}) lie within one code of {self.float_ckpt.path} quantized as Quamba does "
+                  f"(expected >= 99%): the two probably do not belong together", file=sys.stderr)
+        return pairing
+
+
+def _float_dir(path: Path, model_name: str) -> Path:
+    """The research tool passes the parent of the float model; accept DIR or DIR/mamba-<size> (the name
+    Quamba derives a quantized model's name from, modelutils_mamba.py:776, reversed)."""
+    if (path / "config.json").is_file():
+        return path
+    guess = re.sub(r"^quamba", "mamba", model_name.lower())
+    guess = re.sub(r"-w\d+a\d+$", "", guess)
+    if (path / guess / "config.json").is_file():
+        return path / guess
+    raise ModelDirError(f"--mamba_model_path {path}: no config.json there (nor in {path / guess}); "
+                        f"it must name the float model's directory (transformers or mamba_ssm layout)")
+
+
+def open_models(model: Path, mamba_model_path: Path | None) -> Models:
+    if not is_quamba_dir(model):
+        ckpt = open_checkpoint(model)
+        return Models(WeightBank(ckpt), ckpt, None, None)
+    q = open_quamba(model)
+    float_ckpt = open_checkpoint(_float_dir(Path(mamba_model_path), Path(model).name)) if mamba_model_path else None
+    if float_ckpt is not None:
+        fd, qd = asdict(float_ckpt.dims), asdict(q.dims)
+        diff = [f"{k} {fd[k]} vs {qd[k]}" for k in _DIMS if fd[k] != qd[k]]
+        if float_ckpt.dims.vocab_size > q.dims.vocab_size:
+            diff.append(f"vocab {float_ckpt.dims.vocab_size} vs {q.dims.vocab_size}")
+        if diff:
+            raise ModelDirError(f"--mamba_model_path {float_ckpt.path} does not belong to {model}: "
+                                f"{', '.join(diff)} (float vs quantized)")
+    return Models(WeightBank(float_ckpt, given=q), q, float_ckpt, q)
+
+
+def needs_float(recipe) -> bool:
+    """True when a recipe cannot run from a quantized checkpoint alone (it holds prep=quamba's rotated codes)."""
+    return recipe.weights != "int8" or recipe.rotate != "yes" or recipe.prep != "quamba"
+
+
+def check_pair(models: Models, depth: int) -> dict:
+    """Fraction of the checkpoint's weight codes (blocks 0..depth) within one code of the float model's."""
+    fields = ("in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj")
+    within = total = exact = 0
+    per_tensor = {}
+    float_bank = WeightBank(models.float_ckpt)
+    for i in range(depth + 1):
+        mine = models.bank.layer(i, "int8", True, "quamba")
+        ours = float_bank.layer(i, "int8", True, "quamba")  # the same preparation as the built-in int8 modes
+        for name in fields:
+            a, b = getattr(mine, name), getattr(ours, name)
+            if a is None or b is None:
+                continue
+            if a.codes.shape != b.codes.shape:
+                raise ModelDirError(f"layer {i} {name}: the checkpoint has shape {list(a.codes.shape)}, "
+                                    f"the float model {list(b.codes.shape)}")
+            d = (a.codes.to(torch.int16) - b.codes.to(torch.int16)).abs()
+            n_within, n = int((d <= 1).sum()), d.numel()
+            within, total, exact = within + n_within, total + n, exact + int((d == 0).sum())
+            per_tensor[f"L{i}.{name}"] = round(n_within / n, 6)
+    fraction = within / total if total else 1.0
+    return {"float_model": str(models.float_ckpt.path), "layers": list(range(depth + 1)), "codes": total,
+            "within_one_code": round(fraction, 6), "identical": round(exact / total if total else 1.0, 6),
+            "per_tensor": per_tensor, "matched": fraction >= PAIR_MIN_FRACTION}
+
+
+def checkpoint_calibration(q: QuambaCheckpoint, depth: int) -> CalibrationResult:
+    scales = [q.layer_scales(i) for i in range(depth + 1)]
+    return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path),
+                                      "scales": [s.as_dict() for s in scales], "seconds": 0.0})

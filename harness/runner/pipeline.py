@@ -1,0 +1,359 @@
+"""The main job: load once, calibrate once, run every mode up to the deepest captured layer, save.
+
+Everything that can be checked before work starts (modes, taps, layers, output
+path, model directory, tokenizer, sample length, calibration size) is checked
+first and raises an ``InputError`` subclass; a mode that fails later is recorded
+as an error and the other modes are kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..emulation.build import hadamard_kernel_support
+from .calibration import CalibrationResult, CalibrationSettings, calibrate
+from .collect import Collector, block_io_names
+from ..emulation.capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
+from ..checkpoints.text import (
+    DEFAULT_CALIB_FILE,
+    DEFAULT_TEXT_FILE,
+    DataError,
+    calibration_windows,
+    check_token_ids,
+    read_sample,
+)
+from ..checkpoints.loading import ModelDirError
+from ..modes import ModeError, ModeRecipe, resolve_modes
+from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
+from ..report.text import sensitivity_tables, short_comparison
+from .studies import run_studies
+from .modeloop import run_todo, scales_of
+from .resume import ResumeError, previous_modes, recorded_recipe
+from ..runtime.guard import LockError, OutputLock, fault_point, progress
+from ..runtime.machine import cpu_provenance
+from ..store.format import (
+    SCHEMA_VERSION,
+    PairWriter,
+    StorageError,
+    check_output,
+    check_writable,
+    pending_path,
+    stats_path,
+)
+from .weightbank import WeightBank
+
+__all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "mamba-tiny"  # the repository root
+
+
+class RunError(ValueError):
+    """Invalid run configuration (e.g. --resume against a different run)."""
+
+
+InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageError, LockError, ResumeError)
+
+
+@dataclass
+class RunConfig:
+    model: Path = DEFAULT_MODEL
+    mamba_model_path: Path | None = None  # float model paired with a quantized (Quamba) --model
+    tokenizer: Path | None = None
+    modes: list[str] = field(default_factory=lambda: ["all"])
+    modes_file: Path | None = None
+    output_file: Path = Path("first_layer_io_all_modes.npz")
+    seq_len: int = 512
+    text_file: Path = DEFAULT_TEXT_FILE
+    calib: CalibrationSettings = field(default_factory=CalibrationSettings)
+    calib_file: Path = DEFAULT_CALIB_FILE
+    cache_dir: Path | None = None
+    layers: list = field(default_factory=lambda: [0])  # block indices or "all", "-1", "0-5" (capture.resolve_layers)
+    taps: list[str] = field(default_factory=list)
+    basis: str = "original"
+    stats_only: bool = False
+    resume: bool = False
+    compress: bool = False
+    dedup: bool = True
+    reference: str = "fp32"
+    argv: list[str] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)  # with resume: modes run again although the file holds them
+    reference_required: bool = False  # --reference was given: it must be one of the run's (or the file's) modes
+    samples: int = 1                  # disjoint windows of seq_len tokens (analysis, samples)
+    isolated: bool = False            # L{i}.block.isolated: each captured block on the reference's input
+    end_to_end: bool = False          # final norm + lm_head: logits, KL, top-1, cross-entropy, perplexity
+    sensitivity: bool = False         # KL with one block at a time in the mode (implies end_to_end)
+    device: str = "cpu"
+    keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
+
+
+@dataclass
+class RunOutcome:
+    stats: dict                                   # the _stats.json content
+    by_mode: dict[str, dict[str, np.ndarray]]     # mode -> tensor -> array (before dedup; also with --stats-only);
+                                                  # with keep_arrays=False only the reference's
+    failed: list[str]
+    token_ids: np.ndarray                         # (samples, seq_len) int64
+
+
+def _timestamp() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch else datetime.now(timezone.utc)
+    return when.isoformat(timespec="seconds")
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: int, points: list[str]) -> dict:
+    return {
+        "harness_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": _version("transformers"), "numpy": np.__version__, "platform": platform.platform(),
+        "device": cfg.device, "torch_threads": torch.get_num_threads(), "cpu": cpu_provenance(),
+        "model": {"path": str(ckpt.path), "format": ckpt.format, "dims": asdict(ckpt.dims),
+                  "stored_dtype": ckpt.stored_dtype(), "hash": prefix[depth],
+                  "hash_scope": f"sha256 over dims, embedding and blocks 0..{depth} (deeper blocks are never read)"},
+        "tokenizer": {"path": str(tok.path), "sha256": hashlib.sha256(Path(tok.path).read_bytes()).hexdigest(),
+                      "eos_id": tok.eos_id},
+        "sample": {"text_file": str(text.path), "sha256": text.sha256, "documents": text.n_documents,
+                   "documents_used": text.documents_used, "tokens": int(ids.shape[1]), "samples": int(ids.shape[0]),
+                   "windows": [[k * int(ids.shape[1]), (k + 1) * int(ids.shape[1])] for k in range(ids.shape[0])],
+                   "token_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()},
+        "seed": cfg.calib.seed, "basis": cfg.basis, "layers": cfg.layers, "taps": cfg.taps, "points": points,
+    }
+
+
+def _input_files(cfg: RunConfig, models, tok) -> dict[str, Path | None]:
+    """Every file the run reads, by what it is (an output may never be one of them)."""
+    files: dict[str, Path | None] = {}
+    for what, ckpt in (("the model", models.primary), ("the float model", models.float_ckpt)):
+        if ckpt is None:
+            continue
+        model = Path(ckpt.path)
+        files[f"{what}'s config.json"] = model / "config.json"
+        for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            files[f"{what}'s {name}"] = model / name
+        weight_files = ckpt.weight_files() if hasattr(ckpt, "weight_files") else {model / "pytorch_model.bin"}
+        for n, f in enumerate(sorted({str(f) for f in weight_files})):
+            files[f"a weight file of {what} (#{n})"] = Path(f)
+    files["the tokenizer"] = Path(tok.path)
+    files["the tokenizer's merges.txt"] = Path(tok.path).with_name("merges.txt")
+    files.update({"the text file": cfg.text_file, "the calibration file": cfg.calib_file,
+                  "the modes file": cfg.modes_file})
+    return files
+
+
+def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
+    progress.reset(Path(cfg.output_file))
+    progress.phase = "checking the inputs"
+    recipes = resolve_modes(cfg.modes, cfg.modes_file)
+    if cfg.rerun:
+        if not cfg.resume:
+            raise RunError("--rerun only applies with --resume (without it every mode is run anyway)")
+        rerun = resolve_modes(cfg.rerun, cfg.modes_file)
+        recipes += [r for r in rerun if r.name not in {x.name for x in recipes}]
+    if cfg.reference_required and not cfg.resume and cfg.reference not in {r.name for r in recipes}:
+        raise RunError(f"--reference {cfg.reference!r} is not one of this run's modes "
+                       f"({', '.join(r.name for r in recipes)}); add it to --modes or choose one of them")
+    if cfg.basis not in ("original", "rotated"):
+        raise RunError(f"unknown basis {cfg.basis!r}; valid: original, rotated")
+    if cfg.device not in ("cpu", "cuda"):
+        raise RunError(f"unknown device {cfg.device!r}; valid: cpu, cuda")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RunError("--device cuda was asked for, but torch sees no CUDA device here "
+                       f"(torch {torch.__version__}); run with --device cpu")
+    if cfg.resume and (cfg.samples > 1 or cfg.isolated or cfg.end_to_end or cfg.sensitivity):
+        raise RunError("--resume does not combine with --samples > 1, --isolated, --end-to-end or --sensitivity "
+                       "yet; write a new --output_file instead")
+    if cfg.samples < 1:
+        raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
+    select_points([0], cfg.taps)  # an unknown tap is an input error before anything is opened
+    out = Path(cfg.output_file)
+    for path in (out, stats_path(out), pending_path(out)):
+        check_writable(path)
+    models = open_models(cfg.model, cfg.mamba_model_path)
+    ckpt = models.primary
+    if models.quamba is None and cfg.mamba_model_path is not None:
+        print(f"warning: --mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it",
+              file=sys.stderr)
+    n_layer = ckpt.dims.n_layer
+    cfg.layers = resolve_layers(cfg.layers, n_layer)
+    points = select_points(cfg.layers, cfg.taps)
+    depth = max(parse_point(p)[0] for p in points)
+    if depth >= n_layer:
+        raise RunError(f"layer {depth} was requested, but {cfg.model} has {n_layer} blocks "
+                       f"(valid: 0..{n_layer - 1})")
+    if cfg.isolated:
+        points += [point_name(i, ISOLATED) for i in sorted({parse_point(p)[0] for p in points})]
+    if cfg.end_to_end or cfg.sensitivity:  # the whole model runs: every block is read and calibrated
+        depth = n_layer - 1
+    float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
+    if float_less:
+        raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights, no rotation or "
+                       f"prep=exact), but {cfg.model} is a quantized Quamba checkpoint: pass --mamba_model_path DIR "
+                       f"(the float model it was made from), or run only int8 modes (e.g. --modes quant_only)")
+    tok = models.tokenizer(cfg.tokenizer)
+    inputs = _input_files(cfg, models, tok)
+    for path in (out, stats_path(out), pending_path(out)):
+        check_output(path, inputs)
+    with OutputLock(out):
+        return _run_locked(cfg, recipes, points, depth, models, tok, emit)
+
+
+def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, models, tok,
+                emit: Callable[[str], None]) -> RunOutcome:
+    ckpt = models.primary
+    progress.phase = "reading the text"
+    with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
+        hashing = pool.submit(ckpt.prefix_hashes, depth)
+        pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
+        text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
+        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
+            if models.needs_calibration(recipes) else None
+        prefix = hashing.result()
+    ids = text.ids.reshape(cfg.samples, cfg.seq_len)
+    check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
+    if calib_text is not None:
+        check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
+    provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
+    kept = previous_modes(cfg, provenance, calib_text) if cfg.resume else {}
+    requested = {r.name for r in recipes}
+    if cfg.reference_required and cfg.reference not in requested | set(kept):
+        raise RunError(f"--reference {cfg.reference!r} is neither one of this run's modes nor in {cfg.output_file} "
+                       f"({', '.join(sorted(requested | set(kept)))}); add it to --modes or choose one of them")
+    rerun = {r.name for r in resolve_modes(cfg.rerun, cfg.modes_file)} if cfg.rerun else set()
+    todo: list[ModeRecipe] = []
+    for mode, k in kept.items():  # modes of the file that were not asked for but must be re-run
+        if mode not in requested and k.entry.get("status") == "ok" and not k.complete:
+            recipe = recorded_recipe(mode, k.entry)
+            if recipe is not None:
+                todo.append(recipe)
+                print(f"warning: mode {mode} in {cfg.output_file} has incomplete arrays "
+                      f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
+    for recipe in recipes:
+        k = kept.get(recipe.name)
+        changed = k is not None and k.entry.get("recipe") != recipe.knobs()
+        if k is None or recipe.name in rerun or k.entry.get("status") != "ok" or not k.complete or changed:
+            todo.append(recipe)
+        if changed and recipe.name not in rerun:
+            print(f"warning: mode {recipe.name} in {cfg.output_file} was made with another recipe; "
+                  f"running it again", file=sys.stderr)
+        elif k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
+            print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
+                  f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
+    if calib_text is None and models.needs_calibration(todo):  # a kept mode re-run needs it
+        calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+        check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
+    bank = models.bank
+    _hadamard_support(recipes, bank.dims, provenance)
+    progress.phase = "calibrating"
+    fault_point("before-calibration")
+    if models.quamba is not None:
+        provenance["model"]["quamba"] = models.quamba.info()
+        if pairing is not None:
+            provenance["model"]["pairing"] = models.pairing(depth, pairing)
+    # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
+    # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
+    calibs = {}
+    for prep in dict.fromkeys(r.prep for r in todo if r.needs_calibration):
+        calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
+            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep)
+    infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
+             for prep, c in calibs.items()}
+    provenance["calibration"] = next(iter(infos.values()), None)
+    provenance["calibration_by_prep"] = infos
+
+    modes: dict[str, dict] = {}
+    todo_names = {r.name for r in todo}
+    timestamp, model_path = _timestamp(), Path(cfg.model)
+    meta = {"token_ids": ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
+            "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
+    with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup) as writer:  # arrays streamed as modes finish
+        for key, arr in meta.items():
+            writer.add(key, arr)
+        collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays,
+                              Path(cfg.output_file).parent)
+        for mode, k in kept.items():  # file order first; modes run again take their place
+            if mode not in todo_names:
+                modes[mode] = {**k.entry, "resumed": True}
+                if k.entry.get("status") == "ok" and not k.complete:  # cannot be re-run: never kept as ok
+                    modes[mode].update(status="error", error=f"arrays incomplete in the resumed file "
+                                       f"({', '.join(k.missing)}) and its recorded recipe is not valid")
+                if k.arrays:
+                    collector.add(mode, k.arrays)
+                    collector.end(mode)
+                emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
+        state = run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit)
+        provenance["shared_ops"] = state["shared_ops"]
+        order = list(kept) + [r.name for r in todo if r.name not in kept]
+        ordered = {m: modes[m] for m in order if m in modes}
+        modes.clear()
+        modes.update(ordered)
+        comparison = collector.finish(order)
+        provenance["model"]["tensors_read"] = ckpt.read_summary()
+        if models.quamba is not None and models.float_ckpt is not None:
+            provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path),
+                                                  "format": models.float_ckpt.format,
+                                                  "tensors_read": models.float_ckpt.read_summary()}
+        studies = run_studies(cfg, recipes, bank, calibs, modes, state, emit, scales_of)
+        return _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids)
+
+
+def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
+    """Warn once per rotated width that Quamba's Hadamard kernels do not transform (the harness still does)."""
+    support = hadamard_kernel_support(recipes, dims)
+    if support is None:
+        return
+    provenance["hadamard_kernel_support"] = support
+    for width, reason in support.items():
+        if reason is not None:
+            print(f"warning: {width} = {getattr(dims, width)}: Quamba's Hadamard kernels do not support "
+                  f"this width ({reason}); the harness rotates it anyway", file=sys.stderr)
+
+
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str):
+    try:
+        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep)
+    except Exception as e:  # the quantized modes fail with this error, float modes still run
+        print(f"error: calibration failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return e
+    result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256,
+                       calib_documents_used=calib_text.documents_used)
+    emit(f"calibration (prep={prep}): {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
+         f"alpha {cfg.calib.alpha}, layers 0..{depth}, {result.info['seconds']} s)")
+    return result
+
+
+def _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids) -> RunOutcome:
+    failed = [m for m in modes if modes[m]["status"] != "ok"]
+    if comparison is None:
+        emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
+    elif "error" not in comparison:
+        emit(short_comparison(comparison, block_io_names(collector.ref_names)))
+        if cfg.isolated or cfg.sensitivity:
+            emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
+    model_path = Path(cfg.model)
+    stats = {"schema_version": SCHEMA_VERSION, "timestamp": timestamp, "model": model_path.name,
+             "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
+             "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": writer.aliases,
+             "comparison": comparison, "failed_modes": failed, **studies}
+    progress.phase = "writing the files"
+    stats = writer.commit(stats)
+    emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
+         + (f"; failed modes: {', '.join(failed)}" if failed else ""))
+    return RunOutcome(stats, collector.by_mode, failed, ids.numpy())

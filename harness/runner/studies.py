@@ -1,0 +1,131 @@
+"""Per-sample results -> the stats sections "end_to_end", "samples" and "sensitivity".
+
+Input is what ``analysis.run_mode`` gives per mode: arrays per sample and logits per
+sample. Output (README "Many samples", "End to end", "Sensitivity"):
+
+    end_to_end  = {MODE: {"kl", "top1_agreement", "cross_entropy", "perplexity"}}
+                  numbers for one sample, {"mean", "ci95"} for several (the reference included)
+    samples     = {"count": N, "windows": [[start, end], ...],
+                   "metrics": {MODE: {TENSOR: {METRIC: {"mean", "ci95", "per_sample"}}}},
+                   "pairs": [{"a", "b", "tensor", "metric", "mean_diff", "ci95"}]}
+    sensitivity = {MODE: {LAYER: {"kl", "kl_share"}}}     LAYER a block index as a string
+
+Per-sample metrics compare each mode's sample k with the reference's sample k; the tensor
+"logits" holds the end-to-end metrics. Pairs: for every two non-reference modes a, b the
+mean difference a - b of SQNR at the deepest captured block output (and of the end-to-end
+cross-entropy) with a paired t interval (``intervals``).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import numpy as np
+
+from .forwards import sensitivity_kl
+from ..emulation.capture import point_name
+from ..metrics.compare import same_basis
+from ..metrics.logits import end_to_end_metrics, kl_divergence
+from ..runtime.guard import progress
+from ..metrics.intervals import mean_ci, paired_difference
+from ..metrics.errors import error_metrics
+from ..report.text import end_to_end_table
+from ..store.format import tensor_name
+
+__all__ = ["SAMPLE_METRICS", "END_TO_END_METRICS", "end_to_end_rows", "end_to_end_stats", "mode_sample_rows",
+           "sample_section", "sensitivity_stats", "run_studies"]
+
+SAMPLE_METRICS = ("sqnr_db", "rel_l2", "cosine", "mse")
+END_TO_END_METRICS = ("kl", "top1_agreement", "cross_entropy", "perplexity")
+LOGITS = "logits"
+
+
+def end_to_end_rows(ref_logits: list[np.ndarray], logits: list[np.ndarray], samples) -> list[dict[str, float]]:
+    """Per sample {"kl", "top1_agreement", "cross_entropy", "perplexity"} of one mode against the reference."""
+    return [end_to_end_metrics(ref_logits[k], logits[k], np.asarray(samples[k])) for k in range(len(samples))]
+
+
+def _summary(values: list[float]) -> float | dict:
+    if len(values) == 1:
+        return values[0]
+    s = mean_ci(values)
+    return {"mean": s["mean"], "ci95": s["ci95"]}
+
+
+def end_to_end_stats(per_sample: dict[str, list[dict[str, float]]]) -> dict:
+    return {mode: {m: _summary([row[m] for row in rows]) for m in END_TO_END_METRICS}
+            for mode, rows in per_sample.items()}
+
+
+def mode_sample_rows(ref: dict[str, list[np.ndarray]], mine: dict[str, list[np.ndarray]], mode: str,
+                     modes: dict[str, dict], reference: str) -> dict[str, dict]:
+    """TENSOR -> METRIC -> {"mean", "ci95", "per_sample"} of one mode against the reference, sample by sample
+    (tensors of another basis or shape are left out, as in the comparison)."""
+    if mode == reference:
+        return {}
+    comparable = same_basis(lambda m, t: modes[m].get("tensors", {}).get(t, {}).get("basis"), reference)
+    rows = {}
+    for tensor, values in mine.items():
+        if tensor not in ref or comparable(mode, tensor) is not None or values[0].shape != ref[tensor][0].shape:
+            continue
+        per = [error_metrics(r, v) for r, v in zip(ref[tensor], values)]
+        rows[tensor] = {m: mean_ci([p[m] for p in per]) for m in SAMPLE_METRICS}
+    return rows
+
+
+def sample_section(rows: dict[str, dict], e2e: dict[str, list[dict]] | None, pair_tensor: str,
+                   windows: list[list[int]]) -> dict:
+    """The "samples" section from every mode's rows (``mode_sample_rows``) and end-to-end rows."""
+    metrics = {mode: dict(r) for mode, r in rows.items() if r}
+    for mode, per in (e2e or {}).items():
+        metrics.setdefault(mode, {})[LOGITS] = {m: mean_ci([r[m] for r in per]) for m in END_TO_END_METRICS}
+    others = [m for m in rows if rows[m]]
+    pairs = []
+    for a, b in itertools.combinations(others, 2):
+        for tensor, metric in ((pair_tensor, "sqnr_db"), (LOGITS, "cross_entropy")):
+            va = metrics.get(a, {}).get(tensor, {}).get(metric)
+            vb = metrics.get(b, {}).get(tensor, {}).get(metric)
+            if va is None or vb is None:
+                continue
+            pairs.append({"a": a, "b": b, "tensor": tensor, "metric": metric,
+                          **paired_difference(va["per_sample"], vb["per_sample"])})
+    return {"count": len(windows), "windows": windows, "method": "Student t on per-sample values (95 %)",
+            "metrics": metrics, "pairs": pairs}
+
+
+def sensitivity_stats(kl_by_layer: dict[int, list[float]], full_kl: list[float]) -> dict[str, dict]:
+    """LAYER -> {"kl": mean over samples, "kl_share": that / the mode's own end-to-end mean KL}."""
+    total = float(np.mean(full_kl))
+    out = {}
+    for layer, values in sorted(kl_by_layer.items()):
+        kl = float(np.mean(values))
+        out[str(layer)] = {"kl": kl, "kl_share": kl / total if total > 0 else (0.0 if kl == 0 else math.inf)}
+    return out
+
+
+def run_studies(cfg, recipes, bank, calibs, modes: dict[str, dict], state: dict, emit, scales_of) -> dict:
+    """The stats sections end_to_end, samples and sensitivity of the modes that ran (state: pipeline._run_todo's)."""
+    ok = [m for m in modes if modes[m].get("status") == "ok" and not modes[m].get("resumed")]
+    if cfg.reference not in ok:
+        return {}
+    out: dict = {}
+    e2e = {m: state["e2e"][m] for m in ok if m in state["e2e"]}
+    if e2e and cfg.end_to_end:
+        out["end_to_end"] = end_to_end_stats(e2e)
+        emit(end_to_end_table(out["end_to_end"], cfg.reference))
+    if cfg.samples > 1:
+        out["samples"] = sample_section({m: state["rows"].get(m, {}) for m in ok}, e2e if cfg.end_to_end else None,
+                                        tensor_name(point_name(max(cfg.layers), "block.out")),
+                                        [[k * cfg.seq_len, (k + 1) * cfg.seq_len] for k in range(cfg.samples)])
+    if cfg.sensitivity:
+        by_name = {r.name: r for r in recipes}
+        ref = by_name[cfg.reference]
+        out["sensitivity"] = {}
+        for mode in ok:
+            if mode == cfg.reference:
+                continue
+            progress.phase = f"sensitivity of mode {mode}"
+            kl = sensitivity_kl(by_name[mode], bank, scales_of(by_name[mode], calibs), ref, scales_of(ref, calibs),
+                                state["samples"], state["ref_inputs"], state["ref_logits"], cfg.layers,
+                                kl_divergence, cfg.device)
+            out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])
+    return out
