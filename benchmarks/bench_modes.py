@@ -122,8 +122,8 @@ def _child_scan(a: dict) -> dict:
     B, C = torch.randn(b, l, n, generator=g), torch.randn(b, l, n, generator=g)
     D, bias = torch.ones(e), torch.zeros(e)
     calls = {
-        "harness_reference": lambda: selective_scan(u, delta, A_log, B, C, D, z, bias, ScanOrder.REFERENCE, FloatOut(torch.float32)),
-        "harness_kernel": lambda: selective_scan(u, delta, A_log, B, C, D, z, bias, ScanOrder.KERNEL, FloatOut(torch.float32)),
+        "harness_reference": lambda: selective_scan(u, delta, A_log, B, C, D, z, delta_bias=bias, order=ScanOrder.REFERENCE, out=FloatOut(torch.float32)),
+        "harness_kernel": lambda: selective_scan(u, delta, A_log, B, C, D, z, delta_bias=bias, order=ScanOrder.KERNEL, out=FloatOut(torch.float32)),
         "transformers": lambda: mamba_selective_scan(u.transpose(1, 2), delta.transpose(1, 2), -torch.exp(A_log),
                                                      B.transpose(1, 2), C.transpose(1, 2), D, z.transpose(1, 2), bias,
                                                      delta_softplus=True),

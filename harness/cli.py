@@ -181,34 +181,30 @@ def _config_from_args(args: argparse.Namespace):
         device=args.device, keep_arrays=False)
 
 
-def _interrupted(e) -> int:
-    from .runtime.guard import progress
-
-    print(f"interrupted by {e.name} while {progress.phase}: {progress.kept()}", file=sys.stderr)
-    return e.exit_code
-
-
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
-    """Run a command with SIGINT/SIGTERM turned into a clean exit (130/143, one line, no traceback)."""
-    from .runtime.guard import Interrupted, handle_signals
+    """Run command(argv, prog, progress) with SIGINT/SIGTERM turned into a clean exit (130/143, one line
+    saying what the command was doing and what is on disk, no traceback)."""
+    from .runtime.guard import Interrupted, Progress, handle_signals
 
+    progress = Progress()
     try:
         with handle_signals():
-            return command(argv, prog)
+            return command(argv, prog, progress)
     except Interrupted as e:
-        return _interrupted(e)
+        print(f"interrupted by {e.name} while {progress.phase}: {progress.kept()}", file=sys.stderr)
+        return e.exit_code
 
 
 def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return _guarded(_capture, argv, prog)
 
 
-def _capture(argv: list[str] | None, prog: str | None) -> int:
+def _capture(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_capture_parser(prog).parse_args(argv)
     from .runner.pipeline import InputError, run
 
     try:
-        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print)
+        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print, progress=progress)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -252,10 +248,7 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return _guarded(_compare, argv, prog)
 
 
-def _compare(argv: list[str] | None, prog: str | None) -> int:
-    from .runtime.guard import progress
-
-    progress.reset()
+def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
     from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
@@ -338,7 +331,7 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return _guarded(_export, argv, prog)
 
 
-def _export(argv: list[str] | None, prog: str | None) -> int:
+def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
     args = build_export_parser(prog).parse_args(argv)
     from .runner.calibration import CalibrationSettings, default_cache_dir
     from .runner.export import INPUT_ERRORS, ExportConfig, export
@@ -382,7 +375,7 @@ def _report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """The report command; matplotlib is imported only when a report is asked for."""
     from .report.build import report_main
 
-    return _guarded(report_main, argv, prog)
+    return _guarded(lambda args, name, _progress: report_main(args, name), argv, prog)
 
 
 _USAGE = """usage: python -m harness COMMAND [options]   (python -m harness COMMAND --help for its options)

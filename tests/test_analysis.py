@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.runner.forwards import run_mode
+from harness.runner.forwards import Forward, run_mode
 from harness.emulation.capture import TapError, resolve_layers
 from harness.metrics.logits import cross_entropy, end_to_end_metrics, kl_divergence, top1_agreement
 from harness.report.data import load_report_data
@@ -146,9 +146,8 @@ def test_samples_are_independent_and_keep_the_research_layout(big_run, hf_dir, t
     (recipe,) = resolve_modes(["1"], None)
     ids = torch.as_tensor(big_run.token_ids)
     points = ["L0.block.in", "L0.block.out", "L1.block.out"]
-    alone = run_mode(recipe, models.bank, None, [ids[2:3]], points, 1, "original", end_to_end=True)
-    together = run_mode(recipe, models.bank, None, [ids[k:k + 1] for k in range(3)], points, 1, "original",
-                        end_to_end=True)
+    alone = run_mode(Forward(recipe, None, [ids[2:3]], points, 1, end_to_end=True), models.bank)
+    together = run_mode(Forward(recipe, None, [ids[k:k + 1] for k in range(3)], points, 1, end_to_end=True), models.bank)
     for name in ("input", "output", "L1.block.out"):
         assert np.array_equal(alone.arrays[name], together.arrays[name][2])
     assert np.array_equal(alone.logits[0], together.logits[2])

@@ -106,3 +106,12 @@ def test_module_size_and_all(path):
     text = path.read_text()
     assert len(text.splitlines()) <= 420, f"{path.name} is over the ~400-line limit"
     assert "__all__" in text
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_module_name)
+def test_no_function_takes_more_than_seven_positional_parameters(path):
+    """Longer parameter lists become keyword-only or a parameter object (runner.context, runner.forwards.Forward)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            positional = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+            assert len(positional) <= 7, f"{node.name} (line {node.lineno}) takes {len(positional)} positionally"

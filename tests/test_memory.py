@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # in a fresh interpreter: the heap of a long test session is fragmented, a new block need not sit at its top
 _PROBE = r"""
 import ctypes, ctypes.util, json
-from harness import memory
+from harness.runtime import memory
 
 if memory._mallinfo2 is None:  # not glibc >= 2.33
     print(json.dumps(None)); raise SystemExit

@@ -495,7 +495,7 @@ def _write_back(src, dst):
     lm_head = weight if s_in is not None else weight.to(torch.float16)  # write_quamba takes an fp16 float head
     dst.mkdir()
     write_quamba(dst, q.dims, json.loads((src / "config.json").read_text()), [q.int8_layer(i) for i in range(n)],
-                 [q.layer_scales(i) for i in range(n)], embedding, lm_head, s_in)
+                 [q.layer_scales(i) for i in range(n)], embedding=embedding, lm_head=lm_head, lm_head_input_scale=s_in)
     return dst
 
 

@@ -173,10 +173,10 @@ def test_torch_order_is_the_forks_pytorch_scan_bit_for_bit():
     ops = (torch.randn(bsz, L, E, generator=g), torch.randn(bsz, L, E, generator=g) * 0.5 - 1,
            torch.randn(E, N, generator=g), torch.randn(bsz, L, N, generator=g), torch.randn(bsz, L, N, generator=g),
            torch.rand(E, generator=g) + 0.5, torch.randn(bsz, L, E, generator=g) * 3, torch.randn(E, generator=g) * 0.1)
-    y, _ = selective_scan(*ops[:7], ops[7], ScanOrder.TORCH, FloatOut(torch.float32))
+    y, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.TORCH, out=FloatOut(torch.float32))
     want = _fork_scan(*ops)
     assert torch.equal(y, want)
-    old, _ = selective_scan(*ops[:7], ops[7], ScanOrder.REFERENCE, FloatOut(torch.float32))
+    old, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.REFERENCE, out=FloatOut(torch.float32))
     assert not torch.equal(old, want)  # z * sigmoid(z) and the sequential sum give other bits
 
 
@@ -258,7 +258,7 @@ def test_mamba_order_is_the_kernel_order_with_mamba_ssms_gate(monkeypatch):
     assert torch.equal(mamba, y * (z / (portable.exp(-z) + 1.0)))
     assert not torch.equal(mamba, scan_mod._gate(y, z, ScanOrder.KERNEL))
     monkeypatch.setattr(scan_mod, "_gate", lambda y, z, order: y)  # the same ungated arithmetic as KERNEL
-    ungated = [selective_scan(*ops[:7], ops[7], o, FloatOut(torch.float32))[0] for o in (ScanOrder.MAMBA, ScanOrder.KERNEL)]
+    ungated = [selective_scan(*ops[:7], delta_bias=ops[7], order=o, out=FloatOut(torch.float32))[0] for o in (ScanOrder.MAMBA, ScanOrder.KERNEL)]
     assert torch.equal(*ungated)
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.runner.forwards import RefInputs, run_mode
+from harness.runner.forwards import Forward, RefInputs, run_mode
 from harness.emulation.capture import select_points
 from harness.modes import resolve_modes
 from harness.runner.sharedops import SharedOps
@@ -28,8 +28,8 @@ def test_every_array_and_stat_of_every_mode_is_the_one_computed_alone(observed):
     shared = SharedOps()
     for recipe in resolve_modes(["all", "1"], None):
         sc = scales if recipe.needs_calibration else None
-        alone = run_mode(recipe, bank, sc, [ids], points, 0, "original")
-        together = run_mode(recipe, bank, sc, [ids], points, 0, "original", shared=shared)
+        alone = run_mode(Forward(recipe, sc, [ids], points, 0), bank)
+        together = run_mode(Forward(recipe, sc, [ids], points, 0), bank, shared=shared)
         assert alone.arrays.keys() == together.arrays.keys() and len(alone.arrays) >= 14, recipe.name
         for name, arr in alone.arrays.items():
             assert _bits(arr) == _bits(together.arrays[name]), (recipe.name, name)
@@ -52,12 +52,12 @@ def test_the_isolated_replay_and_a_second_sample_share_too(observed):
     samples = [ids, torch.randint(0, bank.dims.vocab_size, ids.shape, generator=g)]
     points = select_points([0], ["ssm.out", "block.out"]) + ["L0.block.isolated"]
     recipes = {r.name: r for r in resolve_modes(["fp32", "0", "2-0"], None)}
-    ref = run_mode(recipes["fp32"], bank, None, samples, points, 0, "original", keep_inputs=(0,))
+    ref = run_mode(Forward(recipes["fp32"], None, samples, points, 0, keep_inputs=(0,)), bank)
     ref_inputs = RefInputs(True, ref.block_inputs)
     shared = SharedOps()
     for name in ("0", "2-0"):
-        alone = run_mode(recipes[name], bank, scales, samples, points, 0, "original", ref_inputs)
-        together = run_mode(recipes[name], bank, scales, samples, points, 0, "original", ref_inputs, shared=shared)
+        alone = run_mode(Forward(recipes[name], scales, samples, points, 0), bank, ref_inputs)
+        together = run_mode(Forward(recipes[name], scales, samples, points, 0), bank, ref_inputs, shared=shared)
         for tensor, arr in alone.arrays.items():
             assert _bits(arr) == _bits(together.arrays[tensor]), (name, tensor)
     # 2-0's scan of each sample, and of each sample's replay on the reference's block input

@@ -346,7 +346,7 @@ def _layer_entries(i: int, p, s: LayerScales, d: ModelDims) -> dict:
 
 
 def write_quamba(out_dir: Path, dims: ModelDims, config: dict, layers: list, scales: list[LayerScales],
-                 embedding: dict, lm_head: torch.Tensor | QTensor, lm_head_input_scale: float | None = None) -> None:
+                 *, embedding: dict, lm_head: torch.Tensor | QTensor, lm_head_input_scale: float | None = None) -> None:
     """Write config.json and pytorch_model.bin into out_dir (which the caller renames into place).
 
     layers: int8 LayerParams per block (rotated); embedding: {"backbone.embedding.weight": ..., [scales]};

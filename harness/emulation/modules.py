@@ -132,7 +132,8 @@ class EmuSelectiveScan(nn.Module):
 
     def forward(self, u: Act, delta: Act, B: Act, C: Act, z: Act) -> tuple[torch.Tensor, torch.Tensor]:
         """See ops.scan.selective_scan; returns y (batch, seqlen, d_inner) and the final state."""
-        return selective_scan(u, delta, self.A_log, B, C, self.D, z, self.dt_bias, self.order, self.out)
+        return selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
+                              out=self.out)
 
 
 class EmuHadamard(nn.Module):
@@ -180,7 +181,7 @@ class UInput:
 class EmuMambaBlock(nn.Module):
     """One Mamba-1 block on the fp32 residual stream, with a HookPoint at every capture site."""
 
-    def __init__(self, layer: int, dims, norm: EmuRMSNorm, in_proj: EmuLinear, conv1d: EmuConv1d,
+    def __init__(self, layer: int, dims, *, norm: EmuRMSNorm, in_proj: EmuLinear, conv1d: EmuConv1d,
                  x_proj: EmuLinear, dt_proj: EmuLinear, ssm: EmuSelectiveScan, had: EmuHadamard | None,
                  out_proj: EmuLinear, u_input: UInput) -> None:
         super().__init__()

@@ -118,7 +118,8 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
         tmp.mkdir(parents=True)
-        write_quamba(tmp, dims, config, layers, result.scales, embedding, lm_head, lm_scale)
+        write_quamba(tmp, dims, config, layers, result.scales, embedding=embedding, lm_head=lm_head,
+                     lm_head_input_scale=lm_scale)
         tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
         for name in TOKENIZER_FILES:
             if (tok_dir / name).is_file():

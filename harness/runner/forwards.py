@@ -33,11 +33,12 @@ from ..emulation.ops.hadamard import hadamard_transform
 from ..emulation.ops.linear import float_linear, int8_gemm
 from ..emulation.ops.quant import round_to_dtype, to_output
 from .sharedops import SharedOps
-from ..spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
+from ..spec import FLOAT_DTYPES, FloatOut, LayerScales, QTensor, QuantOut, Rounding
 from ..store.format import tensor_name
 from .weightbank import WeightBank, lm_head_weight
 
-__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "ModeRun", "run_mode", "per_sample_of", "keep_only", "basis_of", "sensitivity_kl", "stack"]
+__all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "Forward", "ModeRun", "run_mode",
+           "per_sample_of", "keep_only", "basis_of", "sensitivity_kl", "stack"]
 
 _BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
 
@@ -191,14 +192,32 @@ def to_device(module: nn.Module, device: str) -> nn.Module:
     return module
 
 
-def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.Tensor], points: list[str],
-             depth: int, basis: str, ref_inputs: RefInputs | None = None, end_to_end: bool = False,
-             keep_inputs: tuple[int, ...] = (), device: str = "cpu", on_layer=None,
+@dataclass(frozen=True)
+class Forward:
+    """One mode's forward over the samples: what to build, what to capture, where to run.
+
+    samples: each (1, seq_len) int64; points: capture points in capture order; depth: the deepest block
+    built (end_to_end builds them all and the head); keep_inputs: layers whose block inputs the result
+    keeps (the reference's, for the isolated replay and the sensitivity study of the other modes).
+    """
+
+    recipe: ModeRecipe
+    scales: list[LayerScales] | None
+    samples: list[torch.Tensor]
+    points: list[str]
+    depth: int
+    basis: str = "original"
+    end_to_end: bool = False
+    keep_inputs: tuple[int, ...] = ()
+    device: str = "cpu"
+
+
+def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None, on_layer=None,
              shared: SharedOps | None = None) -> ModeRun:
-    """Run one mode on every sample (ids (1, seq) each); the points L{i}.block.isolated in `points` are
-    replayed on ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference
-    itself); end_to_end: run all blocks and the head. The result's ``block_inputs`` are the mode's own
-    inputs of the isolated layers and `keep_inputs` (its basis): the RefInputs of the other modes.
+    """Run one mode on every sample; the points L{i}.block.isolated in `fwd.points` are replayed on
+    ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference itself).
+    The result's ``block_inputs`` are the mode's own inputs of the isolated layers and `fwd.keep_inputs`
+    (its basis): the RefInputs of the other modes.
 
     The blocks run one at a time over every sample, so each block's points are complete (every sample)
     when it finishes: with ``on_layer(arrays, tensors)`` they are handed over block by block and not
@@ -207,20 +226,22 @@ def run_mode(recipe: ModeRecipe, bank: WeightBank, scales, samples: list[torch.T
     arrays come back to the CPU (untested: README "Device").
     shared: the run's ops shared across modes (harness.runner.sharedops); None computes every op.
     """
-    model = to_device(build_backbone(recipe, bank, scales, bank.dims.n_layer - 1 if end_to_end else depth), device)
+    recipe, device = fwd.recipe, fwd.device
+    model = to_device(build_backbone(recipe, bank, fwd.scales, bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth),
+                      device)
     for block in model.blocks:
         block.shared = shared
-    head = to_device(build_head(recipe, bank), device) if end_to_end else None
+    head = to_device(build_head(recipe, bank), device) if fwd.end_to_end else None
     run = ModeRun()
 
     def collect(arrays: dict[str, np.ndarray], tensors: dict[str, dict]) -> None:
         run.arrays.update(arrays)
         run.tensors.update(tensors)
         for name, arr in arrays.items():
-            run.per_sample[name] = per_sample_of(arr, len(samples))
+            run.per_sample[name] = per_sample_of(arr, len(fwd.samples))
 
     with on_device(device):
-        _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, device, run, on_layer or collect)
+        _run_blocks(fwd, model, ref_inputs, run, on_layer or collect)
         if head is not None:
             run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
     run.residuals = []
@@ -232,11 +253,12 @@ def per_sample_of(arr: np.ndarray, n: int) -> list[np.ndarray]:
     return [arr] if n == 1 else list(arr)
 
 
-def _run_blocks(recipe, model, samples, points, basis, ref_inputs, keep_inputs, device, run: ModeRun, deliver) -> None:
+def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, run: ModeRun, deliver) -> None:
+    recipe, samples, points, basis, device = fwd.recipe, fwd.samples, fwd.points, fwd.basis, fwd.device
     rotate = recipe.rotate == "yes"
     iso_layers = {parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED}
     hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
-    own = {point_name(i, "block.in") for i in iso_layers | set(keep_inputs)} if ref_inputs is None else set()
+    own = {point_name(i, "block.in") for i in iso_layers | set(fwd.keep_inputs)} if ref_inputs is None else set()
     if own:
         run.block_inputs = [{} for _ in samples]
     run.residuals = [model.embed(ids.to(device)) for ids in samples]
@@ -303,18 +325,19 @@ def _layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.
 
 
 @torch.no_grad()
-def sensitivity_kl(recipe: ModeRecipe, bank: WeightBank, scales, ref_recipe: ModeRecipe, ref_scales,
-                   samples: list[torch.Tensor], ref_inputs: RefInputs, ref_logits: list[np.ndarray],
-                   layers: list[int], kl, device: str = "cpu") -> dict[int, list[float]]:
-    """layer -> per-sample KL(reference || model with only that block in `recipe`).
+def sensitivity_kl(mode: Forward, ref: Forward, bank: WeightBank, ref_inputs: RefInputs,
+                   ref_logits: list[np.ndarray], layers: list[int], kl) -> dict[int, list[float]]:
+    """layer -> per-sample KL(reference || model with only that block in `mode.recipe`).
 
     The reference's residual entering block i (its captured block input) plus the mode's block i
     output on it (converted to the reference's basis), then the reference's blocks i+1.. and head.
+    The samples and the device are `mode`'s.
     """
-    rotate, ref_rotate = recipe.rotate == "yes", ref_inputs.rotated
-    mode_model = to_device(build_backbone(recipe, bank, scales, max(layers)), device)
-    ref_model = to_device(build_backbone(ref_recipe, bank, ref_scales, bank.dims.n_layer - 1), device)
-    ref_head = to_device(build_head(ref_recipe, bank), device)
+    samples, device = mode.samples, mode.device
+    rotate, ref_rotate = mode.recipe.rotate == "yes", ref_inputs.rotated
+    mode_model = to_device(build_backbone(mode.recipe, bank, mode.scales, max(layers)), device)
+    ref_model = to_device(build_backbone(ref.recipe, bank, ref.scales, bank.dims.n_layer - 1), device)
+    ref_head = to_device(build_head(ref.recipe, bank), device)
     out: dict[int, list[float]] = {}
     with on_device(device):
         for layer in layers:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 
-from .forwards import RefInputs, keep_only, per_sample_of, run_mode, stack
-from .calibration import CalibrationResult
+from .context import ModeLoopResult, RunContext
+from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, stack
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
-from ..runtime.guard import fault_point, progress
+from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
 from ..modes import ModeRecipe
 from ..report.text import mode_summary
@@ -25,40 +26,45 @@ from .checks import nonfinite_problems, record_nonfinite
 from .studies import end_to_end_rows, mode_sample_rows
 from ..store.format import research_stats, tensor_name
 
-__all__ = ["scales_of", "run_todo"]
+__all__ = ["run_todo"]
 
 
-def scales_of(recipe: ModeRecipe, calibs: dict):
-    """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
-    calib = calibs.get(recipe.prep)
-    if recipe.needs_calibration and isinstance(calib, Exception):
-        raise RuntimeError(f"calibration failed: {calib}")
-    return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
-
-
-def run_todo(cfg, todo: list[ModeRecipe], bank, calibs, ids, points, depth, modes: dict, collector: Collector,
-             emit) -> dict:
+def run_todo(ctx: RunContext, todo: list[ModeRecipe], modes: dict, collector: Collector) -> ModeLoopResult:
     """Run every mode, the reference first. Returns what the studies need: per-mode sample rows and
-    end-to-end metrics, the reference's logits and block inputs, and what the modes shared ("shared_ops")."""
-    samples = [ids[k:k + 1] for k in range(ids.shape[0])]
+    end-to-end metrics, the reference's logits and block inputs, and what the modes shared."""
+    cfg = ctx.cfg
+    loop = ModeLoopResult()
     shared = SharedOps()
-    state = {"samples": samples, "rows": {}, "e2e": {}, "ref_logits": None, "ref_inputs": None, "shared": shared}
-    iso_layers = [parse_point(p)[0] for p in points if p.endswith(ISOLATED)]
+    iso_layers = [parse_point(p)[0] for p in ctx.points if p.endswith(ISOLATED)]
     wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
     ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
-    keep_only(bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
+    keep_only(ctx.bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
     for n, recipe in enumerate(ordered):
-        _run_one(cfg, recipe, bank, calibs, samples, points, depth, modes, collector, state, bool(iso_layers), wanted)
-        emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in points if "block." in p]))
-        keep_only(bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
+        _run_one(ctx, recipe, _ModeRun(modes, collector, loop, shared, bool(iso_layers), wanted))
+        ctx.emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in ctx.points if "block." in p]))
+        keep_only(ctx.bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
         if n == 0:
             fault_point("modes")
-    state["shared_ops"] = shared.summary()
-    del state["shared"]  # its kept results go with it
-    return state
+    loop.shared_ops = shared.summary()  # the kept results go with `shared`
+    return loop
 
 
-def _run_one(cfg, recipe, bank, calibs, samples, points, depth, modes, collector, state, isolated, wanted) -> None:
+@dataclass
+class _ModeRun:
+    """What every mode of the loop writes into or reads: the stats entries, the collector, the loop's result,
+    the shared ops, and which layers the isolated replay and the studies need."""
+
+    modes: dict
+    collector: Collector
+    loop: ModeLoopResult
+    shared: SharedOps
+    isolated: bool
+    wanted: tuple[int, ...]
+
+
+def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
+    cfg, samples, progress = ctx.cfg, ctx.samples, ctx.progress
+    modes, collector, loop = run_.modes, run_.collector, run_.loop
     progress.phase = f"running mode {recipe.name}"
     start = time.perf_counter()
     name, is_ref = recipe.name, recipe.name == cfg.reference
@@ -83,22 +89,23 @@ def _run_one(cfg, recipe, bank, calibs, samples, points, depth, modes, collector
         streamed = True
 
     try:
-        if isolated and not is_ref and state["ref_inputs"] is None:
+        if run_.isolated and not is_ref and loop.ref_inputs is None:
             raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, but it failed")
-        run = run_mode(recipe, bank, scales_of(recipe, calibs), samples, points, depth, cfg.basis,
-                       None if is_ref else state["ref_inputs"], cfg.end_to_end or cfg.sensitivity,
-                       wanted if is_ref else (), cfg.device, on_layer, state["shared"])
+        forward = Forward(recipe, ctx.scales(recipe), samples, ctx.points, ctx.depth, cfg.basis,
+                          end_to_end=cfg.end_to_end or cfg.sensitivity, keep_inputs=run_.wanted if is_ref else (),
+                          device=cfg.device)
+        run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared)
         if run.logits:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
         if is_ref:
-            state.update(ref_logits=run.logits, ref_inputs=RefInputs(recipe.rotate == "yes", run.block_inputs))
+            loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == "yes", run.block_inputs)
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))
         record_nonfinite(name, entry, problems)
         if cfg.samples > 1 and not is_ref:
-            state["rows"][name] = rows
-        if run.logits and state["ref_logits"] is not None:
-            state["e2e"][name] = end_to_end_rows(state["ref_logits"], run.logits, samples)
+            loop.rows[name] = rows
+        if run.logits and loop.ref_logits is not None:
+            loop.e2e[name] = end_to_end_rows(loop.ref_logits, run.logits, samples)
     except Exception as e:  # a failing mode is recorded (with the blocks it finished), the others go on
         modes[name] = {"status": "error", "title": recipe.title, "recipe": recipe.knobs(),
                        "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}

@@ -12,7 +12,7 @@ import os
 import platform
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -23,12 +23,12 @@ import torch
 
 from .. import __version__
 from ..emulation.build import hadamard_kernel_support
-from .calibration import CalibrationResult, CalibrationSettings, calibrate
+from .calibration import CalibrationResult, calibrate
 from .collect import Collector, block_io_names
+from .config import DEFAULT_MODEL, RunConfig, RunError, RunOutcome
+from .context import RunContext
 from ..emulation.capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
 from ..checkpoints.text import (
-    DEFAULT_CALIB_FILE,
-    DEFAULT_TEXT_FILE,
     DataError,
     calibration_windows,
     check_token_ids,
@@ -39,9 +39,9 @@ from ..modes import ModeError, ModeRecipe, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
 from ..report.text import sensitivity_tables, short_comparison
 from .studies import run_studies
-from .modeloop import run_todo, scales_of
+from .modeloop import run_todo
 from .resume import ResumeError, previous_modes, recorded_recipe
-from ..runtime.guard import LockError, OutputLock, fault_point, progress
+from ..runtime.guard import LockError, OutputLock, Progress, fault_point
 from ..runtime.machine import cpu_provenance
 from ..store.format import (
     SCHEMA_VERSION,
@@ -54,57 +54,9 @@ from ..store.format import (
 )
 from .weightbank import WeightBank
 
-__all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]
-
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "mamba-tiny"  # the repository root
-
-
-class RunError(ValueError):
-    """Invalid run configuration (e.g. --resume against a different run)."""
-
+__all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]  # the first three: runner.config
 
 InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageError, LockError, ResumeError)
-
-
-@dataclass
-class RunConfig:
-    model: Path = DEFAULT_MODEL
-    mamba_model_path: Path | None = None  # float model paired with a quantized (Quamba) --model
-    tokenizer: Path | None = None
-    modes: list[str] = field(default_factory=lambda: ["all"])
-    modes_file: Path | None = None
-    output_file: Path = Path("first_layer_io_all_modes.npz")
-    seq_len: int = 512
-    text_file: Path = DEFAULT_TEXT_FILE
-    calib: CalibrationSettings = field(default_factory=CalibrationSettings)
-    calib_file: Path = DEFAULT_CALIB_FILE
-    cache_dir: Path | None = None
-    layers: list = field(default_factory=lambda: [0])  # block indices or "all", "-1", "0-5" (capture.resolve_layers)
-    taps: list[str] = field(default_factory=list)
-    basis: str = "original"
-    stats_only: bool = False
-    resume: bool = False
-    compress: bool = False
-    dedup: bool = True
-    reference: str = "fp32"
-    argv: list[str] = field(default_factory=list)
-    rerun: list[str] = field(default_factory=list)  # with resume: modes run again although the file holds them
-    reference_required: bool = False  # --reference was given: it must be one of the run's (or the file's) modes
-    samples: int = 1                  # disjoint windows of seq_len tokens (analysis, samples)
-    isolated: bool = False            # L{i}.block.isolated: each captured block on the reference's input
-    end_to_end: bool = False          # final norm + lm_head: logits, KL, top-1, cross-entropy, perplexity
-    sensitivity: bool = False         # KL with one block at a time in the mode (implies end_to_end)
-    device: str = "cpu"
-    keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
-
-
-@dataclass
-class RunOutcome:
-    stats: dict                                   # the _stats.json content
-    by_mode: dict[str, dict[str, np.ndarray]]     # mode -> tensor -> array (before dedup; also with --stats-only);
-                                                  # with keep_arrays=False only the reference's
-    failed: list[str]
-    token_ids: np.ndarray                         # (samples, seq_len) int64
 
 
 def _timestamp() -> str:
@@ -120,7 +72,7 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def _provenance(cfg: RunConfig, ckpt, tok, text, ids, prefix: list[str], depth: int, points: list[str]) -> dict:
+def _provenance(cfg: RunConfig, ckpt, tok, text, ids, *, prefix: list[str], depth: int, points: list[str]) -> dict:
     return {
         "harness_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": _version("transformers"), "numpy": np.__version__, "platform": platform.platform(),
@@ -158,7 +110,10 @@ def _input_files(cfg: RunConfig, models, tok) -> dict[str, Path | None]:
     return files
 
 
-def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
+def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress | None = None) -> RunOutcome:
+    """Run the modes of `cfg` and write the pair. emit: where the tables go (print); progress: told what
+    the run is doing and what is on disk, for a caller that reports an interruption (a new one if None)."""
+    progress = Progress() if progress is None else progress
     progress.reset(Path(cfg.output_file))
     progress.phase = "checking the inputs"
     recipes = resolve_modes(cfg.modes, cfg.modes_file)
@@ -212,11 +167,11 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print) -> RunOutcome:
     for path in (out, stats_path(out), pending_path(out)):
         check_output(path, inputs)
     with OutputLock(out):
-        return _run_locked(cfg, recipes, points, depth, models, tok, emit)
+        return _run_locked(cfg, recipes, points, depth, models, tok, emit=emit, progress=progress)
 
 
-def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, models, tok,
-                emit: Callable[[str], None]) -> RunOutcome:
+def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, models, tok, *,
+                emit: Callable[[str], None], progress: Progress) -> RunOutcome:
     ckpt = models.primary
     progress.phase = "reading the text"
     with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
@@ -230,7 +185,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
     if calib_text is not None:
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
-    provenance = _provenance(cfg, ckpt, tok, text, ids, prefix, depth, points)
+    provenance = _provenance(cfg, ckpt, tok, text, ids, prefix=prefix, depth=depth, points=points)
     kept = previous_modes(cfg, provenance, calib_text) if cfg.resume else {}
     requested = {r.name for r in recipes}
     if cfg.reference_required and cfg.reference not in requested | set(kept):
@@ -283,7 +238,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     timestamp, model_path = _timestamp(), Path(cfg.model)
     meta = {"token_ids": ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
             "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
-    with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup) as writer:  # arrays streamed as modes finish
+    ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit)
+    with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup, progress) as writer:  # streamed as modes finish
         for key, arr in meta.items():
             writer.add(key, arr)
         collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays,
@@ -298,8 +254,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                     collector.add(mode, k.arrays)
                     collector.end(mode)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
-        state = run_todo(cfg, todo, bank, calibs, ids, points, depth, modes, collector, emit)
-        provenance["shared_ops"] = state["shared_ops"]
+        loop = run_todo(ctx, todo, modes, collector)
+        provenance["shared_ops"] = loop.shared_ops
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
         modes.clear()
@@ -310,8 +266,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             provenance["model"]["float_model"] = {"path": str(models.float_ckpt.path),
                                                   "format": models.float_ckpt.format,
                                                   "tensors_read": models.float_ckpt.read_summary()}
-        studies = run_studies(cfg, recipes, bank, calibs, modes, state, emit, scales_of)
-        return _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids)
+        studies = run_studies(ctx, recipes, modes, loop)
+        return _finish(ctx, writer, collector, ids, modes=modes, comparison=comparison, provenance=provenance,
+                       studies=studies, timestamp=timestamp)
 
 
 def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
@@ -339,7 +296,9 @@ def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], 
     return result
 
 
-def _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer, timestamp, ids) -> RunOutcome:
+def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torch.Tensor, *, modes: dict,
+            comparison: dict | None, provenance: dict, studies: dict, timestamp: str) -> RunOutcome:
+    cfg, emit = ctx.cfg, ctx.emit
     failed = [m for m in modes if modes[m]["status"] != "ok"]
     if comparison is None:
         emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
@@ -352,7 +311,7 @@ def _finish(cfg, modes, comparison, collector, provenance, emit, studies, writer
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
              "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": writer.aliases,
              "comparison": comparison, "failed_modes": failed, **studies}
-    progress.phase = "writing the files"
+    ctx.progress.phase = "writing the files"
     stats = writer.commit(stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
          + (f"; failed modes: {', '.join(failed)}" if failed else ""))

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import itertools
 import math
+
 import numpy as np
 
-from .forwards import sensitivity_kl
+from ..modes import ModeRecipe
+from .context import ModeLoopResult, RunContext
+from .forwards import Forward, sensitivity_kl
 from ..emulation.capture import point_name
 from ..metrics.compare import same_basis
 from ..metrics.logits import end_to_end_metrics, kl_divergence
-from ..runtime.guard import progress
 from ..metrics.intervals import mean_ci, paired_difference
 from ..metrics.errors import error_metrics
 from ..report.text import end_to_end_table
@@ -102,18 +104,19 @@ def sensitivity_stats(kl_by_layer: dict[int, list[float]], full_kl: list[float])
     return out
 
 
-def run_studies(cfg, recipes, bank, calibs, modes: dict[str, dict], state: dict, emit, scales_of) -> dict:
-    """The stats sections end_to_end, samples and sensitivity of the modes that ran (state: pipeline._run_todo's)."""
+def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dict], loop: ModeLoopResult) -> dict:
+    """The stats sections end_to_end, samples and sensitivity of the modes that ran (loop: the mode loop's result)."""
+    cfg, emit = ctx.cfg, ctx.emit
     ok = [m for m in modes if modes[m].get("status") == "ok" and not modes[m].get("resumed")]
     if cfg.reference not in ok:
         return {}
     out: dict = {}
-    e2e = {m: state["e2e"][m] for m in ok if m in state["e2e"]}
+    e2e = {m: loop.e2e[m] for m in ok if m in loop.e2e}
     if e2e and cfg.end_to_end:
         out["end_to_end"] = end_to_end_stats(e2e)
         emit(end_to_end_table(out["end_to_end"], cfg.reference))
     if cfg.samples > 1:
-        out["samples"] = sample_section({m: state["rows"].get(m, {}) for m in ok}, e2e if cfg.end_to_end else None,
+        out["samples"] = sample_section({m: loop.rows.get(m, {}) for m in ok}, e2e if cfg.end_to_end else None,
                                         tensor_name(point_name(max(cfg.layers), "block.out")),
                                         [[k * cfg.seq_len, (k + 1) * cfg.seq_len] for k in range(cfg.samples)])
     if cfg.sensitivity:
@@ -123,9 +126,9 @@ def run_studies(cfg, recipes, bank, calibs, modes: dict[str, dict], state: dict,
         for mode in ok:
             if mode == cfg.reference:
                 continue
-            progress.phase = f"sensitivity of mode {mode}"
-            kl = sensitivity_kl(by_name[mode], bank, scales_of(by_name[mode], calibs), ref, scales_of(ref, calibs),
-                                state["samples"], state["ref_inputs"], state["ref_logits"], cfg.layers,
-                                kl_divergence, cfg.device)
+            ctx.progress.phase = f"sensitivity of mode {mode}"
+            mode_fwd, ref_fwd = (Forward(r, ctx.scales(r), ctx.samples, ctx.points, ctx.depth, device=cfg.device)
+                                 for r in (by_name[mode], ref))
+            kl = sensitivity_kl(mode_fwd, ref_fwd, ctx.bank, loop.ref_inputs, loop.ref_logits, cfg.layers, kl_divergence)
             out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])
     return out

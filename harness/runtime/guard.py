@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 __all__ = ["Interrupted", "LockError", "OutputLock", "handle_signals", "deferred_signals", "fault_point",
-           "progress", "FAULT_ENV"]
+           "Progress", "FAULT_ENV"]
 
 FAULT_ENV = "QUAMBA_HARNESS_FAULT"
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
@@ -66,9 +66,6 @@ class Progress:
         if self.existed:
             return f"{self.output} and its stats are unchanged (the previous pair); no temporary file is left"
         return "nothing was written; no temporary file is left"
-
-
-progress = Progress()
 
 
 _deferring = False

@@ -53,7 +53,7 @@ from .files import (
     temp_file,
     write_file,
 )
-from ..runtime.guard import deferred_signals, fault_point, progress
+from ..runtime.guard import Progress, deferred_signals, fault_point
 
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
            "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays", "load_capture",
@@ -161,7 +161,7 @@ class PairWriter:
     ``dedup``, an array ("__" key) bit-identical to one added before is not stored again; ``aliases`` maps it.
     """
 
-    def __init__(self, path: Path, compress: bool = False, dedup: bool = False) -> None:
+    def __init__(self, path: Path, compress: bool = False, dedup: bool = False, progress: Progress | None = None) -> None:
         self.path = Path(path)
         self.method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
         self.dedup, self.aliases, self.keys = dedup, {}, []
@@ -169,6 +169,7 @@ class PairWriter:
         self._tmp: str | None = None
         self._file = self._zip = self._hash = None
         self.stats: dict | None = None
+        self.progress = progress  # told when the pair is committed (what an interruption kept)
 
     def __enter__(self) -> "PairWriter":
         check_writable(self.path)
@@ -219,7 +220,8 @@ class PairWriter:
                 npz_renamed = True
                 fault_point("between-renames")
                 os.replace(pending, spath)
-                progress.committed = True
+                if self.progress is not None:
+                    self.progress.committed = True
             fsync_dir(self.path.parent)
         finally:
             remove_files(tmp_stats)

@@ -23,8 +23,8 @@ def _operands(seed=0, batch=2, seqlen=37, d_inner=32, d_state=8):
 @pytest.mark.parametrize("order", list(ScanOrder))
 def test_scan_matches_float64_oracle(order):
     ops = _operands()
-    y, h = selective_scan(*ops[:7], ops[7], order, FloatOut(torch.float32))
-    y_ref, h_ref = selective_scan_ref(*ops)
+    y, h = selective_scan(*ops[:7], delta_bias=ops[7], order=order, out=FloatOut(torch.float32))
+    y_ref, h_ref = selective_scan_ref(*ops[:7], delta_bias=ops[7])
     # documented tolerance: fp32 arithmetic against an exact float64 oracle
     torch.testing.assert_close(y.double(), y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-5)
@@ -33,32 +33,32 @@ def test_scan_matches_float64_oracle(order):
 @pytest.mark.parametrize("order", list(ScanOrder))
 def test_chunking_does_not_change_a_bit(order, monkeypatch):
     ops = _operands(1, seqlen=50)
-    whole, h_whole = selective_scan(*ops[:7], ops[7], order, FloatOut(torch.float32))
+    whole, h_whole = selective_scan(*ops[:7], delta_bias=ops[7], order=order, out=FloatOut(torch.float32))
     monkeypatch.setattr(scan_mod, "_CHUNK_ELEMENTS", 2 * 32 * 8 * 3)  # 3-step chunks
-    chunked, h_chunked = selective_scan(*ops[:7], ops[7], order, FloatOut(torch.float32))
+    chunked, h_chunked = selective_scan(*ops[:7], delta_bias=ops[7], order=order, out=FloatOut(torch.float32))
     assert torch.equal(whole, chunked) and torch.equal(h_whole, h_chunked)
 
 
 def test_kernel_and_reference_orders_differ_only_by_rounding():
     ops = _operands(2, seqlen=64)
-    a, _ = selective_scan(*ops[:7], ops[7], ScanOrder.KERNEL, FloatOut(torch.float32))
-    b, _ = selective_scan(*ops[:7], ops[7], ScanOrder.REFERENCE, FloatOut(torch.float32))
+    a, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.KERNEL, out=FloatOut(torch.float32))
+    b, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.REFERENCE, out=FloatOut(torch.float32))
     assert not torch.equal(a, b)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_fp16_output_is_rounded_once():
     ops = _operands(3)
-    y32, _ = selective_scan(*ops[:7], ops[7], ScanOrder.REFERENCE, FloatOut(torch.float32))
-    y16, _ = selective_scan(*ops[:7], ops[7], ScanOrder.REFERENCE, FloatOut(torch.float16))
+    y32, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.REFERENCE, out=FloatOut(torch.float32))
+    y16, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.REFERENCE, out=FloatOut(torch.float16))
     assert torch.equal(y16, y32.half().float())
 
 
 def test_int8_operands_are_dequantized_with_their_scales():
     u, delta, A_log, B, C, D, z, bias = _operands(4)
     qu = QTensor(torch.clamp(torch.round(u / 0.03), -128, 127).to(torch.int8), 0.03)
-    y_q, _ = selective_scan(qu, delta, A_log, B, C, D, z, bias, ScanOrder.REFERENCE, FloatOut(torch.float32))
-    y_f, _ = selective_scan(dequantize(qu), delta, A_log, B, C, D, z, bias, ScanOrder.REFERENCE, FloatOut(torch.float32))
+    y_q, _ = selective_scan(qu, delta, A_log, B, C, D, z, delta_bias=bias, order=ScanOrder.REFERENCE, out=FloatOut(torch.float32))
+    y_f, _ = selective_scan(dequantize(qu), delta, A_log, B, C, D, z, delta_bias=bias, order=ScanOrder.REFERENCE, out=FloatOut(torch.float32))
     assert torch.equal(y_q, y_f)
 
 
@@ -78,7 +78,7 @@ def test_the_oracle_itself_is_float64():
     A_log, D, bias = [[0.3, 1.7]], [0.6], [0.05]
     B, C = [[0.4, -1.2], [0.9, 0.3], [-0.6, 0.8]], [[1.0, 0.5], [-0.7, 0.2], [0.3, 0.9]]     # (3, 2) per token
     t = lambda x: torch.tensor(x, dtype=torch.float32)
-    y, h = selective_scan_ref(t(u), t(delta), t(A_log), t([B]), t([C]), t(D), t(z), t(bias))
+    y, h = selective_scan_ref(t(u), t(delta), t(A_log), t([B]), t([C]), t(D), t(z), delta_bias=t(bias))
     f = lambda x: float(torch.tensor(x, dtype=torch.float32))   # the fp32 operands, exactly
     state, want = [0.0, 0.0], []
     for k in range(3):

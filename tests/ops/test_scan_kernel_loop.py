@@ -102,7 +102,7 @@ def _operands(seed, batch=2, seqlen=7, d_inner=5, d_state=4, int8_dt=False):
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_kernel_order_equals_the_written_out_loop_bit_for_bit(int8_dt, out_dtype):
     ops = _operands(0 if int8_dt else 1, int8_dt=int8_dt)
-    y, h = selective_scan(*ops[:7], ops[7], ScanOrder.KERNEL, FloatOut(out_dtype))
+    y, h = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.KERNEL, out=FloatOut(out_dtype))
     y_loop, h_loop = kernel_loop(*ops, out_dtype)
     assert torch.equal(h, h_loop)
     assert torch.equal(y, y_loop)
@@ -112,17 +112,17 @@ def test_the_loop_tells_the_orders_apart():
     """The loop is specific: the reference order differs from it somewhere (else this test proves nothing)."""
     ops = _operands(2)
     y_loop, _ = kernel_loop(*ops, torch.float32)
-    y_ref, _ = selective_scan(*ops[:7], ops[7], ScanOrder.REFERENCE, FloatOut(torch.float32))
+    y_ref, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.REFERENCE, out=FloatOut(torch.float32))
     assert not torch.equal(y_ref, y_loop)
 
 
 def test_int8_dt_uses_one_fma():
     """An int8 dt enters as fma(s_dt, q, bias); dequantizing first (two roundings) must differ somewhere."""
     ops = _operands(3, seqlen=16, d_inner=16, int8_dt=True)
-    y, _ = selective_scan(*ops[:7], ops[7], ScanOrder.KERNEL, FloatOut(torch.float32))
+    y, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.KERNEL, out=FloatOut(torch.float32))
     deq = list(ops)
     deq[1] = ops[1].dequantize()
-    y_two, _ = selective_scan(*deq[:7], deq[7], ScanOrder.KERNEL, FloatOut(torch.float32))
+    y_two, _ = selective_scan(*deq[:7], delta_bias=deq[7], order=ScanOrder.KERNEL, out=FloatOut(torch.float32))
     assert not torch.equal(y, y_two)
 
 
@@ -165,5 +165,5 @@ def test_reference_order_equals_its_written_out_loop(int8_dt):
     """Pins the reference order too (the scan of modes 1, 2-1..2-4 and 3), including the fp16 store."""
     ops = _operands(5 if int8_dt else 6, int8_dt=int8_dt)
     for out_dtype in (torch.float32, torch.float16):
-        y, _ = selective_scan(*ops[:7], ops[7], ScanOrder.REFERENCE, FloatOut(out_dtype))
+        y, _ = selective_scan(*ops[:7], delta_bias=ops[7], order=ScanOrder.REFERENCE, out=FloatOut(out_dtype))
         assert torch.equal(y, reference_loop(*ops, out_dtype))

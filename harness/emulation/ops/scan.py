@@ -111,7 +111,7 @@ def _gate(y: torch.Tensor, z: torch.Tensor, order: ScanOrder) -> torch.Tensor:
 
 def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_log: QTensor | torch.Tensor,
                    B: QTensor | torch.Tensor, C: QTensor | torch.Tensor, D: QTensor | torch.Tensor,
-                   z: QTensor | torch.Tensor, delta_bias: QTensor | torch.Tensor, order: ScanOrder,
+                   z: QTensor | torch.Tensor, *, delta_bias: QTensor | torch.Tensor, order: ScanOrder,
                    out: FloatOut) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the scan; every operand may be int8 (dequantized here) or fp32.
 
@@ -155,7 +155,7 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
 
 
 def selective_scan_ref(u: torch.Tensor, delta: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor,
-                       C: torch.Tensor, D: torch.Tensor, z: torch.Tensor,
+                       C: torch.Tensor, D: torch.Tensor, z: torch.Tensor, *,
                        delta_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Oracle: one step at a time in float64 on real-valued operands (no rounding anywhere).
 

@@ -1,0 +1,67 @@
+"""The run context: what the steps of one run share, built once by the pipeline.
+
+Before it, the mode loop and the studies passed a dozen positional arguments and an untyped
+``state`` dict along; now the pipeline builds one ``RunContext`` after the inputs are checked
+and the calibration is done, and every later step takes it. ``ModeLoopResult`` is what the mode
+loop hands the studies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..modes import ModeRecipe
+from ..runtime.guard import Progress
+from ..spec import LayerScales
+from .calibration import CalibrationResult
+from .config import RunConfig
+from .forwards import RefInputs
+from .weightbank import WeightBank
+
+__all__ = ["RunContext", "ModeLoopResult"]
+
+
+@dataclass
+class RunContext:
+    """One run's shared inputs.
+
+    samples: the disjoint windows of the sample, each (1, seq_len) int64.
+    points: the capture points, in capture order; depth: the deepest block that runs.
+    calibs: prep -> its calibration result, or the exception that made it fail.
+    progress: what the run is doing and what is on disk (read when a signal interrupts it).
+    """
+
+    cfg: RunConfig
+    bank: WeightBank
+    calibs: dict[str, CalibrationResult | Exception]
+    samples: list[torch.Tensor]
+    points: list[str]
+    depth: int
+    progress: Progress
+    emit: Callable[[str], None]
+
+    def scales(self, recipe: ModeRecipe) -> list[LayerScales] | None:
+        """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
+        calib = self.calibs.get(recipe.prep)
+        if recipe.needs_calibration and isinstance(calib, Exception):
+            raise RuntimeError(f"calibration failed: {calib}")
+        return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
+
+
+@dataclass
+class ModeLoopResult:
+    """What the mode loop leaves for the studies and the provenance.
+
+    rows: mode -> per-sample comparison rows (samples > 1); e2e: mode -> per-sample end-to-end rows;
+    ref_logits: the reference's logits per sample, (1, seq_len, vocab) each; ref_inputs: its block inputs;
+    shared_ops: what the modes shared (runner.sharedops summary).
+    """
+
+    rows: dict[str, dict] = field(default_factory=dict)
+    e2e: dict[str, list[dict]] = field(default_factory=dict)
+    ref_logits: list[np.ndarray] | None = None
+    ref_inputs: RefInputs | None = None
+    shared_ops: dict | None = None
