@@ -9,7 +9,7 @@ from harness.runtime.startup import begin, imported
 
 begin()  # quiet Ctrl-C and SIGTERM during the imports, one BLAS thread for numpy
 
-from harness.cli import compare_main
+from harness.cli import compare_main  # noqa: E402
 
 imported()
 

@@ -9,8 +9,9 @@ from harness.runtime.startup import begin, imported
 
 begin()  # quiet Ctrl-C and SIGTERM during the imports, one BLAS thread for numpy
 
-from harness.cli import capture_main
+from harness.cli import capture_main, preload  # noqa: E402
 
+preload("capture")  # torch and the pipeline, while a signal still exits quietly
 imported()
 
 if __name__ == "__main__":

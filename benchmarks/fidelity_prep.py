@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import harness.emulation.build as build_mod  # noqa: E402
-from harness.runner.calibration import CalibrationSettings
-from harness.checkpoints.loading import open_checkpoint
-from harness.emulation.ops.hadamard import hadamard_transform, hadamard_transform_fht
-from harness.emulation.ops.quant import quantize_weight_fp16, round_to_dtype
-from harness.emulation.ops.scan import ScanOrder
-from harness.runner.pipeline import RunConfig, run
-from harness.emulation.weights import fht_fp16, float_layer, quamba_fp16_layer
+from harness.runner.calibration import CalibrationSettings  # noqa: E402
+from harness.checkpoints.loading import open_checkpoint  # noqa: E402
+from harness.emulation.ops.hadamard import hadamard_transform, hadamard_transform_fht  # noqa: E402
+from harness.emulation.ops.quant import quantize_weight_fp16, round_to_dtype  # noqa: E402
+from harness.emulation.ops.scan import ScanOrder  # noqa: E402
+from harness.runner.pipeline import RunConfig, run  # noqa: E402
+from harness.emulation.weights import fht_fp16, float_layer, quamba_fp16_layer  # noqa: E402
 
 f16 = lambda t: round_to_dtype(t, torch.float16)  # noqa: E731
 

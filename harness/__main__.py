@@ -6,7 +6,8 @@ from .runtime.startup import begin, imported
 
 def entry() -> int:
     begin()
-    from .cli import main
+    from .cli import main, preload
+    preload(sys.argv[1] if len(sys.argv) > 1 else None)
     imported(restore=True)
     return main()
 

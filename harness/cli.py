@@ -8,6 +8,7 @@ Every option is accepted with underscores and with dashes (--seq_len, --seq-len)
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -387,6 +388,18 @@ commands:
   export    calibrate and write a Quamba W8A8 checkpoint
   modes     list the built-in modes with their knobs, and the presets
   points    list the capture points (taps) and what each one holds"""
+
+
+# the modules a command imports when it runs (torch with them): the entry points load them while the
+# start-up handler still leaves quietly (harness.runtime.startup), never under the run's own handlers,
+# where a signal raised inside torch's import could abort the process
+_HEAVY = {"capture": "harness.runner.pipeline", "export": "harness.runner.export", "report": "harness.report.build"}
+
+
+def preload(command: str | None) -> None:
+    """Import what `command` (capture, export, report, ...) will need; nothing for the light commands."""
+    if command in _HEAVY:
+        importlib.import_module(_HEAVY[command])
 
 
 def main(argv: list[str] | None = None) -> int:

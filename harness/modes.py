@@ -10,10 +10,21 @@ import json
 import re
 import tomllib
 from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
 __all__ = [
     "KNOBS",
+    "KNOB_TYPES",
+    "Weights",
+    "Rotate",
+    "Store",
+    "ConvIn",
+    "ConvOut",
+    "SsmU",
+    "SsmImpl",
+    "ActDtype",
+    "Prep",
     "ModeRecipe",
     "BUILTIN_MODES",
     "PRESETS",
@@ -46,6 +57,65 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "prep": ("quamba", "exact"),
 }
 
+
+
+# Each knob's values as a str-Enum: code compares members (recipe.rotate == Rotate.YES), and a member
+# is its string everywhere it is written (json, f-strings, the stats), so the files read as before.
+class Weights(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class Rotate(StrEnum):
+    YES = "yes"
+    NO = "no"
+
+
+class Store(StrEnum):
+    """How an op's output is stored: kept floating point, or int8 at its calibrated scale."""
+    FP = "fp"
+    INT8 = "int8"
+
+
+class ConvIn(StrEnum):
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+class ConvOut(StrEnum):
+    INT8 = "int8"
+    FP32 = "fp32"
+
+
+class SsmU(StrEnum):
+    INT8 = "int8"
+    GRID = "grid"
+    REQUANT = "requant"
+    FP32 = "fp32"
+
+
+class SsmImpl(StrEnum):
+    KERNEL = "kernel"
+    REFERENCE = "reference"
+
+
+class ActDtype(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+
+
+class Prep(StrEnum):
+    QUAMBA = "quamba"
+    EXACT = "exact"
+
+
+KNOB_TYPES: dict[str, type[StrEnum]] = {
+    "weights": Weights, "rotate": Rotate, "norm_out": Store, "in_proj_out": Store, "conv_in": ConvIn,
+    "conv_out": ConvOut, "ssm_u": SsmU, "ssm_impl": SsmImpl, "had_out": Store, "act_dtype": ActDtype, "prep": Prep,
+}
+assert all(set(KNOBS[k]) == {m.value for m in t} for k, t in KNOB_TYPES.items()) and set(KNOBS) == set(KNOB_TYPES)
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]*$")
 
 
@@ -55,17 +125,17 @@ class ModeRecipe:
 
     name: str
     title: str
-    weights: str
-    rotate: str
-    norm_out: str
-    in_proj_out: str
-    conv_in: str
-    conv_out: str
-    ssm_u: str
-    ssm_impl: str
-    had_out: str
-    act_dtype: str
-    prep: str
+    weights: Weights
+    rotate: Rotate
+    norm_out: Store
+    in_proj_out: Store
+    conv_in: ConvIn
+    conv_out: ConvOut
+    ssm_u: SsmU
+    ssm_impl: SsmImpl
+    had_out: Store
+    act_dtype: ActDtype
+    prep: Prep
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in PRESETS:
@@ -76,10 +146,11 @@ class ModeRecipe:
             if value not in allowed:
                 raise ModeError(f"mode {self.name!r}: knob {knob}={value!r} is not valid; "
                                 f"valid values: {', '.join(allowed)}")
+            object.__setattr__(self, knob, KNOB_TYPES[knob](value))  # frozen: the member, set once here
         for problem in _inconsistencies(self):
             raise ModeError(f"mode {self.name!r}: {problem}")
 
-    def knobs(self) -> dict[str, str]:
+    def knobs(self) -> dict[str, StrEnum]:
         return {k: getattr(self, k) for k in KNOBS}
 
     def as_dict(self) -> dict[str, str]:
@@ -88,25 +159,25 @@ class ModeRecipe:
     @property
     def needs_calibration(self) -> bool:
         """True when any activation is quantized, i.e. the recipe reads calibrated scales."""
-        return (self.weights == "int8" or self.norm_out == "int8" or self.in_proj_out == "int8"
-                or self.conv_out == "int8" or self.ssm_u in ("int8", "grid", "requant") or self.had_out == "int8")
+        return (self.weights == Weights.INT8 or self.norm_out == Store.INT8 or self.in_proj_out == Store.INT8
+                or self.conv_out == ConvOut.INT8 or self.ssm_u in (SsmU.INT8, SsmU.GRID, SsmU.REQUANT) or self.had_out == Store.INT8)
 
 
 def _inconsistencies(r: ModeRecipe) -> list[str]:
     out = []
-    if r.rotate == "no" and (r.norm_out == "int8" or r.had_out == "int8"):
+    if r.rotate == Rotate.NO and (r.norm_out == Store.INT8 or r.had_out == Store.INT8):
         out.append("norm_out=int8 and had_out=int8 need rotate=yes: s_in and s_H are calibrated on the "
                    "rotated residual stream, so they do not fit an unrotated model")
-    if r.ssm_u in ("int8", "grid") and r.conv_out != "int8":
+    if r.ssm_u in (SsmU.INT8, SsmU.GRID) and r.conv_out != ConvOut.INT8:
         out.append(f"ssm_u={r.ssm_u} needs conv_out=int8 (it takes the conv's int8 codes); "
                    "with conv_out=fp32 use ssm_u=requant or ssm_u=fp32")
-    if r.ssm_u in ("requant", "fp32") and r.conv_out != "fp32":
+    if r.ssm_u in (SsmU.REQUANT, SsmU.FP32) and r.conv_out != ConvOut.FP32:
         out.append(f"ssm_u={r.ssm_u} needs conv_out=fp32 (it takes the true fp32 conv output); "
                    "with conv_out=int8 use ssm_u=int8 or ssm_u=grid")
-    if r.prep == "quamba" and r.weights == "fp32":
+    if r.prep == Prep.QUAMBA and r.weights == Weights.FP32:
         out.append("prep=quamba needs weights=fp16 or int8: Quamba prepares its weights in fp16; "
                    "use prep=exact for fp32 weights")
-    if r.conv_in == "dynamic" and r.weights != "int8":
+    if r.conv_in == ConvIn.DYNAMIC and r.weights != Weights.INT8:
         out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
     return out
 

@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from ..modes import ModeRecipe
+from ..modes import ConvIn, ConvOut, ModeRecipe, Prep, Rotate, SsmImpl, Store, Weights
 from .modules import (
     ConvInput,
     EmuBackbone,
@@ -67,11 +67,11 @@ def _out(quantized: bool, scales: LayerScales | None, name: str, rounding: Round
 
 
 def _scan_order(recipe: ModeRecipe, calibration: bool) -> ScanOrder:
-    if recipe.prep == "exact":
+    if recipe.prep == Prep.EXACT:
         return ScanOrder(recipe.ssm_impl)
     if calibration:
         return ScanOrder.MAMBA
-    return ScanOrder.KERNEL if recipe.ssm_impl == "kernel" else ScanOrder.TORCH
+    return ScanOrder.KERNEL if recipe.ssm_impl == SsmImpl.KERNEL else ScanOrder.TORCH
 
 
 def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, dims: ModelDims,
@@ -81,31 +81,31 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
     calibration: build the calibration model of the recipe's prep (module docstring).
     """
     act = FloatOut(act_dtype(recipe))
-    int8_weights = recipe.weights == "int8"
-    rotate = recipe.rotate == "yes"
-    quamba = recipe.prep == "quamba"
+    int8_weights = recipe.weights == Weights.INT8
+    rotate = recipe.rotate == Rotate.YES
+    quamba = recipe.prep == Prep.QUAMBA
     even, away = Rounding.HALF_EVEN, Rounding.HALF_AWAY
     if int8_weights:
-        conv_input = ConvInput("dynamic") if recipe.conv_in == "dynamic" else ConvInput("static", scales.s_xz)
+        conv_input = ConvInput("dynamic") if recipe.conv_in == ConvIn.DYNAMIC else ConvInput("static", scales.s_xz)
     else:
         conv_input = ConvInput("float")
-    conv_out = _out(recipe.conv_out == "int8", scales, "s_u", away, FloatOut(torch.float32))
+    conv_out = _out(recipe.conv_out == ConvOut.INT8, scales, "s_u", away, FloatOut(torch.float32))
     pre_silu = None
     if calibration and quamba:  # fp16 nn.Conv1d, then fp16 SiLU (qMambaLayer.py:105-106)
         conv_out, pre_silu = FloatOut(torch.float16), torch.float16
     # mode 3's float-output in_proj: W8A8B16O16Linear.forward applies the weight scale first
     # (qLinearLayer.py:806-820, cutlass_scaled_mm_dq(y, x, W, a, b) as out_proj)
-    in_order = Epilogue.WEIGHT_THEN_RATIO if quamba and recipe.in_proj_out == "fp" else Epilogue.RATIO_THEN_WEIGHT
+    in_order = Epilogue.WEIGHT_THEN_RATIO if quamba and recipe.in_proj_out == Store.FP else Epilogue.RATIO_THEN_WEIGHT
     s_u = scales.s_u if scales is not None else None
     return EmuMambaBlock(
         layer, dims,
-        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, _out(recipe.norm_out == "int8", scales, "s_in", even, act)),
-        in_proj=EmuLinear(p.in_proj, in_order, _out(recipe.in_proj_out == "int8", scales, "s_xz", even, act)),
+        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, _out(recipe.norm_out == Store.INT8, scales, "s_in", even, act)),
+        in_proj=EmuLinear(p.in_proj, in_order, _out(recipe.in_proj_out == Store.INT8, scales, "s_xz", even, act)),
         conv1d=EmuConv1d(p.conv_weight, p.conv_bias, conv_input, conv_out, pre_silu),
         x_proj=EmuLinear(p.x_proj, Epilogue.WEIGHT_THEN_RATIO, _out(int8_weights, scales, "s_xp", even, act)),
         dt_proj=EmuLinear(p.dt_proj, Epilogue.RATIO_THEN_WEIGHT, _out(int8_weights, scales, "s_dt", even, act)),
         ssm=EmuSelectiveScan(p.A_log, p.D, p.dt_bias, _scan_order(recipe, calibration), act),
-        had=EmuHadamard(_out(recipe.had_out == "int8", scales, "s_H", away, act), fht=quamba) if rotate else None,
+        had=EmuHadamard(_out(recipe.had_out == Store.INT8, scales, "s_H", away, act), fht=quamba) if rotate else None,
         out_proj=EmuLinear(p.out_proj, Epilogue.WEIGHT_THEN_RATIO, act),
         u_input=UInput(ssm_u=recipe.ssm_u, s_u=s_u, xproj_requant=int8_weights),
     )
@@ -126,7 +126,7 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
     """Embedding and blocks 0..depth of `recipe`; nothing deeper is read or built."""
     if recipe.needs_calibration and scales is None:
         raise ValueError(f"mode {recipe.name!r} quantizes activations and needs calibrated scales")
-    rotate = recipe.rotate == "yes"
+    rotate = recipe.rotate == Rotate.YES
     dims = bank.dims
     blocks = [build_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), scales[i] if scales else None,
                           dims, i, calibration) for i in range(depth + 1)]
@@ -138,6 +138,6 @@ def hadamard_kernel_support(recipes: list[ModeRecipe], dims: ModelDims) -> dict[
     """For runs with a rotated mode: per rotated width ("d_model", "d_inner"), None when Quamba's
     Hadamard kernels transform it, else why not (ops.hadamard.quamba_kernel_support). The harness
     rotates such widths all the same; the run warns and records it. None when no mode rotates."""
-    if not any(r.rotate == "yes" for r in recipes):
+    if not any(r.rotate == Rotate.YES for r in recipes):
         return None
     return {"d_model": quamba_kernel_support(dims.d_model), "d_inner": quamba_kernel_support(dims.d_inner)}

@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
+from ..modes import SsmU
 from ..spec import Act, FloatOut, HookPoint, OutSpec, QTensor, QuantOut, Rounding
 from .ops import portable
 from .ops.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
@@ -204,9 +205,9 @@ class EmuMambaBlock(nn.Module):
 
     def _ssm_u(self, conv_out: Act) -> Act:
         rule = self.u_input
-        if rule.ssm_u in ("int8", "fp32"):
+        if rule.ssm_u in (SsmU.INT8, SsmU.FP32):
             return conv_out
-        if rule.ssm_u == "grid":
+        if rule.ssm_u == SsmU.GRID:
             again = quantize(conv_out.dequantize(), rule.s_u, Rounding.HALF_EVEN)
             if not torch.equal(again.codes, conv_out.codes):
                 raise RuntimeError(f"layer {self.layer}: dequantize -> requantize of u changed "

@@ -27,7 +27,7 @@ from ..emulation.build import act_dtype, build_backbone
 from ..emulation.capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, point_name
 from ..runtime.memory import release_freed
 from ..metrics.errors import tensor_stats
-from ..modes import ModeRecipe
+from ..modes import ModeRecipe, Rotate, Weights
 from ..emulation.modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
 from ..emulation.ops.hadamard import hadamard_transform
 from ..emulation.ops.linear import float_linear, int8_gemm
@@ -47,7 +47,7 @@ def basis_of(recipe: ModeRecipe, site: str, basis: str) -> str | None:
     """The basis a stored tensor is in (None for points the rotation does not touch)."""
     if site not in _BASIS_POINTS:
         return None
-    if recipe.rotate == "no":
+    if recipe.rotate == Rotate.NO:
         return "original"
     return basis if site in RESIDUAL_BASIS + (ISOLATED,) else "rotated"
 
@@ -97,7 +97,7 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -
 
 
 def _head_key(recipe: ModeRecipe) -> tuple[torch.dtype, bool, str]:
-    return FLOAT_DTYPES["fp16" if recipe.weights == "int8" else recipe.weights], recipe.rotate == "yes", recipe.prep
+    return FLOAT_DTYPES["fp16" if recipe.weights == Weights.INT8 else recipe.weights], recipe.rotate == Rotate.YES, recipe.prep
 
 
 def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
@@ -105,14 +105,14 @@ def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
 
     Peak memory then holds the weight variants of the modes to come, not of every mode run so far.
     """
-    bank.keep_only({(r.weights, r.rotate == "yes", r.prep) for r in recipes})
+    bank.keep_only({(r.weights, r.rotate == Rotate.YES, r.prep) for r in recipes})
     heads, needed = _HEADS.get(bank, {}), {_head_key(r) for r in recipes}
     for key in [k for k in heads if k not in needed]:
         del heads[key]
 
 
 def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
-    dims, rotate = bank.dims, recipe.rotate == "yes"
+    dims, rotate = bank.dims, recipe.rotate == Rotate.YES
     act = FloatOut(act_dtype(recipe))
     if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
         weight, s_in, alpha = bank.given.lm_head()
@@ -255,7 +255,7 @@ def per_sample_of(arr: np.ndarray, n: int) -> list[np.ndarray]:
 
 def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, run: ModeRun, deliver) -> None:
     recipe, samples, points, basis, device = fwd.recipe, fwd.samples, fwd.points, fwd.basis, fwd.device
-    rotate = recipe.rotate == "yes"
+    rotate = recipe.rotate == Rotate.YES
     iso_layers = {parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED}
     hooked = [p for p in points if parse_point(p)[1] != ISOLATED]
     own = {point_name(i, "block.in") for i in iso_layers | set(fwd.keep_inputs)} if ref_inputs is None else set()
@@ -334,7 +334,7 @@ def sensitivity_kl(mode: Forward, ref: Forward, bank: WeightBank, ref_inputs: Re
     The samples and the device are `mode`'s.
     """
     samples, device = mode.samples, mode.device
-    rotate, ref_rotate = mode.recipe.rotate == "yes", ref_inputs.rotated
+    rotate, ref_rotate = mode.recipe.rotate == Rotate.YES, ref_inputs.rotated
     mode_model = to_device(build_backbone(mode.recipe, bank, mode.scales, max(layers)), device)
     ref_model = to_device(build_backbone(ref.recipe, bank, ref.scales, bank.dims.n_layer - 1), device)
     ref_head = to_device(build_head(ref.recipe, bank), device)

@@ -19,7 +19,7 @@ from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
 from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
-from ..modes import ModeRecipe
+from ..modes import ModeRecipe, Rotate
 from ..report.text import mode_summary
 from .sharedops import SharedOps
 from .checks import nonfinite_problems, record_nonfinite
@@ -99,7 +99,7 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
         if is_ref:
-            loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == "yes", run.block_inputs)
+            loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))
         record_nonfinite(name, entry, problems)
         if cfg.samples > 1 and not is_ref:

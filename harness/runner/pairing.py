@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .calibration import CalibrationResult
+from ..modes import Prep, Rotate, Weights
 from ..checkpoints.loading import Checkpoint, ModelDirError, Tokenizer, load_tokenizer, open_checkpoint
 from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir, open_quamba
 from .weightbank import WeightBank
@@ -102,7 +103,7 @@ def open_models(model: Path, mamba_model_path: Path | None) -> Models:
 
 def needs_float(recipe) -> bool:
     """True when a recipe cannot run from a quantized checkpoint alone (it holds prep=quamba's rotated codes)."""
-    return recipe.weights != "int8" or recipe.rotate != "yes" or recipe.prep != "quamba"
+    return recipe.weights != Weights.INT8 or recipe.rotate != Rotate.YES or recipe.prep != Prep.QUAMBA
 
 
 def check_pair(models: Models, depth: int) -> dict:

@@ -40,19 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import (
-    StorageError,
-    TrailingSha256,
-    atomic_write,
-    check_output,
-    check_writable,
-    file_kind,
-    file_sha256,
-    fsync_dir,
-    remove_files,
-    temp_file,
-    write_file,
-)
+from .files import (StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_kind, file_sha256,
+    fsync_dir, remove_files, temp_file, write_file)
 from ..runtime.guard import Progress, deferred_signals, fault_point
 
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
