@@ -46,3 +46,33 @@ def test_select_points():
     assert "L1.ssm.u" in select_points([0], ["L1.ssm.u"]) and "L1.block.in" in select_points([0], ["L1.ssm.u"])
     with pytest.raises(TapError, match=r"unknown tap 'ssm.v'; valid: all, norm.out"):
         select_points([0], ["ssm.v"])
+
+
+def test_every_name_of_a_capture_point_comes_from_one_place():
+    """Module path, point, tensor name and npz key of every site at layers 0 and 2: the module path finds
+    the HookPoint of that point in a built backbone, and the key parses back to the tensor."""
+    import torch
+
+    from harness.emulation.capture import (POINTS, array_key, module_path, parse_array_key, parse_point,
+                                           point_name, tensor_name)
+    from harness.emulation.modules import EmuMambaBlock
+    from harness.spec import HookPoint
+
+    blocks = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList(
+        [EmuMambaBlock.__new__(EmuMambaBlock) for _ in range(3)])})
+    for layer, block in enumerate(blocks["blocks"]):
+        torch.nn.Module.__init__(block)
+        EmuMambaBlock.__init__(block, layer, None, norm=None, in_proj=None, conv1d=None, x_proj=None, dt_proj=None,
+                               ssm=None, had=None, out_proj=None, u_input=None)
+    modules = dict(blocks.named_modules())
+    for layer in (0, 2):
+        for site in POINTS:
+            point = point_name(layer, site)
+            hook = modules[module_path(layer, site)]
+            assert isinstance(hook, HookPoint) and (hook.layer, hook.point) == (layer, site) == parse_point(point)
+            tensor = tensor_name(point)
+            assert parse_array_key(array_key("2-4", tensor)) == ("2-4", tensor)
+    assert [tensor_name(point_name(0, s)) for s in ("block.in", "block.out", "block.residual")] == \
+        ["input", "output", "residual"]
+    assert array_key("0", "input") == "mode_0_input" and array_key("0", "L2.block.in") == "mode_0__L2.block.in"
+    assert tensor_name("L2.block.in") == "L2.block.in" and parse_array_key("token_ids") is None

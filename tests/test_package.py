@@ -54,3 +54,32 @@ def test_entry_points_limit_numpys_blas_threads_unless_the_user_chose():
     assert _python(code).stdout.strip() == "1"
     assert _python(code, {"OPENBLAS_NUM_THREADS": "3"}).stdout.strip() == "3"
     assert callable(begin) and callable(imported)
+
+
+def test_library_code_reports_through_the_harness_logger_not_print():
+    """One channel: no print() in the library below the command line and the report command; a warning
+    goes through logging.getLogger("harness") and reads `warning: ...` on stderr, as the CLI printed it."""
+    import ast
+    import contextlib
+    import io
+    import logging
+
+    for path in (ROOT / "harness").rglob("*.py"):
+        rel = path.relative_to(ROOT / "harness").as_posix()
+        if rel in ("cli.py", "__init__.py", "runtime/log.py", "runtime/startup.py", "report/build.py"):  # entry points
+            continue
+        calls = [n for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"]
+        assert calls == [], f"{rel} prints (line {calls[0].lineno})"
+    from harness.runtime.log import warn
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logging.getLogger("harness").addHandler(handler)
+    try:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            warn("the cache is read-only")
+    finally:
+        logging.getLogger("harness").removeHandler(handler)
+    assert err.getvalue() == "warning: the cache is read-only\n" and seen[0].getMessage() == "the cache is read-only"

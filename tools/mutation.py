@@ -38,7 +38,7 @@ MODULES = (
     "harness.metrics.errors", "harness.metrics.percentiles", "harness.metrics.compare", "harness.store.format",
     "harness.emulation.observers", "harness.checkpoints.text", "harness.emulation.modules", "harness.emulation.build",
     "harness.emulation.weights", "harness.runner.weightbank", "harness.runner.calibration", "harness.store.files",
-    "harness.checkpoints.quamba", "harness.runner.collect", "harness.runner.sharedops",
+    "harness.checkpoints.quamba", "harness.runner.collect", "harness.runner.sharedops", "harness.emulation.capture",
 )
 
 

@@ -3,6 +3,13 @@
 A capture point is named ``L{layer}.{site}.{role}``: the block index, the module
 site, and what is taken there. The sites form one closed table (POINTS), so
 names are generated, parsed and sorted in one place; layers sort numerically.
+
+This module is the one naming authority: every name of a captured tensor is derived here.
+
+    module path   blocks.0.hooks.block_in   the HookPoint inside EmuBackbone (module_path, hook_attr)
+    point         L0.block.in               point_name / parse_point
+    tensor        input                     tensor_name: layer-0 block I/O keep the research tool's names
+    npz key       mode_0_input              array_key / parse_array_key (store.format writes it)
 """
 from __future__ import annotations
 
@@ -16,8 +23,10 @@ from torch import nn
 
 from ..spec import HookPoint, QTensor
 
-__all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name", "parse_point", "point_sort_key",
-           "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE", "resolve_layers"]
+__all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name",
+           "parse_point", "point_sort_key", "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE",
+           "resolve_layers", "hook_attr", "module_path", "RESEARCH_TENSORS", "tensor_name", "array_key",
+           "parse_array_key"]
 
 # point -> what it holds (README "Capture points" is generated from the same words)
 POINTS: dict[str, str] = {
@@ -86,6 +95,41 @@ def resolve_layers(spec: list, n_layer: int) -> list[int]:
 
 def point_name(layer: int, point: str) -> str:
     return f"L{layer}.{point}"
+
+
+def hook_attr(site: str) -> str:
+    """The HookPoint's attribute in a block's ``hooks`` ModuleDict (module names cannot hold dots)."""
+    return site.replace(".", "_")
+
+
+def module_path(layer: int, site: str) -> str:
+    """The HookPoint's path in EmuBackbone, as named_modules() gives it."""
+    return f"blocks.{layer}.hooks.{hook_attr(site)}"
+
+
+# layer 0's block I/O under the research tool's names (its analysis snippets read mode_{m}_input, ...)
+RESEARCH_TENSORS = {"block.in": "input", "block.out": "output", "block.residual": "residual"}
+_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+|logits)$")
+
+
+def tensor_name(point: str) -> str:
+    """Capture point -> tensor name: layer-0 block I/O keep the research tool's names, others their point."""
+    if point.startswith("L0."):
+        return RESEARCH_TENSORS.get(point[3:], point)
+    return point
+
+
+def array_key(mode: str, tensor: str) -> str:
+    """The .npz key of a mode's tensor: mode_{mode}_{input|output|residual}, else mode_{mode}__{tensor}."""
+    return f"mode_{mode}_{tensor}" if tensor in RESEARCH_TENSORS.values() else f"mode_{mode}__{tensor}"
+
+
+def parse_array_key(key: str) -> tuple[str, str] | None:
+    """(mode, tensor) of an .npz key that array_key writes; None for any other key (metadata, ...)."""
+    m = _KEY_RE.match(key)
+    if not m:
+        return None
+    return (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
 
 
 def parse_point(name: str) -> tuple[int, str]:

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..modes import SsmU
 from ..spec import Act, FloatOut, HookPoint, OutSpec, QTensor, QuantOut, Rounding
+from .capture import POINTS, hook_attr
 from .ops import portable
 from .ops.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
 from .ops.hadamard import hadamard_transform, hadamard_transform_fht
@@ -38,11 +39,7 @@ class OpCache(Protocol):
     def call(self, layer: int, op: str, module: nn.Module | None, fn: Callable, *args): ...
 
 
-# Capture sites of a block, in data-flow order (names documented in capture.POINTS).
-BLOCK_POINTS: tuple[str, ...] = (
-    "block.in", "norm.out", "in_proj.out", "conv1d.in", "conv1d.out", "x_proj.in", "x_proj.out",
-    "dt_proj.out", "ssm.u", "ssm.out", "ssm.state", "had.out", "out_proj.out", "block.out", "block.residual",
-)
+BLOCK_POINTS: tuple[str, ...] = tuple(POINTS)  # the sites of capture.POINTS, in data-flow order
 
 
 class EmuRMSNorm(nn.Module):
@@ -189,14 +186,14 @@ class EmuMambaBlock(nn.Module):
         self.layer, self.dims, self.u_input = layer, dims, u_input
         self.norm, self.in_proj, self.conv1d = norm, in_proj, conv1d
         self.x_proj, self.dt_proj, self.ssm, self.had, self.out_proj = x_proj, dt_proj, ssm, had, out_proj
-        self.hooks = nn.ModuleDict({p.replace(".", "_"): HookPoint(p, layer) for p in BLOCK_POINTS})
+        self.hooks = nn.ModuleDict({hook_attr(p): HookPoint(p, layer) for p in BLOCK_POINTS})
         self.shared: OpCache | None = None  # a run's ops shared across modes (harness.runner.sharedops)
 
     def _op(self, name: str, module: nn.Module, *args):
         return module(*args) if self.shared is None else self.shared.call(self.layer, name, module, module, *args)
 
     def _at(self, point: str, x):
-        return self.hooks[point.replace(".", "_")](x)
+        return self.hooks[hook_attr(point)](x)
 
     def _xproj_input(self, conv_out: Act) -> Act:
         if isinstance(conv_out, QTensor) or not self.u_input.xproj_requant:

@@ -18,13 +18,13 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from ..runtime.log import warn
 from ..emulation.build import build_backbone
 from ..runtime.guard import fault_point
 from ..modes import CALIBRATION_RECIPES
@@ -180,7 +180,7 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
             return CalibrationResult(cached, {**info, "source": "reused", "cache_files": [str(p) for p in paths],
                                               "seconds": 0.0})
     for problem in problems:
-        print(f"warning: {problem}; recomputing the calibration", file=sys.stderr)
+        warn(f"{problem}; recomputing the calibration")
     start = time.perf_counter()
     scales, states = run_observers(bank, windows, depth, settings.alpha, settings.batch_size, prep)
     for layer, layer_scales in enumerate(scales):
@@ -198,7 +198,7 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
                 _write_cached(path, key, layer, s, st, settings, prep)
             info["cache_files"] = [str(p) for p in paths]
         except OSError as e:
-            print(f"warning: cannot write the calibration cache in {cache_dir} ({e.strerror}); "
-                  "the scales of this run are not cached", file=sys.stderr)
+            warn(f"cannot write the calibration cache in {cache_dir} ({e.strerror}); "
+                 "the scales of this run are not cached")
             info["cache_error"] = str(e)
     return CalibrationResult(scales, info)

@@ -5,9 +5,9 @@ checked block by block where the arrays stream past: ``harness.runner.collect``.
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
+
+from ..runtime.log import error
 
 __all__ = ["nonfinite_problems", "record_nonfinite"]
 
@@ -29,5 +29,5 @@ def record_nonfinite(mode: str, entry: dict, problems: list[str]) -> None:
     if problems:
         entry.update(status="error", error="non-finite values (arrays kept): " + "; ".join(problems),
                      nonfinite=problems)
-        print(f"error: mode {mode} produced non-finite values (its arrays are kept): {problems[0]}"
-              + (f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""), file=sys.stderr)
+        error(f"mode {mode} produced non-finite values (its arrays are kept): {problems[0]}"
+              + (f" (and {len(problems) - 1} more tensors)" if len(problems) > 1 else ""))

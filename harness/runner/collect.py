@@ -18,13 +18,14 @@ outputs all equal the reference's is recorded as an error and none of its arrays
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import weakref
 from pathlib import Path
 
 import numpy as np
 
+from ..runtime.log import error
+from ..emulation.capture import RESEARCH_TENSORS
 from ..metrics.compare import compare_modes, identical_groups, same_basis
 from ..store.format import PairWriter, array_digest, array_key
 
@@ -165,7 +166,7 @@ class Collector:
                     self.skipped.setdefault(mode, {}).update(out["skipped"][mode])
             except Exception as e:  # never lose the arrays over the comparison
                 self.error = f"{type(e).__name__}: {e}"
-                print(f"error: the comparison failed ({self.error}); the arrays are written", file=sys.stderr)
+                error(f"the comparison failed ({self.error}); the arrays are written")
         self._store(mode, arrays, digests)
 
     def _store(self, mode: str, arrays: dict[str, np.ndarray], digests: dict[str, bytes] | None = None) -> None:
@@ -199,4 +200,4 @@ class Collector:
 
 
 def block_io_names(names) -> list[str]:
-    return [t for t in names or [] if t in ("input", "output", "residual") or ".block." in t]
+    return [t for t in names or [] if t in RESEARCH_TENSORS.values() or ".block." in t]

@@ -8,13 +8,13 @@ mode ends) and what the studies need: per-sample rows, logits, the reference's b
 """
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from dataclasses import dataclass
 
 from .context import ModeLoopResult, RunContext
 from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, stack
+from ..runtime.log import error
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
 from ..runtime.guard import fault_point
@@ -109,7 +109,7 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
     except Exception as e:  # a failing mode is recorded (with the blocks it finished), the others go on
         modes[name] = {"status": "error", "title": recipe.title, "recipe": recipe.knobs(),
                        "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        print(f"error: mode {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        error(f"mode {name} failed: {type(e).__name__}: {e}")
         if streamed:  # the blocks it finished stay in the file; they take no part in the comparison
             modes[name]["tensors"] = tensors
             collector.failed(name)

@@ -10,7 +10,6 @@ probably mismatched).
 from __future__ import annotations
 
 import re
-import sys
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .calibration import CalibrationResult
+from ..runtime.log import warn
 from ..modes import Prep, Rotate, Weights
 from ..checkpoints.loading import Checkpoint, ModelDirError, Tokenizer, load_tokenizer, open_checkpoint
 from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir, open_quamba
@@ -65,9 +65,9 @@ class Models:
         """
         pairing = check_pair(self, depth) if checked is None else checked.result()
         if not pairing["matched"]:
-            print(f"warning: only {pairing['within_one_code']:.2%} of the weight codes of {self.quamba.path} "
-                  f"(layers 0..{depth}) lie within one code of {self.float_ckpt.path} quantized as Quamba does "
-                  f"(expected >= 99%): the two probably do not belong together", file=sys.stderr)
+            warn(f"only {pairing['within_one_code']:.2%} of the weight codes of {self.quamba.path} "
+                 f"(layers 0..{depth}) lie within one code of {self.float_ckpt.path} quantized as Quamba does "
+                 f"(expected >= 99%): the two probably do not belong together")
         return pairing
 
 

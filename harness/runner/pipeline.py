@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -21,6 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..runtime.log import error, warn
 from .. import __version__
 from ..emulation.build import hadamard_kernel_support
 from .calibration import CalibrationResult, calibrate
@@ -144,8 +144,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     models = open_models(cfg.model, cfg.mamba_model_path)
     ckpt = models.primary
     if models.quamba is None and cfg.mamba_model_path is not None:
-        print(f"warning: --mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it",
-              file=sys.stderr)
+        warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
     n_layer = ckpt.dims.n_layer
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps)
@@ -198,19 +197,19 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             recipe = recorded_recipe(mode, k.entry)
             if recipe is not None:
                 todo.append(recipe)
-                print(f"warning: mode {mode} in {cfg.output_file} has incomplete arrays "
-                      f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
+                warn(f"mode {mode} in {cfg.output_file} has incomplete arrays "
+                     f"({', '.join(k.missing) or 'none stored'}); running it again")
     for recipe in recipes:
         k = kept.get(recipe.name)
         changed = k is not None and k.entry.get("recipe") != recipe.knobs()
         if k is None or recipe.name in rerun or k.entry.get("status") != "ok" or not k.complete or changed:
             todo.append(recipe)
         if changed and recipe.name not in rerun:
-            print(f"warning: mode {recipe.name} in {cfg.output_file} was made with another recipe; "
-                  f"running it again", file=sys.stderr)
+            warn(f"mode {recipe.name} in {cfg.output_file} was made with another recipe; "
+                 f"running it again")
         elif k is not None and k.entry.get("status") == "ok" and not k.complete and recipe.name not in rerun:
-            print(f"warning: mode {recipe.name} in {cfg.output_file} has incomplete arrays "
-                  f"({', '.join(k.missing) or 'none stored'}); running it again", file=sys.stderr)
+            warn(f"mode {recipe.name} in {cfg.output_file} has incomplete arrays "
+                 f"({', '.join(k.missing) or 'none stored'}); running it again")
     if calib_text is None and models.needs_calibration(todo):  # a kept mode re-run needs it
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
@@ -279,15 +278,15 @@ def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None
     provenance["hadamard_kernel_support"] = support
     for width, reason in support.items():
         if reason is not None:
-            print(f"warning: {width} = {getattr(dims, width)}: Quamba's Hadamard kernels do not support "
-                  f"this width ({reason}); the harness rotates it anyway", file=sys.stderr)
+            warn(f"{width} = {getattr(dims, width)}: Quamba's Hadamard kernels do not support "
+                 f"this width ({reason}); the harness rotates it anyway")
 
 
 def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str):
     try:
         result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
-        print(f"error: calibration failed: {type(e).__name__}: {e}", file=sys.stderr)
+        error(f"calibration failed: {type(e).__name__}: {e}")
         return e
     result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256,
                        calib_documents_used=calib_text.documents_used)

@@ -33,7 +33,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 
 from .files import (StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_kind, file_sha256,
     fsync_dir, remove_files, temp_file, write_file)
+from ..emulation.capture import array_key, parse_array_key, tensor_name  # the one naming authority
 from ..runtime.guard import Progress, deferred_signals, fault_point
 
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
@@ -56,26 +56,6 @@ MAX_MANIFEST_BYTES = 1 << 30
 # stats["modes"][mode]["input" | "output"] of the research tool's _stats.json (save_first_layer_io.py:322-341)
 RESEARCH_STAT_KEYS = ("shape", "first_10", "mean", "std", "min", "max")
 METADATA_KEYS = ("timestamp", "model", "pretrained_dir", "seq_len")
-_LAYER0_NAMES = {"L0.block.in": "input", "L0.block.out": "output", "L0.block.residual": "residual"}
-_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+|logits)$")
-
-
-def tensor_name(point: str) -> str:
-    """Capture point -> tensor name: layer-0 block I/O keep the research tool's names."""
-    return _LAYER0_NAMES.get(point, point)
-
-
-def array_key(mode: str, tensor: str) -> str:
-    return f"mode_{mode}_{tensor}" if tensor in ("input", "output", "residual") else f"mode_{mode}__{tensor}"
-
-
-def parse_array_key(key: str) -> tuple[str, str] | None:
-    m = _KEY_RE.match(key)
-    if not m:
-        return None
-    return (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-
-
 def research_stats(tensors: dict[str, dict]) -> dict[str, dict]:
     """{"input": {...}, "output": {...}}: the research tool's per-mode layout, from the tensors' statistics."""
     return {name: {k: tensors[name][k] for k in RESEARCH_STAT_KEYS}
