@@ -1,4 +1,4 @@
-"""Measure what prep=quamba changes against prep=exact, piece by piece (README "Emulation fidelity").
+"""Measure what prep=quamba changes against prep=exact, piece by piece (docs/fidelity.md).
 
     .venv/bin/python benchmarks/fidelity_prep.py [--model models/mamba-tiny] [--seq-len 512]
 
@@ -89,7 +89,6 @@ def runs_report(model: Path, seq_len: int) -> None:
         print(f"mode 0 in_proj.out values differing: {100 * np.mean(a != b):.2f} %")
         # op-order steps one at a time: prep=quamba with that step as prep=exact computes it
         reverts = {
-            "RMSNorm rsqrt": ("EmuRMSNorm", lambda: _patch_init(build_mod.EmuRMSNorm, "inv_sqrt", False)),
             "scan gate/sum as REFERENCE": ("scan", lambda: _patch_scan()),
             "in_proj RATIO_THEN_WEIGHT": ("epilogue", lambda: _patch_epilogue()),
             "exact online Hadamard": ("had", lambda: _patch_init(build_mod.EmuHadamard, "fht", False)),

@@ -91,7 +91,7 @@ def _add_mode_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "modes", nargs="+", default=["all"], metavar="MODE",
          help=f"modes or presets (default: all). Modes: {', '.join(BUILTIN_MODES)}; presets: "
               + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
-    _opt(g, "modes_file", type=Path, default=None, help="JSON or TOML file of user-defined modes (see README)")
+    _opt(g, "modes_file", type=Path, default=None, help="JSON or TOML file of user-defined modes (docs/modes.md)")
     _opt(g, "reference", default=None, help="mode the printed comparison is against (default: fp32)")
 
 

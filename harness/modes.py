@@ -1,4 +1,4 @@
-"""Modes as data: the knobs of MODES.md, the built-in recipes, presets and user mode files.
+"""Modes as data: the knobs of docs/spec/modes.md, the built-in recipes, presets and user mode files.
 
 A ``ModeRecipe`` holds knob values only; ``harness.emulation.build`` is the single place
 that turns a recipe into emulated modules. Built-in modes are entries of the
@@ -42,7 +42,7 @@ class ModeError(ValueError):
     """A mode name, knob or mode file is invalid; the message lists what is valid."""
 
 
-# knob -> allowed values (MODES.md "The knobs")
+# knob -> allowed values (docs/spec/modes.md "The knobs")
 KNOBS: dict[str, tuple[str, ...]] = {
     "weights": ("fp32", "fp16", "int8"),
     "rotate": ("yes", "no"),
@@ -188,7 +188,7 @@ def _recipe(name: str, title: str, row: str) -> ModeRecipe:
 
 
 # fmt: off
-# MODES.md "The built-in modes", column order = KNOBS order:
+# docs/spec/modes.md "The built-in modes", column order = KNOBS order:
 #   weights rotate norm_out in_proj_out conv_in conv_out ssm_u ssm_impl had_out act_dtype prep
 _BUILTIN_ROWS = (
     ("fp32", "floating-point reference",                        "fp32 yes fp   fp   static  fp32 fp32    reference fp   fp32 exact"),
@@ -213,7 +213,7 @@ BUILTIN_MODES: dict[str, ModeRecipe] = {name: _recipe(name, title, row) for name
 
 # The models calibration runs through (not user modes), one per prep: the rotated
 # model with fp16 weights and fp16 activations, as Quamba calibrates its fp16 model
-# (notes §2.3). harness.emulation.build gives the prep=quamba one the arithmetic of that model
+# (spec notes §2.3). harness.emulation.build gives the prep=quamba one the arithmetic of that model
 # (build_block's calibration flag): fp16 conv output before SiLU, mamba_ssm's scan.
 CALIBRATION_RECIPES: dict[str, ModeRecipe] = {
     prep: _recipe("calibration", f"rotated fp16 model used for calibration (prep={prep})",

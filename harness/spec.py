@@ -122,7 +122,7 @@ class ModelDims:
     norm_eps: float
 
 
-# Calibrated activation scales of one block (notes §2.4), in the order the data flows.
+# Calibrated activation scales of one block (spec notes §2.4), in the order the data flows.
 SCALE_NAMES: tuple[str, ...] = ("s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H")
 
 

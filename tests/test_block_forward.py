@@ -27,7 +27,7 @@ def _block(bank, scales, mode):
 
 
 def by_hand(block, residual):
-    """The block's forward written out from its own sub-modules, in the order of notes §2.6."""
+    """The block's forward written out from its own sub-modules, in the order of spec notes §2.6."""
     dims = block.dims
     normed = block.norm(residual)
     xz = block.in_proj(normed)

@@ -54,7 +54,7 @@ def test_a_quantizing_mode_equal_in_block_0_only_is_kept_whole_and_in_order(tmp_
 
 @pytest.mark.parametrize("keep", [True, False])
 def test_a_quantizing_mode_equal_everywhere_is_an_error_with_nothing_written(tmp_path, keep):
-    """MODES.md contract 9 across blocks: every block output equals the float reference's."""
+    """docs/spec/modes.md contract 9 across blocks: every block output equals the float reference's."""
     ref = _blocks(0)
     same = [{k: v.copy() for k, v in chunk.items()} for chunk in ref]
     c, writer, modes = _run(keep, tmp_path, {"fp32": ref, "0": same, "1": [{k: v.copy() for k, v in ch.items()} for ch in ref]})

@@ -1,4 +1,4 @@
-"""Nothing a user has on disk is lost, and bad numbers are never a pass (README "Guarantees")."""
+"""Nothing a user has on disk is lost, and bad numbers are never a pass (docs/guarantees.md)."""
 import json
 import os
 import stat

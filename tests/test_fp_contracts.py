@@ -1,4 +1,4 @@
-"""MODES.md contracts 1 and 2: the floating-point modes against transformers' own forward."""
+"""docs/spec/modes.md contracts 1 and 2: the floating-point modes against transformers' own forward."""
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""MODES.md contracts 3-9, checked on every captured tap of a seeded model."""
+"""docs/spec/modes.md contracts 3-9, checked on every captured tap of a seeded model."""
 import json
 
 import numpy as np

@@ -6,9 +6,9 @@ from harness.modes import BUILTIN_MODES, KNOBS, PRESETS, ModeError, ModeRecipe, 
 
 
 def test_builtin_table_matches_modes_md():
-    # spot checks of MODES.md "The built-in modes"
+    # spot checks of docs/spec/modes.md "The built-in modes"
     assert get_mode("0").knobs() == dict(zip(KNOBS, "int8 yes int8 int8 static int8 int8 kernel int8 fp16 quamba".split()))
-    # MODES.md `prep`: built-in quantized modes quamba, fp32 (and mode 1, unchanged) exact
+    # docs/spec/modes.md `prep`: built-in quantized modes quamba, fp32 (and mode 1, unchanged) exact
     assert {m: r.prep for m, r in BUILTIN_MODES.items()} == {
         "fp32": "exact", "1": "exact", **{m: "quamba" for m in ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3")}}
     assert get_mode("3").in_proj_out == "fp" and get_mode("3").conv_in == "dynamic"

@@ -26,10 +26,10 @@ from harness.runner.weightbank import WeightBank
 EVEN, AWAY = Rounding.HALF_EVEN, Rounding.HALF_AWAY
 RW, WR = Epilogue.RATIO_THEN_WEIGHT, Epilogue.WEIGHT_THEN_RATIO
 
-# site -> (scale name of its int8 output, tie rule); notes §2.6 steps 1-9
+# site -> (scale name of its int8 output, tie rule); spec notes §2.6 steps 1-9
 RULES = {"norm": ("s_in", EVEN), "in_proj": ("s_xz", EVEN), "conv1d": ("s_u", AWAY), "x_proj": ("s_xp", EVEN),
          "dt_proj": ("s_dt", EVEN), "had": ("s_H", AWAY)}
-# (mode, site) -> epilogue order of the W8A8 GEMM (notes §2.6 steps 2, 4, 5, 9)
+# (mode, site) -> epilogue order of the W8A8 GEMM (spec notes §2.6 steps 2, 4, 5, 9)
 EPILOGUES = {("0", "in_proj"): RW, ("0", "x_proj"): WR, ("0", "dt_proj"): RW, ("0", "out_proj"): WR,
              ("3", "in_proj"): WR,  # float (fp16) output: W8A8B16O16Linear.forward order (issue 11)
              ("3", "out_proj"): WR}

@@ -156,7 +156,7 @@ def test_handmade_codes_and_scales_are_used_bit_for_bit(handmade, tmp_path):
     arrays = out.by_mode["0"]
     q_n = np.round(arrays["L0.norm.out"].astype(np.float64) / s_in)               # codes of the norm output
     acc = q_n.reshape(-1, 24) @ w.T                                                # exact integer GEMM
-    t = np.float32(np.float32(s_in / s_xz) * acc.astype(np.float32))               # in_proj epilogue, notes §2.6
+    t = np.float32(np.float32(s_in / s_xz) * acc.astype(np.float32))               # in_proj epilogue, spec notes §2.6
     expect = np.clip(np.rint(np.float32(np.float32(s_w) * t)), -128, 127) * np.float32(s_xz)
     assert np.array_equal(arrays["L0.in_proj.out"].reshape(-1, 96), expect.astype(np.float32))
     assert arrays["L0.x_proj.out"].shape[-1] == 2 + 2 * 8                           # padding removed
@@ -192,7 +192,7 @@ def test_embedding_row_scale_is_the_signed_max():
 
 
 def test_export_with_quantized_embedding_and_lm_head(hf_dir, tmp_path):
-    """Quamba's eval.sh recipe (--quantize_embedding --quantize_lm_head): the layout of notes §2.7."""
+    """Quamba's eval.sh recipe (--quantize_embedding --quantize_lm_head): the layout of spec notes §2.7."""
     out = tmp_path / "q"
     export(ExportConfig(model=hf_dir, output_dir=out, calib=FAST_CALIB, cache_dir=tmp_path / "cache",
                         quantize_embedding=True, quantize_lm_head=True), emit=lambda _s: None)
@@ -442,7 +442,7 @@ def test_a_config_without_embedding_or_lm_head_cfg_reads_as_quambas_defaults(tmp
 
 
 def test_a_checkpoint_saved_from_the_gpu_opens_memory_mapped(tmp_path, monkeypatch):
-    """Quamba saves its tensors from cuda:0 (notes §2.7): on a CPU they open with map_location="cpu" in the
+    """Quamba saves its tensors from cuda:0 (spec notes §2.7): on a CPU they open with map_location="cpu" in the
     first, memory-mapped load (a mutant without map_location fell back to reading the whole file; the
     fixture's CPU tensors could not tell)."""
     import torch.serialization as ser

@@ -211,7 +211,7 @@ def test_a_w8o16_embedding_reads_as_its_fp16_rows(tmp_path):
 
 def test_layer_spec_of_mamba_130m_is_quambas_checkpoint_layout():
     """layer_spec for mamba-130m's sizes (d_model 768, d_inner 1536, d_state 16, dt_rank 48) lists the keys,
-    in state-dict order, and the dtypes and shapes of Quamba's checkpoint (notes §2.6): x_proj's 48 + 2 * 16 = 80
+    in state-dict order, and the dtypes and shapes of Quamba's checkpoint (spec notes §2.6): x_proj's 48 + 2 * 16 = 80
     outputs need no padding (a mutant that sized x_proj as dt_rank + 3 * d_state survived at the fixture's
     sizes, where both pad to 32)."""
     from harness.checkpoints.quamba import F, T0, T11, layer_spec

@@ -1,4 +1,4 @@
-"""prep=quamba pinned to Quamba's arithmetic on small seeded tensors (README "Emulation fidelity").
+"""prep=quamba pinned to Quamba's arithmetic on small seeded tensors (docs/fidelity.md).
 
 Each test names the Quamba code it follows and uses inputs on which the
 alternative the harness computed before (exact rotation, fp32 fold, one fp16 store,
@@ -78,7 +78,7 @@ def test_fht_fp16_store_differs_from_the_exact_rotation_rounded_once():
     x = f16(torch.randn(400, 384, generator=torch.Generator().manual_seed(1)))
     kernel, exact = f16(hadamard_transform_fht(x)), f16(hadamard_transform(x))
     differ = int((kernel != exact).sum())
-    assert 0 < differ < 0.01 * x.numel()  # rare 1-ulp fp16 differences, as notes §2.1a says
+    assert 0 < differ < 0.01 * x.numel()  # rare 1-ulp fp16 differences, as spec notes §2.1a says
 
 
 def _raw(d_model=48, d_inner=96, seed=0):

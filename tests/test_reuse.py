@@ -34,7 +34,7 @@ def test_every_array_and_stat_of_every_mode_is_the_one_computed_alone(observed):
         for name, arr in alone.arrays.items():
             assert _bits(arr) == _bits(together.arrays[name]), (recipe.name, name)
         assert alone.tensors == together.tensors, recipe.name
-    # what the recipes have in common (README "Shared ops"): the int8 norm of the seven rotated int8
+    # what the recipes have in common (docs/guarantees.md "Shared ops change no number"): the int8 norm of the seven rotated int8
     # modes, in_proj of 0 and 2-x, the int8 conv of 0 and 2-0..2-2 and the fp32 conv of 2-3 and 2-4,
     # x_proj and dt_proj after each, and from the scan on 2-0 (u re-quantized losslessly) and 2-2; more
     # where this model's data make other inputs equal (here 2-3's u, re-quantized at s_u with RNE, equals

@@ -1,6 +1,6 @@
 """Quamba1 W8A8 checkpoint directories (``QuambaLMHeadModel.save_pretrained``): recognise, validate, read, write.
 
-The layout, from enyac-group/Quamba c474646 (files under ``quamba/``) and notes §2.5-§2.7:
+The layout, from enyac-group/Quamba c474646 (files under ``quamba/``) and spec notes §2.5-§2.7:
 
 * ``config.json`` = ``json.dump(model.config.__dict__)`` (quamba_mixer_seq.py:447-449): the mamba_ssm
   MambaConfig fields plus ``ssm_cfg.layer``, ``norm_cfg.norm``, ``embedding_cfg.layer``, ``lm_head_cfg.layer``
@@ -218,7 +218,7 @@ class QuambaCheckpoint:
 
     def embedding(self) -> torch.Tensor:
         """(vocab, d_model) fp16 rows as the model computes them: rotated; for W8O16Embedding f16(scale * code)
-        (the exact product rounded once, csrc/embedding/quant_embedding_kernel.cuh:65-78, notes §2.7)."""
+        (the exact product rounded once, csrc/embedding/quant_embedding_kernel.cuh:65-78, spec notes §2.7)."""
         if self._embedding is None:
             w = self._get("backbone.embedding.weight")
             if self.kinds["embedding"] == "W8O16Embedding":
@@ -279,7 +279,7 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
     if not f.is_file():
         raise ModelDirError(f"{path}: pytorch_model.bin is missing (a Quamba checkpoint holds config.json and pytorch_model.bin)")
     try:
-        try:  # tensors carry the device they were saved from (notes §2.7)
+        try:  # tensors carry the device they were saved from (spec notes §2.7)
             sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
             sd = torch.load(f, map_location="cpu", weights_only=True)
@@ -335,7 +335,7 @@ def _layer_entries(i: int, p, s: LayerScales, d: ModelDims) -> dict:
     out.update(_linear_entries(k + "mixer.dt_proj", p.dt_proj, s.s_xp, s.s_dt))  # dt_proj reads s_xp (qMambaLayer.py:867)
     q = k + "mixer.selective_scan."
     t = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
-    b_scale = t(s.s_xp)  # B_scale and C_scale are one storage (qSelectiveScan.py:131-132, notes §2.7)
+    b_scale = t(s.s_xp)  # B_scale and C_scale are one storage (qSelectiveScan.py:131-132, spec notes §2.7)
     out.update({q + "dt_bias": p.dt_bias.codes, q + "dt_bias_scale": t(p.dt_bias.scale), q + "A_log": p.A_log.codes,
                 q + "A_scale": t(p.A_log.scale), q + "D": p.D.codes, q + "D_scale": t(p.D.scale), q + "u_scale": t(s.s_u),
                 q + "dt_scale": t(s.s_dt), q + "B_scale": b_scale, q + "C_scale": b_scale, q + "z_scale": t(s.s_xz),

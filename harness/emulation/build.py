@@ -1,4 +1,4 @@
-"""The one place that turns a mode recipe into emulated modules (MODES.md knobs -> module settings).
+"""The one place that turns a mode recipe into emulated modules (docs/spec/modes.md knobs -> module settings).
 
 Rules beyond the knob table, for recipes that mix float and int8 pieces:
 

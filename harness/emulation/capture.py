@@ -28,7 +28,7 @@ __all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RE
            "resolve_layers", "hook_attr", "module_path", "RESEARCH_TENSORS", "tensor_name", "array_key",
            "parse_array_key"]
 
-# point -> what it holds (README "Capture points" is generated from the same words)
+# point -> what it holds (docs/file-format.md "Capture points" lists the same words)
 POINTS: dict[str, str] = {
     "block.in": "residual stream entering the block (layer 0: the embedding) [batch, seqlen, d_model]",
     "norm.out": "RMSNorm output = in_proj input [batch, seqlen, d_model]",

@@ -50,7 +50,7 @@ class EmuRMSNorm(nn.Module):
     sqrt (``ops.portable``): the same bits on every CPU. torch.rsqrt, which prep=exact used before,
     differs from 1/sqrt by CPU and tensor size; both preps now compute this one formula.
     With the rotation the weight is folded into in_proj and is None. A quantized
-    output is sat8(RNE(y / s_in)) (Triton `rint`, notes §2.6 step 1).
+    output is sat8(RNE(y / s_in)) (Triton `rint`, spec notes §2.6 step 1).
     """
 
     def __init__(self, weight: torch.Tensor | None, eps: float, out: OutSpec) -> None:
@@ -135,10 +135,10 @@ class EmuSelectiveScan(nn.Module):
 
 
 class EmuHadamard(nn.Module):
-    """Online Hadamard of the SSM output (QHadamard, notes §2.6 step 8).
+    """Online Hadamard of the SSM output (QHadamard, spec notes §2.6 step 8).
 
     t = (H_b kron S) y, unnormalized; int8 output q = sat8(RNA(t * f32(1/sqrt(n) / s_H)))
-    (qHadamard.py:34, common.h:153; saturating, see README "Emulation fidelity"); float output
+    (qHadamard.py:34, common.h:153; saturating, see docs/fidelity.md); float output
     t / sqrt(n) in the output dtype. fht=False: t exact, rounded once to fp32 (prep=exact);
     fht=True: t with the kernel's fp32 butterflies (ops.hadamard.hadamard_transform_fht; prep=quamba).
     """

@@ -1,4 +1,4 @@
-"""Calibration observers of the Quamba1 recipe (observer.py:35-183, notes §2.3).
+"""Calibration observers of the Quamba1 recipe (observer.py:35-183, spec notes §2.3).
 
 Two phases: ``observe(x)`` folds a batch of samples into running statistics,
 ``compute_scale()`` turns them into a per-tensor symmetric scale through

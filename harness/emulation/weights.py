@@ -1,6 +1,6 @@
 """Weights of one block as a recipe needs them: folded and rotated, rounded to fp32/fp16, or int8.
 
-Offline transforms (notes §2.1): fold the block's RMSNorm weight into in_proj's
+Offline transforms (spec notes §2.1): fold the block's RMSNorm weight into in_proj's
 columns (W_in[:, j] *= w_norm[j]) and rotate the residual stream with Had_D (see
 ops.hadamard): a residual vector x becomes Had_D x, so in_proj becomes W_in Had_D^T
 (each row transformed), out_proj becomes Had_D W_out Had_E^T (the online Hadamard of
@@ -10,7 +10,7 @@ Two preparations (knob ``prep``):
 
 * ``exact``: from the checkpoint's own precision, fold and rotation in float64,
   rounded once to the weight dtype (``float_layer``);
-* ``quamba``: as Quamba computes them (``quamba_fp16_layer``, notes §2.1a): the
+* ``quamba``: as Quamba computes them (``quamba_fp16_layer``, spec notes §2.1a): the
   checkpoint is first brought to fp16 (``build_mamba_and_tokenizer`` loads it with
   dtype=torch.float16, utils.py:21, 30); ``fuse_ln_linear`` multiplies the fp16
   in_proj by the fp16 norm weight in float64 and stores fp16 (modelutils_mamba.py:40-55,
@@ -88,7 +88,7 @@ def quamba_fp16_layer(raw: dict[str, torch.Tensor | None], rotate: bool = True) 
     """The fp16 weights of one block exactly as Quamba prepares them (prep=quamba; module docstring).
 
     raw: fp32 tensors of the checkpoint (loading.Checkpoint.raw_layer). Returns fp16 values held
-    in fp32 (A_log and D stay fp32: mamba_ssm creates them as fp32 parameters, notes §1.3). With
+    in fp32 (A_log and D stay fp32: mamba_ssm creates them as fp32 parameters, spec notes §1.3). With
     rotate=False nothing is folded or rotated: the checkpoint rounded to fp16, the same as prep=exact.
     """
     if not rotate:

@@ -1,6 +1,6 @@
 """Across-sample statistics: mean with a 95 % confidence interval, and paired differences of two modes.
 
-Method (README "Many samples"): Student t on the per-sample values. For n values x_1..x_n
+Method (docs/analysis.md): Student t on the per-sample values. For n values x_1..x_n
 with mean m and sample standard deviation s (n - 1 in the denominator), the interval is
 m +- t_{0.975, n-1} * s / sqrt(n). With n = 1 there is no spread to measure and the interval
 is [m, m]. A paired difference of modes a and b takes d_k = metric_a(k) - metric_b(k) on the

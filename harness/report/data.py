@@ -3,7 +3,7 @@
 Works on any saved run (every schema the storage layer reads, ``--stats-only``
 files included) and on the research tool's files (arrays only, no manifest).
 Unknown keys are ignored. Sections of the stats file the report draws when present
-(written by later harness versions; documented in README "HTML report"):
+(written by later harness versions; documented in docs/report.md):
 
     stats["end_to_end"] = {MODE: {"kl": x, "top1_agreement": x, "cross_entropy": x, "perplexity": x}}
         every value a number, or {"mean": x, "ci95": [lo, hi]} when several samples ran;

@@ -40,7 +40,7 @@ __all__ = ["CalibrationSettings", "CalibrationResult", "calibrate", "run_observe
 CALIB_VERSION = 2
 _FORMAT = "quamba-harness-calibration"
 
-# scale -> (capture point observed, observer kind); notes §2.3-2.4
+# scale -> (capture point observed, observer kind); spec notes §2.3-2.4
 OBSERVED_AT: dict[str, tuple[str, str]] = {
     "s_in": ("norm.out", "minmax"),
     "s_xz": ("in_proj.out", "minmax"),

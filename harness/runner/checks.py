@@ -1,6 +1,6 @@
 """Checks of a finished mode that turn a silent problem into a recorded error (NaN policy).
 
-MODES.md contract 9 (a quantizing mode must not reproduce the float reference bit for bit) is
+docs/spec/modes.md contract 9 (a quantizing mode must not reproduce the float reference bit for bit) is
 checked block by block where the arrays stream past: ``harness.runner.collect``.
 """
 from __future__ import annotations

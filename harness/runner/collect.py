@@ -10,7 +10,7 @@ Bit-identical groups of modes are found from a sha256 per array (dtype, shape an
 no array has to stay in memory for them; an array that an earlier mode had, bit for bit, takes
 that mode's metrics (they are a function of the two arrays alone).
 
-MODES.md contract 9 (a mode that quantizes must not reproduce a float reference bit for bit)
+docs/spec/modes.md contract 9 (a mode that quantizes must not reproduce a float reference bit for bit)
 is decided chunk by chunk: a quantizing mode's chunks are held back only while every block
 output seen so far equals the reference's; the first that differs releases them. A mode whose
 outputs all equal the reference's is recorded as an error and none of its arrays is written.

@@ -117,7 +117,7 @@ def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
     if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
         weight, s_in, alpha = bank.given.lm_head()
         if isinstance(weight, QTensor):
-            # QRMSNorm: rint (half even) at the output scale (qNorm.py:38-39, notes §2.6 step 1)
+            # QRMSNorm: rint (half even) at the output scale (qNorm.py:38-39, spec notes §2.6 step 1)
             return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(s_in, Rounding.HALF_EVEN)), weight,
                         FloatOut(torch.float16), alpha)
         return Head(EmuRMSNorm(None, dims.norm_eps, act), weight, act)
@@ -223,7 +223,7 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
     when it finishes: with ``on_layer(arrays, tensors)`` they are handed over block by block and not
     kept (memory then holds one block's activations); without, they are collected in the result.
     device "cuda": the modules' tensors move there and every op runs under torch.device("cuda");
-    arrays come back to the CPU (untested: README "Device").
+    arrays come back to the CPU (untested: docs/analysis.md "Device").
     shared: the run's ops shared across modes (harness.runner.sharedops); None computes every op.
     """
     recipe, device = fwd.recipe, fwd.device

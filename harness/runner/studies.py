@@ -1,7 +1,7 @@
 """Per-sample results -> the stats sections "end_to_end", "samples" and "sensitivity".
 
 Input is what ``analysis.run_mode`` gives per mode: arrays per sample and logits per
-sample. Output (README "Many samples", "End to end", "Sensitivity"):
+sample. Output (docs/analysis.md):
 
     end_to_end  = {MODE: {"kl", "top1_agreement", "cross_entropy", "perplexity"}}
                   numbers for one sample, {"mean", "ci95"} for several (the reference included)

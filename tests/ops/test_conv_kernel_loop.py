@@ -1,6 +1,6 @@
 """The int8 conv against a written-out loop of the kernel's operation order, bit for bit.
 
-quant_causal_conv1d_fwd_kernel.cuh:80-151 (notes §2.6 step 3), per (b, d, t):
+quant_causal_conv1d_fwd_kernel.cuh:80-151 (spec notes §2.6 step 3), per (b, d, t):
     acc = sum_k Wq[d, k] * xq[t - (K - 1) + k]        exact integer, zero history
     v   = fma(f32(s_w * s_x), acc, f32(bq[d]) * s_b)  one rounding (f32(bq) * s_b is an fp32 product)
     out = v / (1 + exp(-v))                            fp32 (exp: torch's, over the whole tensor)

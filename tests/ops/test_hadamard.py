@@ -33,7 +33,7 @@ def test_base_matrices_are_hadamard(b):
 
 
 def test_h12_rows_match_the_notes():
-    # notes §2.2, rows r0 and r1
+    # spec notes §2.2, rows r0 and r1
     H = _base_matrix(12)
     assert "".join("+" if v > 0 else "-" for v in H[0]) == "+-++++++++++"
     assert "".join("+" if v > 0 else "-" for v in H[1]) == "--+-+-+-+-+-"

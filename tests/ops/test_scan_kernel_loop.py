@@ -1,6 +1,6 @@
 """The kernel-order scan against a written-out loop of the kernel's own operation order, bit for bit.
 
-quant_sscan_fwd_kernel.cuh:154-272 (notes §2.6 step 6), per (batch b, channel d, token t):
+quant_sscan_fwd_kernel.cuh:154-272 (spec notes §2.6 step 6), per (batch b, channel d, token t):
 
     delta = softplus(fma(s_dt, q_dt, bias[d]))       (int8 dt; a float dt: dt + bias)
     dA[n] = exp(delta * A[d, n]);  dBu[n] = B[t, n] * (delta * u)

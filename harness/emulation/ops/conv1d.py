@@ -1,6 +1,6 @@
 """Causal depthwise conv1d + SiLU: the Quamba int8 kernel and the floating-point conv.
 
-Int8 kernel (quant_causal_conv1d_fwd_kernel.cuh:80-151, notes §2.6 step 3), for
+Int8 kernel (quant_causal_conv1d_fwd_kernel.cuh:80-151, spec notes §2.6 step 3), for
 each (batch, channel d, token t):
 
     acc = sum_k Wq[d, k] * xq[t - (d_conv - 1) + k]      exact integer, zero history

@@ -5,7 +5,7 @@
 with S_M the Sylvester matrix in natural order, S[i, j] = (-1)^popcount(i & j),
 and H_b one of the base matrices of fast-hadamard-transform
 (`csrc/hadamard/fast_hadamard_transform_special.h`, `hadamard_mult_thread_{12,20,28,40}`)
-as the outer factor: element c*M + j is chunk c, position j (notes §2.2).
+as the outer factor: element c*M + j is chunk c, position j (spec notes §2.2).
 Base selection follows `get_had_fn` (hadamard_utils.py:8-22): 12 first, then 40,
 then a power of two; 20 and 28 (kernels that Quamba's Python never selects) come
 after 40, so 20 * 2^k with k >= 1 uses the 40 base like Quamba does.

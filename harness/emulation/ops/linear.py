@@ -1,7 +1,7 @@
 """W8A8 linear layers: int8 x int8 GEMM with exact integer accumulation and the fp32 epilogue.
 
 The CUTLASS kernels of Quamba1 accumulate in int32 and rescale with two fp32
-multiplies whose order depends on the call site (notes §2.6 steps 2, 4, 5, 9):
+multiplies whose order depends on the call site (spec notes §2.6 steps 2, 4, 5, 9):
 
     RATIO_THEN_WEIGHT (in_proj, dt_proj; `to_seqlen_last`):
         t = f32(f32(s_x / s_out) * f32(acc));  v = f32(s_w * t)

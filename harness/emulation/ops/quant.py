@@ -5,7 +5,7 @@ names its tie behaviour (``Rounding``) and its scale step:
 
 * activations are quantized by **dividing** by the scale in fp32, rounding with
   the op's tie rule, then saturating to [-128, 127] (round, then clamp);
-* weights follow ``quantize_tensor_per_tensor_absmax`` (notes §2.5): the scale
+* weights follow ``quantize_tensor_per_tensor_absmax`` (spec notes §2.5): the scale
   max|W| / 127 and the quotient W / scale are computed **in fp16**, then rounded
   half-to-even and clamped;
 * SSM parameters (A_log, D, dt_bias) follow ``quantize_weight_per_tensor_absmax``:
@@ -139,7 +139,7 @@ def scale_from_amax_fp32(amax: torch.Tensor) -> float:
 
 
 def quantize_weight_fp16(w: torch.Tensor) -> QTensor:
-    """Per-tensor absmax int8 of a linear/conv weight or conv bias, computed in fp16 (notes §2.5).
+    """Per-tensor absmax int8 of a linear/conv weight or conv bias, computed in fp16 (spec notes §2.5).
 
     w: (any) fp16 values. s = f16(max(|w|, 1e-5) / 127); q = clamp(RNE(f16(w / s)), -128, 127).
     """
@@ -151,7 +151,7 @@ def quantize_weight_fp16(w: torch.Tensor) -> QTensor:
 
 
 def quantize_param_fp32(w: torch.Tensor) -> QTensor:
-    """Per-tensor absmax int8 of an SSM parameter (A_log, D, dt_bias) in fp32, no clamp (notes §2.5).
+    """Per-tensor absmax int8 of an SSM parameter (A_log, D, dt_bias) in fp32, no clamp (spec notes §2.5).
 
     w: (any) fp32. s = max(|w|, 1e-5) / 127; q = RNE(w / s), which lies in [-127, 127].
     """

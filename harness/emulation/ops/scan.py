@@ -1,6 +1,6 @@
 """Selective scan (Mamba-1 SSM) on dequantized operands, in two arithmetic orders.
 
-Shared by both orders (notes §2.6 step 6, §3.4), all fp32, h_{-1} = 0:
+Shared by both orders (spec notes §2.6 step 6, §3.4), all fp32, h_{-1} = 0:
 
     u, B, C, z, D, delta_bias = dequantize(each)                 codes * scale
     A      = -exp(A_log)                                         (d_inner, d_state)
