@@ -242,7 +242,7 @@ class QuambaCheckpoint:
         return "int8"
 
     def prefix_hashes(self, depth: int) -> list[str]:
-        """sha256 chain over dims, embedding and every entry of blocks 0..i (as loading.Checkpoint.prefix_hashes)."""
+        """sha256 chain over dims, embedding and every entry of blocks 0..i (as checkpoints.loading.Checkpoint.prefix_hashes)."""
         h = hashlib.sha256(json.dumps({"format": self.format, **asdict(self.dims)}, sort_keys=True).encode())
         h.update(self.embedding().contiguous().view(torch.uint8).numpy().data)
         out = []

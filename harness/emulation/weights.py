@@ -61,7 +61,7 @@ class LayerParams:
 
 
 def float_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: torch.dtype) -> LayerParams:
-    """raw: fp32 tensors of the checkpoint (loading.Checkpoint.raw_layer)."""
+    """raw: fp32 tensors of the checkpoint (checkpoints.loading.Checkpoint.raw_layer)."""
     def rnd(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else round_to_dtype(t, dtype)
 
@@ -87,7 +87,7 @@ def fht_fp16(w: torch.Tensor) -> torch.Tensor:
 def quamba_fp16_layer(raw: dict[str, torch.Tensor | None], rotate: bool = True) -> LayerParams:
     """The fp16 weights of one block exactly as Quamba prepares them (prep=quamba; module docstring).
 
-    raw: fp32 tensors of the checkpoint (loading.Checkpoint.raw_layer). Returns fp16 values held
+    raw: fp32 tensors of the checkpoint (checkpoints.loading.Checkpoint.raw_layer). Returns fp16 values held
     in fp32 (A_log and D stay fp32: mamba_ssm creates them as fp32 parameters, spec notes §1.3). With
     rotate=False nothing is folded or rotated: the checkpoint rounded to fp16, the same as prep=exact.
     """

@@ -217,7 +217,7 @@ def _reference(cf: CaptureFile, stats: dict, asked: str | None) -> str:
 def load_report_data(path: Path, reference: str | None = None, require_reference: bool = True) -> ReportData:
     """Open a capture (our files or the research tool's) and gather what the report shows.
 
-    Raises storage.StorageError for unreadable files and, with require_reference, compare.CompareError
+    Raises store.format.StorageError for unreadable files and, with require_reference, compare.CompareError
     for a reference the file lacks (without it, the report simply has no comparison).
     """
     cf = load_capture(Path(path))

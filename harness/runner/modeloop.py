@@ -2,7 +2,7 @@
 
 Each block of each mode (every sample of it) is checked, compared with the reference, written
 and released as soon as it finishes (``harness.runner.collect``), so memory holds one block's
-activations of one mode, the weight variants the modes still to come need (``analysis.keep_only``),
+activations of one mode, the weight variants the modes still to come need (``forwards.keep_only``),
 the op results the modes share (``harness.runner.sharedops``, at most its ``max_bytes``, dropped when the last
 mode ends) and what the studies need: per-sample rows, logits, the reference's block inputs.
 """

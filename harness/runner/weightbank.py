@@ -28,7 +28,7 @@ class WeightBank:
     """Prepares each (layer, weights, rotate, prep) variant once and shares it between modes.
 
     ckpt: the float checkpoint (None when only a quantized checkpoint is at hand).
-    given: a quantized checkpoint (quamba_ckpt.QuambaCheckpoint) whose int8 codes and scales are
+    given: a quantized checkpoint (checkpoints.quamba.QuambaCheckpoint) whose int8 codes and scales are
     used bit for bit as the rotated int8 prep=quamba layers and whose rotated fp16 embedding rows feed
     those recipes:
     it provides ``dims``, ``int8_layer(i)`` and ``embedding()``.
