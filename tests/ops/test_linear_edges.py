@@ -1,5 +1,5 @@
-"""W8A8 linear details: the int32 GEMM and its float fallback, exact under every fp32 matmul precision and at
-the block boundary; bad orders."""
+"""W8A8 linear details: the int32 GEMM by exact float blocks, exact under every fp32 matmul precision, at the
+block boundary, and on CPUs whose oneDNN int8 kernel is wrong; bad orders."""
 import pytest
 import torch
 
@@ -34,21 +34,39 @@ def test_block_size_keeps_partial_sums_exact():
 
 
 @pytest.mark.parametrize("shape", [(1, 5, 3), (2, 3, 17, 9), (512, 1536, 80)])
-def test_int32_gemm_and_its_fallback_equal_the_integer_product(shape, monkeypatch):
-    """The int8 GEMM keeps x's leading dimensions; without torch._int_mm the float path gives the same int32."""
+def test_int32_gemm_equals_the_integer_product(shape):
+    """The int8 GEMM keeps x's leading dimensions and gives the exact int32 product."""
     g = torch.Generator().manual_seed(1)
     *lead, k, n = shape
     x = torch.randint(-128, 128, (*lead, k), generator=g, dtype=torch.int8)
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
     exact = (x.to(torch.int64) @ w.to(torch.int64).t()).to(torch.int32)
-    fast = int8_gemm(x, w)
+    got = int8_gemm(x, w)
+    assert got.shape == (*lead, n) and got.dtype == torch.int32 and torch.equal(got, exact)
 
-    def refuse(*_a):
-        raise RuntimeError("no int8 GEMM on this device")
-    monkeypatch.setattr(torch, "_int_mm", refuse)
-    slow = int8_gemm(x, w)
-    assert fast.shape == slow.shape == (*lead, n)
-    assert torch.equal(fast, exact) and torch.equal(slow, exact) and slow.dtype == torch.int32
+
+_GEMM_PROBE = """
+import numpy as np, torch
+from harness.emulation.ops.linear import int8_gemm
+rng = np.random.default_rng(0)
+x = torch.from_numpy(rng.integers(-128, 128, (80, 192)).astype(np.int8))
+w = torch.from_numpy(rng.integers(-128, 128, (48, 192)).astype(np.int8))
+print(torch.equal(int8_gemm(x, w).to(torch.int64), x.to(torch.int64) @ w.to(torch.int64).t()))
+"""
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE"])
+def test_int8_gemm_is_exact_where_onednn_has_no_vnni(isa):
+    """oneDNN's int8 GEMM (torch._int_mm) is wrong without VNNI; DNNL_MAX_CPU_ISA makes this CPU take that path.
+    The harness's GEMM must stay exact there (it did not while it used torch._int_mm)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _GEMM_PROBE], capture_output=True, text=True, cwd=root,
+                         env={**os.environ, "DNNL_MAX_CPU_ISA": isa, "PYTHONPATH": str(root)}, check=True)
+    assert out.stdout.strip() == "True"
 
 
 def test_unknown_epilogue_order_is_refused():

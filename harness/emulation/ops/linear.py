@@ -13,13 +13,18 @@ For an int8 output, q = sat8(RNE(v)) (PTX cvt.rni.sat). For a float output
 rounded to the output dtype (fp16 in W8A8B16O16).
 
 The accumulator is the kernel's int32 result (whose saturation is never reached:
-|acc| <= K * 128 * 128 < 2**31 for K < 131072), from torch's int8 x int8 -> int32
-GEMM (``torch._int_mm``: exact integer arithmetic, like the kernel's). Where that
-GEMM is missing (an older torch, a device or shape it refuses) the same integers
-come from fp32 matmuls over blocks of K <= 1024, where every partial sum is an
-integer of magnitude <= 1024 * 128 * 128 = 2**24 and therefore exact in fp32
-whatever the summation order, with the block sums added in float64 (exact below
-2**53).
+|acc| <= K * 128 * 128 < 2**31 for K < 131072). It comes from fp32 matmuls over
+blocks of K <= 1024, where every partial sum is an integer of magnitude
+<= 1024 * 128 * 128 = 2**24 and therefore exact in fp32 whatever the summation order
+or FMA use, with the block sums added in float64 (exact below 2**53): the same
+integers on every CPU.
+
+Not ``torch._int_mm``: on CPUs without VNNI (AVX2-only, and AVX-512 ones such as
+Skylake-SP) oneDNN's s8 x s8 kernel saturates its int16 intermediate sums (vpmaddubsw)
+and returns wrong accumulators: measured on this AVX-512 machine with
+DNNL_MAX_CPU_ISA=AVX2, errors up to 158,792 on a (512 x 768) @ (768 x 3072) product of
+random codes (docs/determinism.md). The exact path costs 15.3 ms against _int_mm's
+3.2 ms for the four GEMMs of one mamba-130m block at 512 tokens.
 """
 from __future__ import annotations
 
@@ -47,15 +52,11 @@ def int8_gemm(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
     x_codes: (..., k) int8; w_codes: (n, k) int8 -> (..., n) int32.
     """
     x2 = x_codes.reshape(-1, x_codes.shape[-1])
-    try:
-        acc = torch._int_mm(x2, w_codes.t())
-    except (AttributeError, RuntimeError, NotImplementedError):  # no int8 GEMM here: the exact float path
-        acc = int8_gemm_float(x2, w_codes)
-    return acc.reshape(*x_codes.shape[:-1], w_codes.shape[0])
+    return int8_gemm_float(x2, w_codes).reshape(*x_codes.shape[:-1], w_codes.shape[0])
 
 
 def int8_gemm_float(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
-    """``int8_gemm`` by float matmuls (the fallback): the same int32 values."""
+    """``int8_gemm`` by exact float matmuls (module docstring): x (..., k) int8, w (n, k) int8 -> (..., n) int32."""
     if torch.get_float32_matmul_precision() != "highest":  # reduced-precision fp32 GEMMs would not be exact
         return (x_codes.to(torch.float64) @ w_codes.to(torch.float64).t()).to(torch.int32)
     xf, wf = x_codes.to(torch.float32), w_codes.to(torch.float32)
