@@ -6,13 +6,17 @@ tests/data/make_golden_exact.py on an AVX-512 Xeon. A fingerprint (L2 norm and f
 projections on fixed +-1 vectors) survives a change of CPU where a sha256 does not; the
 deviation is about the relative L2 error of a change.
 
+The model's weights are drawn with numpy's PCG64 (make_golden_exact.portable_model): torch's
+normal_ gives other values in ATen's scalar build, and weights that differ by 1e-7 moved a
+layer-1 int8 code and that layer's output by 1.9e-2.
+
 Tolerances, from the deviations measured on one machine by changing only the code path
-(docs/determinism.md): the float modes' GEMMs go through MKL, whose kernels change with the
-CPU (MKL_CBWR=AVX2: 3.7e-7; MKL_CBWR=COMPATIBLE: 8.96e-5, mode 1's fp16 path), so the float
-modes get 1e-3. The quantized modes were bit-identical under every MKL path; with ATen's
-scalar build (ATEN_CPU_CAPABILITY=default) one int8 code of layer 1 flipped and the layer-1
-output moved by 1.9e-2, so they get 5e-2: a wrong rounding rule, scale or op order moves
-them further (tests/test_mode_contracts.py and the kernel oracles check those bit for bit).
+(docs/determinism.md): every quantized mode was bit-identical under ATen's scalar and AVX2
+builds and MKL's AVX2 and COMPATIBLE paths; fp32 and mode 1 moved by up to 7.4e-7 through
+MKL's float GEMMs (COMPATIBLE). The float modes get 1e-3. The quantized modes get 5e-2:
+their calibration runs float GEMMs too, and where a scale moves by a last bit on another CPU
+codes flip (the weights experiment above: 1.9e-2); a wrong rounding rule, scale or op order
+moves them further (tests/test_mode_contracts.py and the kernel oracles check those bit for bit).
 """
 import json
 import sys

@@ -60,8 +60,23 @@ def digest(arrays: dict) -> dict[str, dict]:
     return {name: fingerprint(a) for name, a in sorted(arrays.items())}
 
 
+def portable_model(seed: int = MODEL["seed"]):
+    """The golden model with weights that are the same on every machine: torch's normal_ takes other code paths
+    by CPU (its scalar and vector builds give other values), so every parameter is redrawn from numpy's PCG64
+    as N(mean, std) with the mean and std of transformers' initialisation rounded to two digits."""
+    import torch
+
+    model = make_hf_model(**MODEL)
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            mean, std = (float(f"{float(v):.2g}") for v in (param.mean(), param.std() if param.numel() > 1 else 0))
+            param.copy_(torch.from_numpy(rng.normal(mean, std, tuple(param.shape)).astype(np.float32)))
+    return model
+
+
 def capture(out: Path, modes_file: Path | None) -> dict[str, dict[str, str]]:
-    model_dir = write_hf_dir(out / "m48", make_hf_model(**MODEL))
+    model_dir = write_hf_dir(out / "m48", portable_model())
     names = [f"{m}x" for m in MODES] if modes_file else MODES
     outcome = run_modes(model_dir, out, names, taps=["all"], layers=[0, 1], seq_len=80, modes_file=modes_file,
                         cache=False)
