@@ -76,3 +76,10 @@ def test_every_name_of_a_capture_point_comes_from_one_place():
         ["input", "output", "residual"]
     assert array_key("0", "input") == "mode_0_input" and array_key("0", "L2.block.in") == "mode_0__L2.block.in"
     assert tensor_name("L2.block.in") == "L2.block.in" and parse_array_key("token_ids") is None
+
+
+def test_points_are_in_layer_then_data_flow_order():
+    """Layer 10 after layer 2 (not lexicographic), and within a layer the order of capture.POINTS."""
+    from harness.emulation.capture import POINTS, point_name, select_points
+    got = select_points([10, 2], ["all"])
+    assert got == [point_name(layer, p) for layer in (2, 10) for p in POINTS]

@@ -306,3 +306,13 @@ def test_hadamard_width_messages_whole(n, message):
     """Each message whole, one past the top of each launcher's range and each rejection (mutants that renamed a
     kernel, reached one log_N further or swapped the two rejections survived the endings checked above)."""
     assert quamba_kernel_support(n) == message
+
+
+def test_an_unrotated_mode_keeps_its_norm_weight():
+    """Mode 1 (no rotation) multiplies by the RMSNorm weight, which rotated modes fold into in_proj
+    (a mutant that built the norm without its weight survived the unit tests)."""
+    dims = ModelDims(d_model=48, d_inner=96, d_state=8, d_conv=4, dt_rank=4, n_layer=1, vocab_size=10, norm_eps=1e-5)
+    p = float_layer(_raw(), False, torch.float16)
+    block = build_block(get_mode("1"), p, None, dims, 0)
+    assert block.norm.weight is p.norm_weight and not torch.all(p.norm_weight == 1)
+    assert _block(get_mode("0")).norm.weight is None

@@ -412,3 +412,27 @@ def test_a_commit_that_fails_between_the_renames_keeps_the_pending_manifest(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == [".p_stats.json.pending", "p.npz", "p_stats.json"]
     cf = load_capture(out)
     assert cf.manifest["run"] == "new" and cf.array("a", "output").tolist() == [0.0, 0.0, 0.0]
+
+
+def test_a_stats_write_that_fails_leaves_no_temporary_stats_file(tmp_path, monkeypatch):
+    """Writing the new manifest fails half-way (disk full): the temporary stats file goes with the rest and the
+    old pair is read as before (a mutant that removed nothing there survived: PairWriter.commit mutmut 46)."""
+    import errno
+
+    import harness.store.format as fmt
+    from harness.store.format import write_pair
+
+    out = tmp_path / "p.npz"
+    write_pair(out, {"mode_a_output": np.ones(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "old"})
+    before = out.read_bytes(), stats_path(out).read_bytes()
+
+    def half_written(tmp, write, fault=None):
+        with open(tmp, "wb") as f:
+            f.write(b'{"schema')
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(fmt, "write_file", half_written)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_pair(out, {"mode_a_output": np.zeros(3, np.float32)}, {"schema_version": 2, "modes": {}, "run": "new"})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p_stats.json"]
+    assert (out.read_bytes(), stats_path(out).read_bytes()) == before

@@ -115,3 +115,12 @@ def test_same_bits_under_every_code_path(env):
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
                          check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert json.loads(out.stdout) == _hashes()
+
+
+def test_other_float_dtypes_are_rounded_to_fp32_first():
+    """exp and log1p take fp32 values: a float64 input is rounded to fp32 first and the result is fp32
+    (mutants that kept float64 survived)."""
+    x = torch.from_numpy(np.random.default_rng(3).uniform(-8, 8, 4096))   # float64, most not fp32 values
+    for f, arg in ((portable.exp, x), (portable.log1p, x.abs())):
+        got, want = f(arg), f(arg.to(torch.float32))
+        assert got.dtype == torch.float32 and torch.equal(got, want)
