@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from ..metrics.compare import CompareError
+from ..store.files import atomic_write
 from ..store.format import StorageError, check_writable
 from .figures import mode_colors, render, style
 from .data import load_report_data
@@ -41,15 +40,9 @@ def report_path(npz_path: Path) -> Path:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """The pair's way (store.files.atomic_write): a temporary file next to `path` created with the umask's
+    permissions (0666 & ~umask), fsynced, renamed into place; removed if anything fails."""
+    atomic_write(path, lambda f: f.write(data))
 
 
 def _figure_sink(folder: Path):
