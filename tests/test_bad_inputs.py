@@ -159,7 +159,7 @@ CASES = [
     ("tokenizer-vs-model", C, ["--model", "{c}/small-vocab", "--modes", "fp32"],
      "the tokenizer does not match the model"),
     ("text-dev-zero", C, [*M, "--text_file", "/dev/zero"], "text file /dev/zero is a character device"),
-    ("text-directory", C, [*M, "--text_file", "{c}/m"], "is a directory; give a UTF-8 text"),
+    ("text-directory", C, [*M, "--text_file", "{c}/m"], "is a directory, not a regular file; give a UTF-8 text"),
     ("text-not-utf8", C, [*M, "--text_file", "{c}/latin1.txt"], "latin1.txt is not UTF-8"),
     ("jsonl-list", C, [*M, "--text_file", "{c}/list.jsonl"], "list.jsonl:1: a JSON list without a 'text' field"),
     ("jsonl-int-text", C, [*M, "--text_file", "{c}/int.jsonl"], "int.jsonl:1: a 'text' field of type int"),

@@ -49,6 +49,7 @@ from ..store.format import (
     StorageError,
     check_output,
     check_writable,
+    file_sha256,
     pending_path,
     stats_path,
 )
@@ -80,7 +81,7 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, *, prefix: list[str], dept
         "model": {"path": str(ckpt.path), "format": ckpt.format, "dims": asdict(ckpt.dims),
                   "stored_dtype": ckpt.stored_dtype(), "hash": prefix[depth],
                   "hash_scope": f"sha256 over dims, embedding and blocks 0..{depth} (deeper blocks are never read)"},
-        "tokenizer": {"path": str(tok.path), "sha256": hashlib.sha256(Path(tok.path).read_bytes()).hexdigest(),
+        "tokenizer": {"path": str(tok.path), "sha256": file_sha256(tok.path),
                       "eos_id": tok.eos_id},
         "sample": {"text_file": str(text.path), "sha256": text.sha256, "documents": text.n_documents,
                    "documents_used": text.documents_used, "tokens": int(ids.shape[1]), "samples": int(ids.shape[0]),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -124,6 +125,18 @@ def fault_point(name: str) -> None:
             time.sleep(0.05)  # let an unblocked signal's handler run here, at the point
 
 
+def _read_lock(path: Path) -> str:
+    """The lock file's text; a lock that is not a regular file (a FIFO would block the read) is refused unread."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LockError(f"the lock file {path} is not a regular file (a FIFO, a device or a directory); "
+                            f"remove it, or choose another --output_file")
+        return os.read(fd, 64).decode()
+    finally:
+        os.close(fd)
+
+
 def _alive(pid: int) -> bool:
     if pid <= 0 or pid == os.getpid():
         return False
@@ -179,7 +192,7 @@ class OutputLock:
 
     def _owner_alive(self) -> bool:
         try:
-            text = self.path.read_text().strip()
+            text = _read_lock(self.path).strip()
             age = time.time() - self.path.stat().st_mtime
         except (OSError, UnicodeDecodeError):
             return False
@@ -189,8 +202,8 @@ class OutputLock:
 
     def _busy(self) -> str:
         try:
-            pid = self.path.read_text().strip()
-        except OSError:
+            pid = _read_lock(self.path).strip()
+        except (OSError, UnicodeDecodeError):
             pid = "?"
         return (f"another run (pid {pid}) is writing {self.path.name[:-5]} (lock file {self.path}); wait for it "
                 f"to finish or choose another --output_file (a lock left by a run that no longer exists is "
@@ -200,9 +213,9 @@ class OutputLock:
         if self.held:
             self.held = False
             try:
-                if self.path.read_text().strip() == str(os.getpid()):
+                if _read_lock(self.path).strip() == str(os.getpid()):
                     self.path.unlink()
-            except OSError:
+            except (OSError, ValueError):  # gone, or replaced by something that is not our lock
                 pass
 
     def __enter__(self) -> "OutputLock":

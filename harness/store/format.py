@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .files import (StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_kind, file_sha256,
-    fsync_dir, remove_files, temp_file, write_file)
+    fsync_dir, open_regular, remove_files, temp_file, write_file)
 from ..emulation.capture import array_key, parse_array_key, tensor_name  # the one naming authority
 from ..runtime.guard import Progress, deferred_signals, fault_point
 
@@ -231,14 +231,12 @@ def write_pair(path: Path, arrays: dict[str, np.ndarray], stats: dict, compress:
 def read_json(path: Path) -> dict:
     path = Path(path)
     try:
-        st = os.stat(path)
-        kind = file_kind(st.st_mode)
-        if kind is not None:
-            raise StorageError(f"cannot read {path}: it is {kind}, not a JSON file")
-        if st.st_size > MAX_MANIFEST_BYTES:
-            raise StorageError(f"cannot read {path}: {st.st_size} bytes is more than a stats file can be "
-                               f"({MAX_MANIFEST_BYTES} bytes)")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as f:  # a special file is refused unread
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise StorageError(f"cannot read {path}: {size} bytes is more than a stats file can be "
+                                   f"({MAX_MANIFEST_BYTES} bytes)")
+            data = json.loads(f.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise StorageError(f"cannot read {path}: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict):
