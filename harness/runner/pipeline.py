@@ -37,6 +37,7 @@ from ..checkpoints.text import (
 from ..checkpoints.loading import ModelDirError
 from ..modes import ModeError, ModeRecipe, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
+from ..report.target import check_target, report_path
 from ..report.text import sensitivity_tables, short_comparison
 from .studies import run_studies
 from .modeloop import run_todo
@@ -142,6 +143,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
         check_writable(path)
+    if cfg.report:  # the report written after the run may replace no file it did not write: known before any work
+        check_target(report_path(out), out)
     models = open_models(cfg.model, cfg.mamba_model_path)
     ckpt = models.primary
     if models.quamba is None and cfg.mamba_model_path is not None:
