@@ -34,6 +34,7 @@ import json
 import math
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,18 +287,22 @@ class CaptureFile:
         return list(self.index.get(mode, {}))
 
     def array(self, mode: str, tensor: str) -> np.ndarray:
-        """The stored array; a member that is not a numeric array (object, string, corrupted) is a StorageError."""
+        """The stored array; a member that is not a numeric array of at least one axis (object, string, a 0-d
+        scalar, corrupted bytes or compressed stream) is a StorageError naming the member: a bad file."""
         key = self.index.get(mode, {}).get(tensor)
         try:
             arr = self.npz[key]
-        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError, TypeError) as e:
-            raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} "
-                               f"({type(e).__name__}: {e})") from None
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError, TypeError, zlib.error) as e:
+            raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} (member {key}.npy, "
+                               f"{type(e).__name__}: {e})") from None
         if not isinstance(arr, np.ndarray):
-            raise StorageError(f"{self.path}: cannot read array {key}: the member is not a .npy array")
+            raise StorageError(f"{self.path}: cannot read array {key}: member {key}.npy is not a .npy array")
         if arr.dtype.kind not in "fiub":
             raise StorageError(f"{self.path}: array {key} has dtype {arr.dtype}; capture arrays are numeric "
                                f"(float, int or bool)")
+        if arr.ndim == 0:
+            raise StorageError(f"{self.path}: member {key}.npy holds a 0-d value ({arr.dtype} scalar), not a "
+                               f"tensor; capture arrays have at least one axis ([batch, tokens, channels])")
         return arr
 
     def tensor_meta(self, mode: str, tensor: str) -> dict:
