@@ -142,6 +142,8 @@ CASES = [
     ("out-dev-null", C, [*M, "--output_file", "/dev/null"], "cannot write /dev/null: it is a character device"),
     ("out-directory", C, [*M, "--output_file", "{c}/dir.npz"], "dir.npz: it is a directory, not a regular file"),
     ("out-fifo", C, [*M, "--output_file", "{c}/fifo"], "fifo: it is a FIFO, not a regular file"),
+    ("out-no-suffix", C, [*M, "--output_file", "{o}/noext"], "must end in .npz, e.g. "),
+    ("out-other-suffix", C, [*M, "--output_file", "{o}/run.npy"], "run.npy: the capture file's name must end in .npz"),
     ("out-missing-dir", C, [*M, "--output_file", "{o}/no/such/out.npz"], "no/such does not exist"),
     ("out-is-text", C, [*M, "--text_file", "{c}/short.txt", "--output_file", "{c}/short.txt"],
      "short.txt: it is the text file of this run"),
