@@ -156,3 +156,17 @@ def test_a_special_file_in_the_calibration_cache_is_recomputed_not_read(base, tm
     assert "is a FIFO" in err and "recomputing the calibration" in err
     stats = json.loads(stats_path(tmp_path / "out.npz").read_text())
     assert stats["provenance"]["calibration"]["source"] == "recomputed"
+
+
+def test_is_regular_tells_missing_regular_special_and_unreadable_apart(tmp_path):
+    from harness.store.files import StorageError, is_regular
+
+    (tmp_path / "f").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    assert is_regular(tmp_path / "f") and not is_regular(tmp_path / "nope") and not is_regular(tmp_path / "f" / "x")
+    with pytest.raises(StorageError, match=r"fifo: it is a FIFO, not a regular file$"):
+        is_regular(tmp_path / "fifo")
+    with pytest.raises(StorageError, match=r"a: it is not readable \(Too many levels of symbolic links\)$"):
+        is_regular(tmp_path / "a")       # a loop of links is named, not taken for a missing file

@@ -76,6 +76,8 @@ def is_regular(path: Path | str, refuse: Refusal | None = None) -> bool:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return False
+    except OSError as e:  # a loop of links, no permission to look: named, not taken for a missing file
+        raise (refuse or _not_regular(path))(f"not readable ({e.strerror})") from None
     kind = file_kind(st.st_mode)
     if kind is not None:
         raise (refuse or _not_regular(path))(f"{kind}, not a regular file")
