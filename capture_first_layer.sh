@@ -6,6 +6,7 @@
 #   ./capture_first_layer.sh quant_only       # 0 2-0 2-1 2-2 2-3 2-4 3
 #   ./capture_first_layer.sh fp32 0 2-1 2-4   # any list of modes
 #   ./capture_first_layer.sh essential -- --seq_len 256 --taps all   # options after --
+#   ./capture_first_layer.sh --help           # the usage and the presets
 #
 # Environment: MODEL (model directory, or a name inside PRETRAINED_DIR), PRETRAINED_DIR, MAMBA_MODEL_PATH
 # (the float model of a quantized Quamba MODEL, as in the research script), OUTPUT_FILE, SEQ_LEN, PYTHON.
@@ -19,8 +20,40 @@ if [[ -z "$python" ]]; then
     if [[ -x "$here/.venv/bin/python" ]]; then python="$here/.venv/bin/python"; else python=python3; fi
 fi
 
+usage() {
+    cat <<'EOF'
+usage: ./capture_first_layer.sh [MODE|PRESET ...] [-- OPTION ...]
+
+Capture the layer I/O of the given modes (default: all) into one .npz and its _stats.json:
+a thin wrapper of save_first_layer_io.py (also: python -m harness capture).
+
+  MODE|PRESET   built-in modes (python -m harness modes lists them with their knobs) or presets:
+EOF
+    "$python" -c 'import sys; sys.path.insert(0, sys.argv[1]); from harness.modes import PRESETS
+for name, modes in PRESETS.items(): print(" " * 16 + name + " = " + " ".join(modes))' "$here" \
+        || echo "                (python -m harness modes lists them)"
+    cat <<'EOF'
+  -- OPTION ... every option after -- is passed to save_first_layer_io.py unchanged
+                (./capture_first_layer.sh -- --help lists them), e.g.
+                ./capture_first_layer.sh essential -- --seq_len 256 --taps all
+  -h, --help    print this and exit
+
+Environment: MODEL (model directory, or a name inside PRETRAINED_DIR), PRETRAINED_DIR,
+MAMBA_MODEL_PATH (the float model of a quantized Quamba MODEL), OUTPUT_FILE, SEQ_LEN,
+PYTHON (default: .venv/bin/python next to this script, else python3).
+EOF
+}
+
 modes=()
-while [[ $# -gt 0 && "$1" != "--" ]]; do modes+=("$1"); shift; done
+while [[ $# -gt 0 && "$1" != "--" ]]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        -*) echo "error: option $1 must come after --, e.g. ./capture_first_layer.sh ${modes[*]:-all} -- $*" >&2
+            echo "(./capture_first_layer.sh --help for the usage)" >&2
+            exit 2 ;;
+    esac
+    modes+=("$1"); shift
+done
 [[ $# -gt 0 ]] && shift  # drop the "--"
 [[ ${#modes[@]} -eq 0 ]] && modes=(all)
 

@@ -179,7 +179,7 @@ def _config_from_args(args: argparse.Namespace):
         compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
-        device=args.device, keep_arrays=False)
+        device=args.device, keep_arrays=False, report=args.report)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:

@@ -4,6 +4,7 @@ One table: (case, command, arguments, fragment of the expected message). Command
 (capture_main / compare_main, as the entry scripts call them); each case gets a fresh output directory,
 which must stay empty, and the shared directory of inputs must be unchanged afterwards.
 """
+import io
 import json
 import os
 import shutil
@@ -96,6 +97,16 @@ def ctx(tmp_path_factory):
     with zipfile.ZipFile(c / "junk-member.npz", "w") as z:
         z.writestr("mode_fp32_output.npy", b"not an array")
         z.writestr("mode_a_output.npy", b"not an array")
+    np.savez(c / "scalar-member.npz", mode_fp32_output=np.float32(1.0), mode_a_output=np.zeros((1, 4, 3), np.float32))
+    with zipfile.ZipFile(c / "deflate-member.npz", "w", compression=zipfile.ZIP_DEFLATED) as z:
+        member = io.BytesIO()
+        np.save(member, np.zeros((1, 64, 8), np.float32))
+        z.writestr("mode_fp32_output.npy", member.getvalue())
+        z.writestr("mode_a_output.npy", member.getvalue())
+    data = bytearray((c / "deflate-member.npz").read_bytes())
+    at = data.index(b"mode_fp32_output.npy") + len("mode_fp32_output.npy")
+    data[at + 4:at + 12] = bytes(b ^ 0xFF for b in data[at + 4:at + 12])  # the member's deflate stream, corrupted
+    (c / "deflate-member.npz").write_bytes(bytes(data))
     np.save(c / "single.npy", np.zeros(3))
     (c / "garbage.npz").write_bytes(b"PK\x03\x04 garbage")
     return c
@@ -131,6 +142,8 @@ CASES = [
     ("out-dev-null", C, [*M, "--output_file", "/dev/null"], "cannot write /dev/null: it is a character device"),
     ("out-directory", C, [*M, "--output_file", "{c}/dir.npz"], "dir.npz: it is a directory, not a regular file"),
     ("out-fifo", C, [*M, "--output_file", "{c}/fifo"], "fifo: it is a FIFO, not a regular file"),
+    ("out-no-suffix", C, [*M, "--output_file", "{o}/noext"], "must end in .npz, e.g. "),
+    ("out-other-suffix", C, [*M, "--output_file", "{o}/run.npy"], "run.npy: the capture file's name must end in .npz"),
     ("out-missing-dir", C, [*M, "--output_file", "{o}/no/such/out.npz"], "no/such does not exist"),
     ("out-is-text", C, [*M, "--text_file", "{c}/short.txt", "--output_file", "{c}/short.txt"],
      "short.txt: it is the text file of this run"),
@@ -159,7 +172,7 @@ CASES = [
     ("tokenizer-vs-model", C, ["--model", "{c}/small-vocab", "--modes", "fp32"],
      "the tokenizer does not match the model"),
     ("text-dev-zero", C, [*M, "--text_file", "/dev/zero"], "text file /dev/zero is a character device"),
-    ("text-directory", C, [*M, "--text_file", "{c}/m"], "is a directory; give a UTF-8 text"),
+    ("text-directory", C, [*M, "--text_file", "{c}/m"], "is a directory, not a regular file; give a UTF-8 text"),
     ("text-not-utf8", C, [*M, "--text_file", "{c}/latin1.txt"], "latin1.txt is not UTF-8"),
     ("jsonl-list", C, [*M, "--text_file", "{c}/list.jsonl"], "list.jsonl:1: a JSON list without a 'text' field"),
     ("jsonl-int-text", C, [*M, "--text_file", "{c}/int.jsonl"], "int.jsonl:1: a 'text' field of type int"),
@@ -185,6 +198,10 @@ CASES = [
     ("cmp-single-npy", P, ["{c}/single.npy"], "holds a single array, not a .npz archive"),
     ("cmp-object-array", P, ["{c}/objects.npz"], "cannot read array mode_a_output"),
     ("cmp-junk-member", P, ["{c}/junk-member.npz"], "cannot read array mode_fp32_output"),
+    ("cmp-scalar-member", P, ["{c}/scalar-member.npz"], "member mode_fp32_output.npy holds a 0-d value"),
+    ("cmp-scalar-member-fail-if", P, ["{c}/scalar-member.npz", "--fail-if", "mse > 1"],
+     "member mode_fp32_output.npy holds a 0-d value"),
+    ("cmp-deflate-member", P, ["{c}/deflate-member.npz"], "member mode_fp32_output.npy"),
     ("cmp-mismatched-pair", P, ["{c}/mismatch.npz"], "does not match"),
     ("cmp-stats-garbage", P, ["{c}/stats-garbage.npz"], "cannot read"),
     ("cmp-bad-aliases", P, ["{c}/bad-aliases.npz"], "'aliases' must map array keys to array keys"),

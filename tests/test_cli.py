@@ -157,6 +157,41 @@ def test_shell_wrapper_presets_and_lists(hf_dir, tmp_path):
     assert u.returncode == 2 and "cannot read modes file nope.json" in u.stderr
 
 
+def test_without_the_reference_mode_both_messages_suggest_one_in_the_file(hf_dir, tmp_path):
+    """quant_only-like modes and the default reference fp32: the capture warns, compare refuses, and both name
+    the --reference that works (a mode of the file)."""
+    r = _run(["--model", hf_dir, "--modes", "0", "2-4", "--output_file", tmp_path / "q.npz", "--quiet", *FAST],
+             tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "no comparison: reference mode 'fp32' was not run or failed" in r.stderr
+    assert f"python -m harness compare {tmp_path / 'q.npz'} --reference 0" in r.stderr
+    c = _run([tmp_path / "q.npz"], tmp_path, script="compare_with_fp.py")
+    assert c.returncode == 2 and "reference mode 'fp32' is not in the file; modes present: 0, 2-4" in c.stderr
+    assert "--reference 0" in c.stderr
+    assert _run([tmp_path / "q.npz", "--reference", "0"], tmp_path, script="compare_with_fp.py").returncode == 0
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["essential", "--help"]])
+def test_shell_wrapper_help_prints_its_own_usage(tmp_path, args):
+    env = {**os.environ, "PYTHON": sys.executable, "MODEL": str(tmp_path / "nowhere"),
+           "OUTPUT_FILE": str(tmp_path / "w.npz")}
+    r = subprocess.run(["bash", str(ROOT / "capture_first_layer.sh"), *args], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith("usage: ./capture_first_layer.sh [MODE|PRESET ...] [-- OPTION ...]")
+    assert "essential = fp32 0 2-1 2-2 2-4" in r.stdout and "quant_only = 0 2-0" in r.stdout   # the presets
+    assert "passed to save_first_layer_io.py" in r.stdout and "modes:" not in r.stdout       # no capture ran
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shell_wrapper_refuses_an_option_before_the_separator(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUTPUT_FILE": str(tmp_path / "w.npz")}
+    r = subprocess.run(["bash", str(ROOT / "capture_first_layer.sh"), "essential", "--seq_len", "256"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "option --seq_len must come after --" in r.stderr
+    assert "./capture_first_layer.sh essential -- --seq_len" in r.stderr and list(tmp_path.iterdir()) == []
+
+
 def test_python_m_harness(tmp_path):
     r = subprocess.run([sys.executable, "-m", "harness", "modes"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and "2-4" in r.stdout and "essential = fp32 0 2-1 2-2 2-4" in r.stdout

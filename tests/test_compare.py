@@ -54,7 +54,8 @@ def test_comparable_rule_skips_with_its_reason():
 
 
 def test_unknown_reference_lists_the_modes():
-    with pytest.raises(CompareError, match="reference mode 'x' is not in the file; modes present: fp32, a, b, c"):
+    with pytest.raises(CompareError, match="reference mode 'x' is not in the file; modes present: fp32, a, b, c; "
+                                           "choose one with --reference fp32"):
         _compare(_arrays(), reference="x")
     with pytest.raises(CompareError, match="modes present: none"):
         compare_modes({}, lambda m, t: None, "fp32")

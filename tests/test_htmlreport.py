@@ -136,8 +136,8 @@ def test_render_is_deterministic_without_dates_or_versions():
     fig = F.tensor_figure("t", np.arange(24.0).reshape(1, 4, 6), {"0": np.arange(24.0).reshape(1, 4, 6) * 1.1}, COLORS)
     png, svg = F.render(fig, "png"), F.render(fig, "svg")
     assert png == F.render(fig, "png") and svg == F.render(fig, "svg")
-    assert png.startswith(b"\x89PNG") and b"Software" not in png and b"matplotlib" not in png
-    assert b"<dc:date>" not in svg and b"Matplotlib v" not in svg
+    assert png.startswith(b"\x89PNG") and b"tEXtSoftware\x00quamba-harness report" in png and b"matplotlib" not in png
+    assert b"<dc:date>" not in svg and b"Matplotlib v" not in svg and b"<dc:title>quamba-harness report<" in svg
 
 
 # ---------------------------------------------------------------- reports of files

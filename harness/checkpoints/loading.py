@@ -9,11 +9,11 @@ Two layouts are read:
 * mamba_ssm (``state-spaces/mamba-130m``): config.json with ``d_model``, ``n_layer``,
   ``ssm_cfg``; tensors ``backbone.embedding.weight`` ...; weights in pytorch_model.bin.
 
-Tensors are read lazily: safetensors files are memory-mapped and each tensor is a
-zero-copy view of its bytes (``MappedSafetensors``), ``.bin`` files are read with
-``torch.load(weights_only=True, mmap=True)``; either way only the pages of the
-tensors that are used (the embedding rows of the sample, the blocks up to the
-deepest captured one) are ever read from disk.
+Tensors are read lazily: safetensors files are memory-mapped and each tensor is a zero-copy view of
+its bytes (``MappedSafetensors``), ``.bin`` files are read with ``torch.load(weights_only=True,
+mmap=True)``; either way only the pages of the tensors that are used (the embedding rows of the sample,
+the blocks up to the deepest captured one) are ever read from disk. A file that is not a regular file
+(a FIFO, a device, a link to one) is refused, naming it, before it is read (``store.files``).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from ..spec import ModelDims
+from ..store.files import is_regular, open_regular, read_regular
 
 __all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
            "LAYER_TENSORS", "MODEL_DIR_CONTENTS"]
@@ -59,6 +60,10 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 
 class ModelDirError(ValueError):
     """The model directory is missing, incomplete or malformed; the message says what is expected."""
+
+
+def refuse_in(file: Path):  # store.files.Refusal: a model directory's file that is special or too large
+    return lambda what: ModelDirError(f"{file} is {what}; {MODEL_DIR_CONTENTS}")
 
 
 def _hash_tensor(h, key: str, t: torch.Tensor, raw: Iterator[bytes] | None = None) -> None:
@@ -124,9 +129,8 @@ class Checkpoint:
 
     def read_summary(self) -> dict:
         """Which tensors were read, their bytes, and the size of the weight files, for provenance."""
-        files = {f for f in self._key_file.values()}
         return {"count": len(self.tensors_read), "bytes": sum(self.tensors_read.values()),
-                "checkpoint_bytes": sum(f.stat().st_size for f in files if f.exists()),
+                "checkpoint_bytes": sum(f.stat().st_size for f in set(self._key_file.values()) if f.exists()),
                 "keys": sorted(self.tensors_read)}
 
     def layer_key(self, layer: int, name: str) -> str:
@@ -186,7 +190,7 @@ class MappedSafetensors:
     """
 
     def __init__(self, file: Path) -> None:
-        self._file = open(file, "rb")
+        self._path, self._file = file, open_regular(file, refuse_in(file))
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
         (n,) = struct.unpack("<Q", self._map[:8])
         if n > len(self._map) - 8:
@@ -201,7 +205,7 @@ class MappedSafetensors:
     def read_bytes(self, key: str, block: int = 1 << 23) -> Iterator[bytes]:
         """The raw bytes of one tensor, read from the file in blocks."""
         begin, end = self._header[key]["data_offsets"]
-        with open(self._file.name, "rb") as f:
+        with open_regular(self._path, refuse_in(self._path)) as f:
             f.seek(self._base + begin)
             remaining = end - begin
             while remaining > 0:
@@ -252,11 +256,11 @@ def _weight_index(path: Path) -> tuple[dict[str, Path], dict[Path, object]]:
     """(tensor key -> file, already opened files), from whichever weight layout the directory has."""
     for name in _WEIGHT_FILES:
         f = path / name
-        if not f.is_file():
+        if not is_regular(f, refuse_in(f)):
             continue
         if name.endswith(".index.json"):
             try:
-                weight_map = json.loads(f.read_text(encoding="utf-8"))["weight_map"]
+                weight_map = json.loads(read_regular(f, 1 << 30, refuse_in(f)).decode("utf-8"))["weight_map"]
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
                 raise ModelDirError(f"{f}: not a valid weight index ({e}); it needs a 'weight_map' table") from None
             if not isinstance(weight_map, dict) or not weight_map:
@@ -265,7 +269,7 @@ def _weight_index(path: Path) -> tuple[dict[str, Path], dict[Path, object]]:
                 if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
                     raise ModelDirError(f"{f}: tensor {key!r} maps to {shard!r}; shard entries must be file names "
                                         f"inside {path} (e.g. model-00001-of-00002.safetensors)")
-                if not (path / shard).is_file():
+                if not is_regular(path / shard, refuse_in(path / shard)):
                     raise ModelDirError(f"{f}: shard {shard} (tensor {key!r}) is missing from {path}")
             return {k: path / v for k, v in weight_map.items()}, {}
         try:
@@ -354,12 +358,10 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     if not path.is_dir():
         raise ModelDirError(f"model directory {path} does not exist; {MODEL_DIR_CONTENTS}")
     cfg_file = path / "config.json"
-    if not cfg_file.is_file():
+    if not is_regular(cfg_file, refuse_in(cfg_file)):
         raise ModelDirError(f"{path}: config.json is missing; {MODEL_DIR_CONTENTS}")
-    if cfg_file.stat().st_size > 1 << 20:
-        raise ModelDirError(f"{cfg_file} is larger than 1 MiB; it must be the model's JSON configuration")
     try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        cfg = json.loads(read_regular(cfg_file, 1 << 20, refuse_in(cfg_file)).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ModelDirError(f"{cfg_file} is not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
@@ -400,14 +402,12 @@ def load_tokenizer(model_dir: Path, tokenizer_dir: Path | None = None) -> Tokeni
     if not where.is_dir():
         raise ModelDirError(f"tokenizer directory {where} does not exist; it must contain tokenizer.json "
                             f"(or vocab.json and merges.txt)")
-    if (where / "tokenizer.json").is_file():
-        if (where / "tokenizer.json").stat().st_size > 1 << 30:
-            raise ModelDirError(f"{where / 'tokenizer.json'} is larger than 1 GiB; it cannot be a tokenizer")
-        try:
-            return Tokenizer(HFTokenizer.from_file(str(where / "tokenizer.json")), where / "tokenizer.json")
+    if is_regular(tok_file := where / "tokenizer.json", refuse_in(tok_file)):
+        try:  # read here, then parsed: the file is checked on the descriptor that reads it
+            return Tokenizer(HFTokenizer.from_str(read_regular(tok_file, 1 << 30).decode("utf-8")), tok_file)
         except Exception as e:
-            raise ModelDirError(f"{where / 'tokenizer.json'} cannot be read as a tokenizer ({e})") from None
-    if (where / "vocab.json").is_file() and (where / "merges.txt").is_file():
+            raise ModelDirError(f"{tok_file} cannot be read as a tokenizer ({e})") from None
+    if all([is_regular(where / n, refuse_in(where / n)) for n in ("vocab.json", "merges.txt")]):
         try:
             tok = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
         except Exception as e:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from .loading import ModelDirError
+from .loading import ModelDirError, refuse_in
+from ..store.files import is_regular, read_regular
 from ..emulation.ops.quant import f32
 from ..spec import LayerScales, ModelDims, QTensor
 from ..emulation.weights import LayerParams
@@ -91,8 +92,13 @@ def _top_spec(d: ModelDims, vocab: int, embedding: str, lm_head: str) -> dict:
 
 
 def _read_config(path: Path) -> dict | None:
+    """config.json as a dict; None when it is missing or not a JSON object. A special file (a FIFO would block
+    the read, /dev/zero never end it) or one over 1 MiB is a ModelDirError naming it, before it is read."""
+    file = path / "config.json"
     try:
-        cfg = json.loads((path / "config.json").read_text())
+        cfg = json.loads(read_regular(file, 1 << 20, refuse_in(file)))
+    except ModelDirError:
+        raise
     except (OSError, ValueError):
         return None
     return cfg if isinstance(cfg, dict) else None
@@ -276,7 +282,7 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
             raise
         raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
     f = path / "pytorch_model.bin"
-    if not f.is_file():
+    if not is_regular(f, refuse_in(f)):
         raise ModelDirError(f"{path}: pytorch_model.bin is missing (a Quamba checkpoint holds config.json and pytorch_model.bin)")
     try:
         try:  # tensors carry the device they were saved from (spec notes §2.7)

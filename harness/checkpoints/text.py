@@ -7,13 +7,14 @@ separately and joined with the tokenizer's end-of-text token when it has one.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from ..store.files import file_kind, file_sha256
+from ..store.files import file_sha256, open_regular
 from .loading import Tokenizer
 
 __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
@@ -41,16 +42,16 @@ class TokenText:
 
 
 def read_documents(path: Path) -> list[str]:
-    """The documents of a text file; a regular UTF-8 file of at most MAX_TEXT_BYTES."""
+    """The documents of a text file; a regular UTF-8 file of at most MAX_TEXT_BYTES (checked on the opened
+    file before reading: a FIFO or a device is refused, never read)."""
     path = Path(path)
     try:
-        st = path.stat()
-        kind = file_kind(st.st_mode)
-        if kind is not None:
-            raise DataError(f"text file {path} is {kind}; give a UTF-8 text or JSON-lines file")
-        if st.st_size > MAX_TEXT_BYTES:
-            raise DataError(f"text file {path} has {st.st_size} bytes; at most {MAX_TEXT_BYTES} are read")
-        raw = path.read_bytes()
+        with open_regular(path, lambda what: DataError(f"text file {path} is {what}; give a UTF-8 text or "
+                                                       f"JSON-lines file")) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_TEXT_BYTES:
+                raise DataError(f"text file {path} has {size} bytes; at most {MAX_TEXT_BYTES} are read")
+            raw = f.read(MAX_TEXT_BYTES + 1)
     except OSError as e:
         raise DataError(f"cannot read text file {path}: {e.strerror}") from None
     try:

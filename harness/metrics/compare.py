@@ -50,7 +50,8 @@ def compare_modes(tensors: Mapping[str, list[str]], get: ArrayGetter, reference:
     already, bit for bit, takes that mode's metrics instead of computing them again.
     """
     if reference not in tensors:
-        raise CompareError(f"reference mode {reference!r} is not in the file; modes present: {', '.join(tensors) or 'none'}")
+        raise CompareError(f"reference mode {reference!r} is not in the file; modes present: {', '.join(tensors) or 'none'}"
+                           + (f"; choose one with --reference {next(iter(tensors))}" if tensors else ""))
     out: dict = {"reference": reference, "modes": {}, "skipped": {}}
     ref_names = set(tensors[reference])
     equal = _memo_equal(get)

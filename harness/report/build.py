@@ -6,16 +6,16 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from ..metrics.compare import CompareError
+from ..store.files import atomic_write
 from ..store.format import StorageError, check_writable
 from .figures import mode_colors, render, style
+from .target import check_target, report_path
 from .data import load_report_data
 from .html import esc, page
 from .sections import (
@@ -33,37 +33,25 @@ from .sections import (
 __all__ = ["report_path", "build_report", "write_report", "build_report_parser", "report_main"]
 
 
-def report_path(npz_path: Path) -> Path:
-    """first_layer_io_all_modes.npz -> first_layer_io_all_modes_report.html (same folder)."""
-    npz_path = Path(npz_path)
-    stem = npz_path.name[:-4] if npz_path.name.endswith(".npz") else npz_path.name
-    return npz_path.with_name(f"{stem}_report.html")
-
-
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """The pair's way (store.files.atomic_write): a temporary file next to `path` created with the umask's
+    permissions (0666 & ~umask), fsynced, renamed into place; removed if anything fails."""
+    atomic_write(path, lambda f: f.write(data))
 
 
-def _figure_sink(folder: Path):
-    def write(slug: str, fig: Figure) -> None:
+def _figure_sink(files: dict[str, bytes]):
+    def keep(slug: str, fig: Figure) -> None:
         for fmt in ("png", "svg"):
-            _atomic_write(folder / f"{slug}.{fmt}", render(fig, fmt))
-    return write
+            files[f"{slug}.{fmt}"] = render(fig, fmt)
+    return keep
 
 
 def build_report(npz_path: Path, reference: str | None = None, tensors: list[str] | None = None,
-                 figures_dir: Path | None = None, require_reference: bool = True) -> tuple[str, list[str]]:
-    """(HTML text, figure names) of the report of one capture file."""
+                 figure_files: dict[str, bytes] | None = None, require_reference: bool = True) -> tuple[str, list[str]]:
+    """(HTML text, figure names) of the report of one capture file; figure_files (when given) receives every
+    figure as NAME.png and NAME.svg -> bytes. Nothing is written."""
     d = load_report_data(npz_path, reference, require_reference)
-    figs = Figures(_figure_sink(figures_dir) if figures_dir is not None else None)
+    figs = Figures(_figure_sink(figure_files) if figure_files is not None else None)
     colors = mode_colors(list(dict.fromkeys([d.reference, *d.modes])))
     chosen = select_tensors(d, tensors) if d.has_arrays() else []
     sections = [
@@ -88,16 +76,28 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
 def write_report(npz_path: Path, out: Path | None = None, reference: str | None = None,
                  tensors: list[str] | None = None, figures_dir: Path | None = None,
                  require_reference: bool = True) -> Path:
-    """Write the report next to the .npz (or to `out`), atomically; returns its path."""
+    """Write the report next to the .npz (or to `out`), atomically; returns its path.
+
+    No file is written over the capture, its stats or pending stats, or a file the report did not write
+    (report.target): the page's path is checked first, the figure files' once they are drawn, and only
+    then is anything written (the figures, then the page).
+    """
     out = Path(out) if out is not None else report_path(npz_path)
     check_writable(out)
+    check_target(out, npz_path)
+    files: dict[str, bytes] | None = None
     if figures_dir is not None:
-        figures_dir = Path(figures_dir)
+        figures_dir, files = Path(figures_dir), {}
         if figures_dir.exists() and not figures_dir.is_dir():
             raise StorageError(f"--figures {figures_dir} exists and is not a directory")
-        figures_dir.mkdir(parents=True, exist_ok=True)
     with style():
-        text, _ = build_report(npz_path, reference, tensors, figures_dir, require_reference)
+        text, _ = build_report(npz_path, reference, tensors, files, require_reference)
+    for name in files or {}:
+        check_target(figures_dir / name, npz_path, {"the report page": out})
+    if figures_dir is not None:
+        figures_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            _atomic_write(figures_dir / name, data)
     _atomic_write(out, text.encode("utf-8"))
     return out
 

@@ -234,5 +234,6 @@ def load_report_data(path: Path, reference: str | None = None, require_reference
         comparable = same_basis(lambda m, t: cf.tensor_meta(m, t).get("basis"), ref) if cf.manifest else None
         comparison = compare_modes(tensors, cf.array, ref, comparable)
     elif comparison is None and ok_modes and ref not in ok_modes:
-        raise CompareError(f"reference mode {ref!r} is not in the file; modes present: {', '.join(ok_modes)}")
+        raise CompareError(f"reference mode {ref!r} is not in the file; modes present: {', '.join(ok_modes)}; "
+                           f"choose one with --reference {ok_modes[0]}")
     return ReportData(Path(path), cf, stats, ref, ok_modes, comparison, failed)

@@ -25,6 +25,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, MaxNLocator, NullLocator
 
+from .html import MARK
+
 __all__ = ["INT8_CLIP", "RC", "style", "render", "tensor_figure", "overflow_per_layer_figure", "error_histogram", "value_distribution",
            "error_vs_magnitude", "error_per_token", "error_per_channel", "taps_figure", "layer_sqnr_figure",
            "end_to_end_figure", "samples_figure", "channel_profile", "mode_colors"]
@@ -41,7 +43,7 @@ RC = {"font.family": "DejaVu Sans", "font.size": 8.5, "axes.titlesize": 9, "svg.
       "legend.fontsize": 7, "axes.prop_cycle": matplotlib.rcParamsDefault["axes.prop_cycle"]}
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#7f7f7f", "#bcbd22")
-_METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
+_METADATA = {"png": {"Software": MARK}, "svg": {"Date": None, "Creator": MARK}}  # no date, no version; the mark
 
 
 def mode_colors(modes: Sequence[str]) -> dict[str, str]:

@@ -7,7 +7,12 @@ import math
 from typing import Iterable, Sequence
 
 __all__ = ["esc", "table", "image", "section", "page", "fmt_value", "comparison_table", "WORSE_IS_HIGHER",
-           "WORSE_IS_LOWER", "facts"]
+           "WORSE_IS_LOWER", "facts", "MARK", "GENERATOR"]
+
+# The mark of the files the report writes (report.target replaces no other file): the page's generator
+# meta tag, a PNG figure's Software text chunk, an SVG figure's creator.
+MARK = "quamba-harness report"
+GENERATOR = f'<meta name="generator" content="{MARK}">'
 
 # Metric columns of the comparison table and which direction is worse.
 WORSE_IS_HIGHER = ("mse", "mae", "rmse", "max_abs", "rel_l2", "p50", "p90", "p99")
@@ -118,7 +123,7 @@ def comparison_table(tensor: str, rows: dict[str, dict], reference: str, titles:
 
 def page(title: str, subtitle: str, nav: Sequence[tuple[str, str]], sections: Sequence[str]) -> str:
     links = "".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in nav)
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + GENERATOR +
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
             f"<h1>{esc(title)}</h1><p class=\"note\">{subtitle}</p><nav>{links}</nav>"

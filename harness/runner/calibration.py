@@ -30,6 +30,7 @@ from ..runtime.guard import fault_point
 from ..modes import CALIBRATION_RECIPES
 from ..emulation.observers import MinMaxObserver, PercentileObserver
 from ..spec import SCALE_NAMES, HookPoint, LayerScales
+from ..store.files import read_regular
 from .weightbank import WeightBank
 
 __all__ = ["CalibrationSettings", "CalibrationResult", "calibrate", "run_observers", "default_cache_dir",
@@ -39,6 +40,7 @@ __all__ = ["CalibrationSettings", "CalibrationResult", "calibrate", "run_observe
 # 2: the key holds the prep; caches of version 1 (one calibration model, before prep) are never reused.
 CALIB_VERSION = 2
 _FORMAT = "quamba-harness-calibration"
+_MAX_CACHE_BYTES = 1 << 24  # an entry is about 1 KB; a larger (or special) file there is not one
 
 # scale -> (capture point observed, observer kind); spec notes §2.3-2.4
 OBSERVED_AT: dict[str, tuple[str, str]] = {
@@ -121,7 +123,7 @@ def _layer_keys(prefix_hashes: list[str], windows: torch.Tensor, settings: Calib
 def _read_cached(path: Path, key: str) -> LayerScales:
     """Raises ValueError (with the reason) for anything but a valid entry for `key`."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path, _MAX_CACHE_BYTES, lambda what: ValueError(f"it is {what}")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict) or data.get("format") != _FORMAT:

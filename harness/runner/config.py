@@ -54,6 +54,7 @@ class RunConfig:
     sensitivity: bool = False         # KL with one block at a time in the mode (implies end_to_end)
     device: str = "cpu"
     keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
+    report: bool = False              # the caller writes the HTML report next to the output: its path is checked
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 
 from .calibration import CalibrationSettings, calibrate
 from ..checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows
-from ..checkpoints.loading import ModelDirError, load_tokenizer, open_checkpoint
+from ..checkpoints.loading import ModelDirError, load_tokenizer, open_checkpoint, refuse_in
 from ..emulation.build import build_backbone
 from ..modes import CALIBRATION_RECIPES
 from ..emulation.modules import EmuRMSNorm
@@ -26,6 +26,7 @@ from ..emulation.observers import MinMaxObserver
 from ..emulation.ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
 from ..spec import FloatOut
 from ..checkpoints.quamba import is_quamba_dir, write_quamba
+from ..store.files import StorageError, is_regular
 from .weightbank import WeightBank, lm_head_weight
 
 __all__ = ["ExportConfig", "ExportError", "export", "TOKENIZER_FILES", "INPUT_ERRORS"]
@@ -89,6 +90,8 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
         raise ExportError(f"--model {cfg.model} is already a quantized Quamba checkpoint; export needs the float model")
     ckpt = open_checkpoint(cfg.model)
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
+    tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
+    tok_files = [tok_dir / n for n in TOKENIZER_FILES if is_regular(tok_dir / n, refuse_in(tok_dir / n))]  # copied
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
     windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
     bank = WeightBank(ckpt)
@@ -120,10 +123,8 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
         tmp.mkdir(parents=True)
         write_quamba(tmp, dims, config, layers, result.scales, embedding=embedding, lm_head=lm_head,
                      lm_head_input_scale=lm_scale)
-        tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
-        for name in TOKENIZER_FILES:
-            if (tok_dir / name).is_file():
-                shutil.copy(tok_dir / name, tmp / name)
+        for file in tok_files:
+            shutil.copy(file, tmp / file.name)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
@@ -135,4 +136,4 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     return out
 
 
-INPUT_ERRORS = (ExportError, ModelDirError, DataError)
+INPUT_ERRORS = (ExportError, ModelDirError, DataError, StorageError)

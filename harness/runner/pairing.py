@@ -19,8 +19,9 @@ import torch
 from .calibration import CalibrationResult
 from ..runtime.log import warn
 from ..modes import Prep, Rotate, Weights
-from ..checkpoints.loading import Checkpoint, ModelDirError, Tokenizer, load_tokenizer, open_checkpoint
+from ..checkpoints.loading import Checkpoint, ModelDirError, Tokenizer, load_tokenizer, open_checkpoint, refuse_in
 from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir, open_quamba
+from ..store.files import is_regular
 from .weightbank import WeightBank
 
 __all__ = ["Models", "open_models", "check_pair", "checkpoint_calibration", "needs_float", "PAIR_MIN_FRACTION"]
@@ -54,7 +55,8 @@ class Models:
             return load_tokenizer(self.primary.path, tokenizer_dir)
         dirs = self.tokenizer_dirs
         for d in dirs[1:]:
-            if not any((Path(dirs[0]) / n).is_file() for n in ("tokenizer.json", "vocab.json")):
+            files = [Path(dirs[0]) / n for n in ("tokenizer.json", "vocab.json")]
+            if not any([is_regular(f, refuse_in(f)) for f in files]):  # a FIFO there is named, not skipped
                 return load_tokenizer(d)
         return load_tokenizer(dirs[0])
 
@@ -74,11 +76,11 @@ class Models:
 def _float_dir(path: Path, model_name: str) -> Path:
     """The research tool passes the parent of the float model; accept DIR or DIR/mamba-<size> (the name
     Quamba derives a quantized model's name from, modelutils_mamba.py:776, reversed)."""
-    if (path / "config.json").is_file():
+    if is_regular(path / "config.json", refuse_in(path / "config.json")):
         return path
     guess = re.sub(r"^quamba", "mamba", model_name.lower())
     guess = re.sub(r"-w\d+a\d+$", "", guess)
-    if (path / guess / "config.json").is_file():
+    if is_regular(path / guess / "config.json", refuse_in(path / guess / "config.json")):
         return path / guess
     raise ModelDirError(f"--mamba_model_path {path}: no config.json there (nor in {path / guess}); "
                         f"it must name the float model's directory (transformers or mamba_ssm layout)")

@@ -37,6 +37,7 @@ from ..checkpoints.text import (
 from ..checkpoints.loading import ModelDirError
 from ..modes import ModeError, ModeRecipe, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
+from ..report.target import check_target, report_path
 from ..report.text import sensitivity_tables, short_comparison
 from .studies import run_studies
 from .modeloop import run_todo
@@ -49,6 +50,7 @@ from ..store.format import (
     StorageError,
     check_output,
     check_writable,
+    file_sha256,
     pending_path,
     stats_path,
 )
@@ -80,7 +82,7 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, *, prefix: list[str], dept
         "model": {"path": str(ckpt.path), "format": ckpt.format, "dims": asdict(ckpt.dims),
                   "stored_dtype": ckpt.stored_dtype(), "hash": prefix[depth],
                   "hash_scope": f"sha256 over dims, embedding and blocks 0..{depth} (deeper blocks are never read)"},
-        "tokenizer": {"path": str(tok.path), "sha256": hashlib.sha256(Path(tok.path).read_bytes()).hexdigest(),
+        "tokenizer": {"path": str(tok.path), "sha256": file_sha256(tok.path),
                       "eos_id": tok.eos_id},
         "sample": {"text_file": str(text.path), "sha256": text.sha256, "documents": text.n_documents,
                    "documents_used": text.documents_used, "tokens": int(ids.shape[1]), "samples": int(ids.shape[0]),
@@ -141,6 +143,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
         check_writable(path)
+    if cfg.report:  # the report written after the run may replace no file it did not write: known before any work
+        check_target(report_path(out), out)
     models = open_models(cfg.model, cfg.mamba_model_path)
     ckpt = models.primary
     if models.quamba is None and cfg.mamba_model_path is not None:
@@ -165,6 +169,10 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     inputs = _input_files(cfg, models, tok)
     for path in (out, stats_path(out), pending_path(out)):
         check_output(path, inputs)
+    if out.suffix != ".npz":  # the pair's names derive from it: X.npz and X_stats.json
+        raise RunError(f"--output_file {out}: the capture file's name must end in .npz, e.g. "
+                       f"{out.with_suffix('.npz') if out.suffix else out.with_name(out.name + '.npz')} "
+                       f"(its stats go to <name>_stats.json)")
     with OutputLock(out):
         return _run_locked(cfg, recipes, points, depth, models, tok, emit=emit, progress=progress)
 
@@ -295,12 +303,24 @@ def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], 
     return result
 
 
+def _no_comparison(cfg: RunConfig, ok_modes: list[str]) -> None:
+    """The reference did not run: say which --reference would compare the modes that did."""
+    if not ok_modes:
+        hint = ""
+    elif cfg.stats_only:  # no arrays to compare afterwards
+        hint = f"; run again with --reference {ok_modes[0]} (a mode of this run) to get one"
+    else:
+        hint = (f"; compare the file against one of its modes: python -m harness compare {cfg.output_file} "
+                f"--reference {ok_modes[0]} (or capture with --reference {ok_modes[0]})")
+    warn(f"no comparison: reference mode {cfg.reference!r} was not run or failed{hint}")
+
+
 def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torch.Tensor, *, modes: dict,
             comparison: dict | None, provenance: dict, studies: dict, timestamp: str) -> RunOutcome:
     cfg, emit = ctx.cfg, ctx.emit
     failed = [m for m in modes if modes[m]["status"] != "ok"]
     if comparison is None:
-        emit(f"\nno comparison: reference mode {cfg.reference!r} was not run or failed")
+        _no_comparison(cfg, [m for m, e in modes.items() if e.get("status") == "ok"])
     elif "error" not in comparison:
         emit(short_comparison(comparison, block_io_names(collector.ref_names)))
         if cfg.isolated or cfg.sensitivity:

@@ -8,7 +8,8 @@
   an .npz + _stats.json pair is held and raised after them, so a signal never splits them.
 * ``OutputLock``: ``<output>.lock`` created with O_EXCL and holding the pid. A second
   run on the same output refuses; a lock whose pid no longer exists (a run killed
-  with SIGKILL) is stale and taken over.
+  with SIGKILL) is stale and taken over, atomically (under ``flock``: one of several
+  runs started together is admitted).
 * ``fault_point(name)``: a test-only hook. With ``QUAMBA_HARNESS_FAULT=name:SIGNAL``
   (comma-separated pairs, SIGNAL as ``INT``, ``TERM``, ``KILL``) the process sends
   itself that signal when it reaches the named point. Points: ``before-calibration``,
@@ -16,9 +17,11 @@
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import signal
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -124,6 +127,31 @@ def fault_point(name: str) -> None:
             time.sleep(0.05)  # let an unblocked signal's handler run here, at the point
 
 
+def _not_a_lock(path: Path) -> str:
+    return (f"the lock file {path} is not a regular file (a FIFO, a device or a directory); remove it, or choose "
+            f"another --output_file")
+
+
+def _read_lock(path: Path) -> str:
+    """The lock file's text; a lock that is not a regular file (a FIFO would block the read) is refused unread."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LockError(_not_a_lock(path))
+        return os.read(fd, 64).decode()
+    finally:
+        os.close(fd)
+
+
+def _holder_alive(content: bytes, age: float) -> bool:
+    """Whether the run named in a lock file's content may still hold it: its pid exists, or the file is
+    still being written by a run that has just created it (no pid yet, less than 10 s old)."""
+    text = content.decode("ascii", errors="replace").strip()
+    if not text.isdigit():
+        return age < 10.0
+    return _alive(int(text))
+
+
 def _alive(pid: int) -> bool:
     if pid <= 0 or pid == os.getpid():
         return False
@@ -137,7 +165,14 @@ def _alive(pid: int) -> bool:
 
 
 class OutputLock:
-    """``<output>.lock`` (O_EXCL, holding the pid) for the duration of a run."""
+    """``<output>.lock`` (O_EXCL, holding the pid) for the duration of a run.
+
+    A lock whose pid no longer exists is stale and taken over atomically: the racer holding ``flock`` on the
+    lock file checks that the path still names that very file (the same inode) and that its holder is dead,
+    and only then removes it, while no other racer can judge it; the others then find the path gone or
+    holding a new lock, and try again. So of several runs started together on a stale lock, exactly one is
+    admitted (tests/test_lock_race.py).
+    """
 
     def __init__(self, output: Path) -> None:
         output = Path(output)
@@ -145,19 +180,12 @@ class OutputLock:
         self.held = False
 
     def acquire(self) -> "OutputLock":
-        for _ in range(2):
+        for _ in range(16):  # each retry follows another racer's takeover: a few suffice
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             except FileExistsError:
-                if self._owner_alive():
+                if not self._take_over_stale():
                     raise LockError(self._busy()) from None
-                try:
-                    self.path.unlink()  # stale: its run no longer exists
-                    self._remove_stale_temporaries()
-                except FileNotFoundError:
-                    pass
-                except OSError as e:
-                    raise LockError(f"cannot take over the lock file {self.path}: {e.strerror}; remove it") from None
                 continue
             except OSError as e:
                 raise LockError(f"cannot create the lock file {self.path}: {e.strerror}") from None
@@ -166,6 +194,36 @@ class OutputLock:
             self.held = True
             return self
         raise LockError(self._busy())
+
+    def _take_over_stale(self) -> bool:
+        """Remove the lock file if its run no longer exists; True when the path may be free now (removed here
+        or by another racer, or replaced: try to create it again), False when a live run holds it."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            raise LockError(f"cannot read the lock file {self.path}: {e.strerror}; remove it") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LockError(_not_a_lock(self.path))
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one racer at a time judges this file; released by the close
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                return True  # removed by the racer before us
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                return True  # replaced by a new lock: judge that one
+            if _holder_alive(os.pread(fd, 64, 0), time.time() - st.st_mtime):
+                return False
+            self._remove_stale_temporaries()
+            os.unlink(self.path)  # the very file judged stale, still under our flock
+            return True
+        except OSError as e:
+            raise LockError(f"cannot take over the lock file {self.path}: {e.strerror}; remove it") from None
+        finally:
+            os.close(fd)
 
     def _remove_stale_temporaries(self) -> None:
         """The temporary .npz a killed run was streaming into (files.temp_file names, ``.<name>.*.tmp``):
@@ -177,20 +235,10 @@ class OutputLock:
             except OSError:
                 pass
 
-    def _owner_alive(self) -> bool:
-        try:
-            text = self.path.read_text().strip()
-            age = time.time() - self.path.stat().st_mtime
-        except (OSError, UnicodeDecodeError):
-            return False
-        if not text.isdigit():
-            return age < 10.0  # being written by a run that just created it
-        return _alive(int(text))
-
     def _busy(self) -> str:
         try:
-            pid = self.path.read_text().strip()
-        except OSError:
+            pid = _read_lock(self.path).strip() or "?"
+        except (OSError, UnicodeDecodeError):
             pid = "?"
         return (f"another run (pid {pid}) is writing {self.path.name[:-5]} (lock file {self.path}); wait for it "
                 f"to finish or choose another --output_file (a lock left by a run that no longer exists is "
@@ -200,9 +248,9 @@ class OutputLock:
         if self.held:
             self.held = False
             try:
-                if self.path.read_text().strip() == str(os.getpid()):
+                if _read_lock(self.path).strip() == str(os.getpid()):
                     self.path.unlink()
-            except OSError:
+            except (OSError, ValueError):  # gone, or replaced by something that is not our lock
                 pass
 
     def __enter__(self) -> "OutputLock":

@@ -1,5 +1,5 @@
-"""Safe file writing: refusal of special files and of a run's inputs, temporary files that follow the
-umask, fsync, atomic renames, and sha256 of files.
+"""Safe file writing and reading: refusal of special files and of a run's inputs, temporary files that follow
+the umask, fsync, atomic renames, sha256 of files; files read only when they are regular files.
 """
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import stat
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from ..runtime.guard import fault_point
 
 __all__ = ["StorageError", "check_output", "check_writable", "file_sha256", "file_kind", "temp_file", "write_file",
-           "fsync_dir", "remove_files", "atomic_write", "TrailingSha256"]
+           "fsync_dir", "remove_files", "atomic_write", "TrailingSha256", "open_regular", "read_regular", "is_regular"]
 
 
 class StorageError(ValueError):
@@ -28,6 +29,59 @@ def file_kind(mode: int) -> str | None:
         if test(mode):
             return name
     return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+# what the file is instead ("a FIFO, not a regular file", "larger than 1048576 bytes") -> the exception to raise
+Refusal = Callable[[str], Exception]
+
+
+def _not_regular(path) -> Refusal:
+    return lambda what: StorageError(f"cannot read {path}: it is {what}")
+
+
+def open_regular(path: Path | str, refuse: Refusal | None = None) -> BinaryIO:
+    """`path` opened for reading in binary, refused before a byte is read unless it is a regular file.
+
+    The open does not block on a FIFO (O_NONBLOCK) and the check is made on the opened file (fstat, links
+    followed: a link to /dev/zero is a character device), so nothing can be swapped in between; then the file
+    is made blocking again. refuse(what) is raised for anything else (default: a StorageError naming the
+    path); a missing or unreadable file raises the OSError of the open.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise (refuse or _not_regular(path))(f"{kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path | str, limit: int, refuse: Refusal | None = None) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (open_regular; a larger file is refused with
+    refuse(f"larger than {limit} bytes") after reading no more than limit + 1 bytes)."""
+    with open_regular(path, refuse) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise (refuse or _not_regular(path))(f"larger than {limit} bytes")
+    return data
+
+
+def is_regular(path: Path | str, refuse: Refusal | None = None) -> bool:
+    """Whether a regular file is at `path` (links followed); False when nothing is there, an error raised
+    (refuse(what)) for a special file, so that a FIFO or a device is named instead of being taken for a missing file."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:  # a loop of links, no permission to look: named, not taken for a missing file
+        raise (refuse or _not_regular(path))(f"not readable ({e.strerror})") from None
+    kind = file_kind(st.st_mode)
+    if kind is not None:
+        raise (refuse or _not_regular(path))(f"{kind}, not a regular file")
+    return True
 
 
 def check_output(path: Path, inputs: dict[str, Path | None] | None = None) -> None:
@@ -128,7 +182,7 @@ def atomic_write(path: Path, write) -> None:
 
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

@@ -34,13 +34,14 @@ import json
 import math
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .files import (StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_kind, file_sha256,
-    fsync_dir, remove_files, temp_file, write_file)
+    fsync_dir, open_regular, remove_files, temp_file, write_file)
 from ..emulation.capture import array_key, parse_array_key, tensor_name  # the one naming authority
 from ..runtime.guard import Progress, deferred_signals, fault_point
 
@@ -231,14 +232,12 @@ def write_pair(path: Path, arrays: dict[str, np.ndarray], stats: dict, compress:
 def read_json(path: Path) -> dict:
     path = Path(path)
     try:
-        st = os.stat(path)
-        kind = file_kind(st.st_mode)
-        if kind is not None:
-            raise StorageError(f"cannot read {path}: it is {kind}, not a JSON file")
-        if st.st_size > MAX_MANIFEST_BYTES:
-            raise StorageError(f"cannot read {path}: {st.st_size} bytes is more than a stats file can be "
-                               f"({MAX_MANIFEST_BYTES} bytes)")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as f:  # a special file is refused unread
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise StorageError(f"cannot read {path}: {size} bytes is more than a stats file can be "
+                                   f"({MAX_MANIFEST_BYTES} bytes)")
+            data = json.loads(f.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise StorageError(f"cannot read {path}: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict):
@@ -288,18 +287,22 @@ class CaptureFile:
         return list(self.index.get(mode, {}))
 
     def array(self, mode: str, tensor: str) -> np.ndarray:
-        """The stored array; a member that is not a numeric array (object, string, corrupted) is a StorageError."""
+        """The stored array; a member that is not a numeric array of at least one axis (object, string, a 0-d
+        scalar, corrupted bytes or compressed stream) is a StorageError naming the member: a bad file."""
         key = self.index.get(mode, {}).get(tensor)
         try:
             arr = self.npz[key]
-        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError, TypeError) as e:
-            raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} "
-                               f"({type(e).__name__}: {e})") from None
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError, TypeError, zlib.error) as e:
+            raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} (member {key}.npy, "
+                               f"{type(e).__name__}: {e})") from None
         if not isinstance(arr, np.ndarray):
-            raise StorageError(f"{self.path}: cannot read array {key}: the member is not a .npy array")
+            raise StorageError(f"{self.path}: cannot read array {key}: member {key}.npy is not a .npy array")
         if arr.dtype.kind not in "fiub":
             raise StorageError(f"{self.path}: array {key} has dtype {arr.dtype}; capture arrays are numeric "
                                f"(float, int or bool)")
+        if arr.ndim == 0:
+            raise StorageError(f"{self.path}: member {key}.npy holds a 0-d value ({arr.dtype} scalar), not a "
+                               f"tensor; capture arrays have at least one axis ([batch, tokens, channels])")
         return arr
 
     def tensor_meta(self, mode: str, tensor: str) -> dict:
