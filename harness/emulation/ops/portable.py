@@ -20,6 +20,7 @@ Shapes: every function is elementwise, ``x: (...) fp32 -> (...) fp32``, except
 """
 from __future__ import annotations
 
+import decimal
 import math
 
 import torch
@@ -31,11 +32,23 @@ __all__ = ["exp", "exp_", "log1p", "sigmoid", "silu", "softplus", "sqrt", "sum_l
 # exp(x) = 2^m * 2^(j/256) * exp(r) with k = round(x * 256 / ln 2) = 256 m + j and r = x - k ln2 / 256,
 # |r| <= ln2 / 512. ln 2 is split Cody-Waite style (fdlibm e_exp.c): _LN2_HI has its low 21 bits zero,
 # so k * _LN2_HI / 256 is exact for |k| < 2**21. exp(r) = 1 + r + r^2/2 + r^3/6 leaves r^4/24 < 2^-42.
-# The 256 table values are Python's correctly rounded 2.0 ** (j / 256) in float64: fixed constants.
+# The table values 2^(j/256) and the constant 256 / ln 2 come from the decimal module (pure software,
+# exp and ln correctly rounded at 60 digits, then one rounding to float64), not from the platform's
+# libm, whose pow and log need not be correctly rounded or the same on another machine.
 _LN2_HI = 6.93147180369123816490e-01
 _LN2_LO = 1.90821492927058770002e-10
 _TABLE_BITS = 8
-_EXP_TABLE = tuple(2.0 ** (j / (1 << _TABLE_BITS)) for j in range(1 << _TABLE_BITS))
+
+
+def _decimal_constants() -> tuple[tuple[float, ...], float]:
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        ln2 = decimal.Decimal(2).ln()
+        table = tuple(float((ln2 * j / (1 << _TABLE_BITS)).exp()) for j in range(1 << _TABLE_BITS))
+        return table, float((1 << _TABLE_BITS) / ln2)
+
+
+_EXP_TABLE, _INV_LN2_STEP = _decimal_constants()  # 2^(j/256), 256 / ln 2
 _EXP_TAYLOR = (1.0 / 6.0, 0.5, 1.0, 1.0)
 # exp underflows to 0 in fp32 below -103.98 and overflows above 88.73; clamping to [-110, 90] keeps
 # 2^m a normal double and still gives 0 and inf there (and keeps NaN: clamp passes it through).
@@ -59,7 +72,7 @@ def exp_(x: torch.Tensor) -> torch.Tensor:
         n = part.numel()
         a_, r_, p_, t_, k_, j_ = a[:n], r[:n], p[:n], t[:n], k[:n], j[:n]
         a_.copy_(part).clamp_(_EXP_LO, _EXP_HI)
-        kf = round_half_even(a_ * ((1 << _TABLE_BITS) / math.log(2)))       # k as float64
+        kf = round_half_even(a_ * _INV_LN2_STEP)                             # k as float64
         torch.mul(kf, _LN2_HI / (1 << _TABLE_BITS), out=r_)
         torch.sub(a_, r_, out=r_)
         torch.mul(kf, _LN2_LO / (1 << _TABLE_BITS), out=t_)
