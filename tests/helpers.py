@@ -39,3 +39,15 @@ def observed_bank(model_dir: Path, ids_len: int):
     windows = torch.randint(0, bank.ckpt.dims.vocab_size, (4, 24), generator=g)
     scales, _ = run_observers(bank, windows, 0, 0.9995, 4)
     return bank, scales, torch.randint(0, bank.ckpt.dims.vocab_size, (1, ids_len), generator=g)
+
+
+# small capture settings for command-line tests: a 16-token sample, 4 calibration windows of 16 tokens
+FAST_CLI = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
+
+
+def run_cli(main, argv) -> int:
+    """A command-line entry (capture_main, compare_main, ...) in-process: its exit code, argparse's too."""
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as e:
+        return e.code

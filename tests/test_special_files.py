@@ -14,17 +14,12 @@ from contextlib import contextmanager
 import pytest
 
 from conftest import make_hf_model, write_hf_dir
+from helpers import FAST_CLI, run_cli
 from harness.cli import capture_main, compare_main, export_main
 from harness.store.format import stats_path
 
-FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
-
-
-def _main(main, argv):
-    try:
-        return main([str(a) for a in argv])
-    except SystemExit as e:
-        return e.code
+FAST = FAST_CLI
+_main = run_cli
 
 
 def _data_bytes() -> int:
