@@ -12,13 +12,12 @@ Rules beyond the knob table, for recipes that mix float and int8 pieces:
   output y is rounded to act_dtype.
 
 ``prep`` selects the weights (harness.emulation.weights) and, with them, the op order of the
-steps whose order Quamba's own code fixes (prep=exact keeps the harness's order of
-before the knob existed, bit for bit):
+steps whose order Quamba's own code fixes (prep=exact keeps the harness's own order).
+(RMSNorm is the same for both: 1 / sqrt(pairwise sum(r^2) / d_model + eps), ops.portable.)
 
 ============================  ===============================  ==============================
 step                          prep=quamba                      prep=exact
 ============================  ===============================  ==============================
-RMSNorm                       1 / sqrt(var + eps) (Triton)     torch.rsqrt
 reference-order scan          ScanOrder.TORCH (fork's loop)    ScanOrder.REFERENCE
 in_proj with a float output   W8A8B16O16 `forward` epilogue:   RATIO_THEN_WEIGHT
                               WEIGHT_THEN_RATIO                (in_proj's int8 order)

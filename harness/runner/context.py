@@ -1,9 +1,7 @@
 """The run context: what the steps of one run share, built once by the pipeline.
 
-Before it, the mode loop and the studies passed a dozen positional arguments and an untyped
-``state`` dict along; now the pipeline builds one ``RunContext`` after the inputs are checked
-and the calibration is done, and every later step takes it. ``ModeLoopResult`` is what the mode
-loop hands the studies.
+The pipeline builds one ``RunContext`` after the inputs are checked and the calibration is done;
+the mode loop and the studies take it. ``ModeLoopResult`` is what the mode loop hands the studies.
 """
 from __future__ import annotations
 
