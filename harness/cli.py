@@ -146,7 +146,9 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "rerun", nargs="+", default=[], metavar="MODE", help="with --resume: run these modes again although "
                                                                 "the file holds them")
     _opt(g, "compress", action="store_true", help="deflate the .npz (smaller, slower)")
-    _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
+    _opt(g, "dedup", action="store_true", help="store a tap array identical to an earlier one once, as an alias "
+                                               "in the stats (smaller; plain np.load then misses those keys)")
+    _opt(g, "no-dedup", action="store_true", help=argparse.SUPPRESS)  # the default since schema 3
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
 
@@ -176,7 +178,7 @@ def _config_from_args(args: argparse.Namespace):
                                   args.calib_batch_size, args.seed),
         calib_file=args.calib_file, cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
         layers=args.layers, taps=args.taps, basis=args.basis, stats_only=args.stats_only, resume=args.resume,
-        compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
+        compress=args.compress, dedup=args.dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
         device=args.device, keep_arrays=False, report=args.report)

@@ -133,7 +133,7 @@ def test_comparator_reads_research_files_and_rejects_corrupted_ones(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "research-tool file, no manifest" in r.stdout
     out = json.loads((tmp_path / "o.json").read_text())
-    assert out["modes"]["2-1"]["input"]["sqnr_db"] == "inf"
+    assert out["modes"]["2-1"]["input"]["sqnr_db"] == float("inf")  # written as 1e999 (schema 3)
     assert out["modes"]["2-1"]["output"]["rel_l2"] == pytest.approx(0.01, rel=1e-4)
     assert out["modes"]["2-1"]["output"]["input_differs"] is False
     (tmp_path / "bad.npz").write_bytes(b"garbage")

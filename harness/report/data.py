@@ -26,7 +26,7 @@ import numpy as np
 
 from ..metrics.compare import CompareError, compare_modes, same_basis
 from ..metrics.errors import sqnr_db
-from ..store.format import CaptureFile, load_capture
+from ..store.reader import CaptureFile, load_capture
 
 __all__ = ["ReportData", "load_report_data", "layer_and_site", "block_out_name", "as_float"]
 
@@ -48,7 +48,7 @@ def block_out_name(layer: int) -> str:
 
 
 def as_float(value) -> float | None:
-    """A JSON number or the strings "inf", "-inf", "nan" (how storage writes non-finite floats)."""
+    """A JSON number (1e999 is inf, schema 3) or, as schema 1-2 wrote them, the strings "inf", "-inf", "nan"."""
     if isinstance(value, bool) or value is None:
         return None
     try:

@@ -43,7 +43,7 @@ class RunConfig:
     stats_only: bool = False
     resume: bool = False
     compress: bool = False
-    dedup: bool = True
+    dedup: bool = False  # --dedup: a tap array equal to an earlier one is stored once (an alias)
     reference: str = "fp32"
     argv: list[str] = field(default_factory=list)
     rerun: list[str] = field(default_factory=list)  # with resume: modes run again although the file holds them
