@@ -25,7 +25,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, MaxNLocator, NullLocator
 
-from .groups import MAX_SERIES, array_key, equal_groups, group_label, keep_worst, series_key
+from .groups import array_key, equal_groups, group_label, keep_worst, series_key
 from .html import MARK
 
 __all__ = ["INT8_CLIP", "RC", "style", "render", "tensor_figure", "overflow_per_layer_figure", "error_histogram", "value_distribution",

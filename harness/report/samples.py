@@ -98,31 +98,36 @@ def _pairs(d: ReportData, s: dict) -> str:
             + table(["a", "b", "tensor", "metric", "mean diff", "CI low", "CI high"], rows, left=4))
 
 
+def _sqnr_parts(s: dict, figs, colors: dict, tensors: list[str], by_mode: dict) -> list[str]:
+    """The chart (tensors where modes differ), the line naming the others, the folded table."""
+    groups = equal_groups({m: tuple(repr(row.get(t)) for t in tensors) for m, row in by_mode.items()})
+    worst = {h: -min([m for t in tensors if (m := mean_ci(by_mode[h].get(t))[0]) is not None] or [np.inf])
+             for h in groups}
+    groups, left_out = keep_worst(groups, worst)
+    label = {h: group_label(members) for h, members in groups.items()}
+    several = len(by_mode) > 1           # one mode: its numbers are the table; a chart would compare nothing
+    shown = {t: {fmt_value(mean_ci(row.get(t))[0]) for row in by_mode.values()} for t in tensors}
+    differ = [t for t in tensors if several and len(shown[t]) > 1]
+    same = [t for t in tensors if several and t not in differ and any(t in row for row in by_mode.values())]
+    series = {label[h]: [by_mode[h].get(t) for t in differ] for h in groups}
+    fig = samples_figure(differ, series, {label[h]: colors.get(h, "#777777") for h in groups}, s.get("count"),
+                         left_out)
+    parts = [figs.embed("samples_sqnr", fig, "SQNR per tensor with 95 % CI")]
+    if same:
+        parts.append('<p class="note">The same mean SQNR in every mode (no chart): '
+                     + esc("; ".join(f"{t} {_cell(next(r[t] for r in by_mode.values() if t in r))} dB"
+                                     for t in same)) + ".</p>")
+    rows = [[t, *[_cell(by_mode[h].get(t)) if t in by_mode[h] else None for h in groups]] for t in tensors]
+    parts.append(f"<details{'' if several else ' open'}><summary>SQNR dB per tensor: mean [95 % CI]</summary>"
+                 + table(["tensor", *label.values()], rows) + "</details>")
+    return parts
+
+
 def samples_section(d: ReportData, figs, colors: dict) -> str:
     s = d.samples()
     metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
     tensors, by_mode = _by_mode(d, metrics)
-    parts = []
-    if by_mode:
-        groups = equal_groups({m: tuple(repr(row.get(t)) for t in tensors) for m, row in by_mode.items()})
-        worst = {h: -min([m for t in tensors if (m := mean_ci(by_mode[h].get(t))[0]) is not None] or [np.inf])
-                 for h in groups}
-        groups, left_out = keep_worst(groups, worst)
-        label = {h: group_label(members) for h, members in groups.items()}
-        several = len(by_mode) > 1           # one mode: its numbers are the table; a chart would compare nothing
-        differ = [t for t in tensors if several and len({fmt_value(mean_ci(by_mode[m].get(t))[0]) for m in by_mode}) > 1]
-        same = [t for t in tensors if several and t not in differ and any(t in row for row in by_mode.values())]
-        series = {label[h]: [by_mode[h].get(t) for t in differ] for h in groups}
-        fig = samples_figure(differ, series, {label[h]: colors.get(h, "#777777") for h in groups}, s.get("count"),
-                             left_out)
-        parts.append(figs.embed("samples_sqnr", fig, "SQNR per tensor with 95 % CI"))
-        if same:
-            parts.append('<p class="note">The same mean SQNR in every mode (no chart): '
-                         + esc("; ".join(f"{t} {_cell(next(r[t] for r in by_mode.values() if t in r))} dB"
-                                         for t in same)) + ".</p>")
-        rows = [[t, *[_cell(by_mode[h].get(t)) if t in by_mode[h] else None for h in groups]] for t in tensors]
-        parts.append(f"<details{'' if several else ' open'}><summary>SQNR dB per tensor: mean [95 % CI]</summary>"
-                     + table(["tensor", *label.values()], rows) + "</details>")
+    parts = _sqnr_parts(s, figs, colors, tensors, by_mode) if by_mode else []
     parts.append(_pairs(d, s))
     if not "".join(parts):
         return ""
