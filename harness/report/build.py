@@ -18,13 +18,14 @@ from .figures import mode_colors, render, style
 from .target import check_target, report_path
 from .data import load_report_data
 from .html import esc, page
+from .samples import samples_section
+from .summary import summary_section
 from .sections import (
     Figures,
     comparison_section,
     end_to_end_section,
     header_section,
     layers_section,
-    samples_section,
     select_tensors,
     taps_section,
     tensor_section,
@@ -55,6 +56,7 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
     colors = mode_colors(list(dict.fromkeys([d.reference, *d.modes])))
     chosen = select_tensors(d, tensors) if d.has_arrays() else []
     sections = [
+        ("summary", "Summary", summary_section(d)),
         ("run", "Run", header_section(d)),
         ("comparison", "Comparison", comparison_section(d)),
         ("layers", "Error per layer", layers_section(d, figs, colors)),

@@ -84,13 +84,13 @@ class ReportData:
 
     def tensors(self) -> list[str]:
         """Tensor names in capture order: the reference's first, then any only other modes have."""
-        names = list(self.capture.tensors(self.reference))
+        names = dict.fromkeys(self.capture.tensors(self.reference))   # a dict: linear in modes x tensors
         for mode in self.modes:
-            names += [t for t in self.capture.tensors(mode) if t not in names]
+            names.update(dict.fromkeys(self.capture.tensors(mode)))
         if not names and self.comparison:
             for rows in self.comparison["modes"].values():
-                names += [t for t in rows if t not in names]
-        return names
+                names.update(dict.fromkeys(rows))
+        return list(names)
 
     def array(self, mode: str, tensor: str) -> np.ndarray | None:
         if tensor not in self.capture.index.get(mode, {}):

@@ -64,10 +64,10 @@ def _rows(comparison: dict, tensor: str, titles: dict[str, str]) -> list[list[st
 
 
 def _tensor_order(comparison: dict) -> list[str]:
-    names: list[str] = []
+    names: dict[str, None] = {}       # a dict, not a list: linear in modes x tensors
     for by_tensor in comparison["modes"].values():
-        names += [t for t in by_tensor if t not in names]
-    return names
+        names.update(dict.fromkeys(by_tensor))
+    return list(names)
 
 
 def comparison_tables(comparison: dict, titles: dict[str, str] | None = None) -> str:
