@@ -68,7 +68,7 @@ def pooled_note(samples: int | None) -> str:
     if not samples or samples < 2:
         return ""
     return (f"\nPooled over the {samples} samples: each metric takes the {samples} windows together as one array "
-            f"(per-sample means with 95 % intervals: the stats' "samples" section; SQNR below)")
+            "(per-sample means with 95 % intervals: the samples section of the stats; SQNR below)")
 
 
 def _rows(comparison: dict, tensor: str, titles: dict[str, str]) -> list[list[str]]:
