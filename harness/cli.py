@@ -254,15 +254,8 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
-    from .metrics.compare import (
-        CompareError,
-        compare_modes,
-        compared_pairs,
-        fail_if_violations,
-        failed_modes,
-        same_basis,
-    )
-    from .report.text import comparison_tables, failed_lines, sample_mean_table, sensitivity_rankings, sensitivity_tables
+    from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
+    from .report.compare_text import compare_output, gate_line
     from .store.format import (
         StorageError,
         check_output,
@@ -285,8 +278,7 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
         if (cf.manifest or {}).get("stats_only"):
             raise StorageError(f"{args.file} was written with --stats-only and holds no arrays; "
                                f"its statistics and comparison are in {stats_path(args.file)}")
-        stats = cf.manifest or {}
-        for what, asked, present in (("--modes", args.modes, list(dict.fromkeys(cf.modes() + list(stats.get("modes") or {})))),
+        for what, asked, present in (("--modes", args.modes, cf.modes()),
                                      ("--tensors", args.tensors, sorted({t for m in cf.modes() for t in cf.tensors(m)}))):
             unknown = [x for x in asked or [] if x not in present]
             if unknown:
@@ -300,17 +292,11 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     except (StorageError, CompareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    comparison["failed_modes"] = failed_modes(stats, tensors, args.reference, lambda m: m in tensors or args.modes is None
-                                              or m in args.modes)
-    titles = {m: e.get("title", "") for m, e in (stats.get("modes") or {}).items() if isinstance(e, dict)}
-    titles.update({m: f"FAILED in the capture; {titles.get(m) or m}" for m in comparison["failed_modes"]})
-    samples = stats.get("samples") if isinstance(stats.get("samples"), dict) else {}
+    text, failed_text = compare_output(comparison, cf.manifest or {}, tensors, args.reference, args.modes, args.tensors)
     print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
-    print(comparison_tables(comparison, titles, samples.get("count")))
-    print(sample_mean_table(samples, list(tensors), args.tensors))
-    _print_sensitivity(args, comparison, stats, sensitivity_rankings, sensitivity_tables)
-    for line in failed_lines(comparison["failed_modes"], args.reference):
-        print(line, file=sys.stderr)
+    print(text)
+    if failed_text:
+        print("\n".join(failed_text), file=sys.stderr)
     if out is not None:
         write_json(out, comparison)
         print(f"\nwrote {out}")
@@ -321,24 +307,9 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     if hits:
         print(f"\n--fail-if {args.fail_if!r} holds (or compares a NaN metric) for: "
               + ", ".join(f"{m} {t}" for m, t in hits), file=sys.stderr)
-    if args.fail_if and comparison["failed_modes"]:
-        print(f"\n--fail-if: mode{'s' if len(comparison['failed_modes']) > 1 else ''} "
-              f"{', '.join(comparison['failed_modes'])} failed in the capture: a mode in error is never a pass",
-              file=sys.stderr)
+    if args.fail_if and comparison["failed_modes"]:  # a mode in error is never a pass
+        print(gate_line(comparison["failed_modes"]), file=sys.stderr)
     return 1 if hits or (args.fail_if and comparison["failed_modes"]) else 0
-
-
-def _print_sensitivity(args: argparse.Namespace, comparison: dict, stats: dict, rankings, tables) -> None:
-    """compare's sensitivity tables, with --modes and --tensors applied (a layer is kept when --tensors names
-    one of its tensors); their ranking goes into the --json output as "sensitivity_ranking"."""
-    from .report.data import layer_and_site
-
-    stored = stats.get("sensitivity") if isinstance(stats.get("sensitivity"), dict) else {}
-    sensitivity = {m: v for m, v in stored.items() if m in comparison["modes"] and isinstance(v, dict)}
-    layers = None if args.tensors is None else {layer_and_site(t)[0] for t in args.tensors} - {None}
-    if sensitivity or any(t.endswith(".block.isolated") for rows in comparison["modes"].values() for t in rows):
-        comparison["sensitivity_ranking"] = rankings(comparison, sensitivity, layers)
-        print(tables(comparison, sensitivity, args.reference, layers))
 
 
 def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
