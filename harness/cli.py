@@ -255,7 +255,7 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
     from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
-    from .report.text import comparison_tables, sensitivity_tables
+    from .report.compare_text import compare_output, gate_line
     from .store.format import (
         StorageError,
         check_output,
@@ -292,12 +292,11 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     except (StorageError, CompareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    titles = {m: e.get("title", "") for m, e in (cf.manifest or {}).get("modes", {}).items()}
+    text, failed_text = compare_output(comparison, cf.manifest or {}, tensors, args.reference, args.modes, args.tensors)
     print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
-    print(comparison_tables(comparison, titles))
-    sensitivity = (cf.manifest or {}).get("sensitivity")
-    if sensitivity or any(t.endswith(".block.isolated") for rows in comparison["modes"].values() for t in rows):
-        print(sensitivity_tables(comparison, sensitivity, args.reference))
+    print(text)
+    if failed_text:
+        print("\n".join(failed_text), file=sys.stderr)
     if out is not None:
         write_json(out, comparison)
         print(f"\nwrote {out}")
@@ -308,8 +307,9 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     if hits:
         print(f"\n--fail-if {args.fail_if!r} holds (or compares a NaN metric) for: "
               + ", ".join(f"{m} {t}" for m, t in hits), file=sys.stderr)
-        return 1
-    return 0
+    if args.fail_if and comparison["failed_modes"]:  # a mode in error is never a pass
+        print(gate_line(comparison["failed_modes"]), file=sys.stderr)
+    return 1 if hits or (args.fail_if and comparison["failed_modes"]) else 0
 
 
 def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:

@@ -262,13 +262,16 @@ def test_report_draws_layers_isolated_end_to_end_and_samples_when_present(tmp_pa
     assert iso["0"][1] == pytest.approx(sqnr_db(ref[1], arrays["mode_0__L1.block.isolated"]))
     assert acc["0"][2] == pytest.approx(sqnr_db(ref[2], arrays["mode_0__L2.block.out"]))
     ranking = d.sensitivity()["0"]
-    assert [r["layer"] for r in ranking] == sorted(range(3), key=lambda i: iso["0"][i])
+    # issue 21 item 1: where the KL of each layer alone is measured it ranks (most harmful first; layer 1,
+    # without it, last), not isolated SQNR (which orders these layers 2, 1, 0)
+    assert [r["layer"] for r in ranking] == [2, 0, 1] != sorted(range(3), key=lambda i: iso["0"][i])
     assert {r["layer"]: r["kl_share"] for r in ranking} == {0: 0.2, 1: None, 2: 0.6}
     html, names = build_report(tmp_path / "s.npz")
     assert_self_contained(html)
     assert {"layers_sqnr", "end_to_end", "taps_L1"} <= set(names)
     assert not any(n.startswith("samples") for n in names)       # one mode across samples: its table, no chart
-    for text in ("Sensitivity ranking: mode 0", "share of end-to-end KL", "0.05 [0.04, 0.06]", "Failed modes",
+    for text in ("Sensitivity ranking: mode 0 (ranked by the KL of the model with only this layer in the mode, "
+                 "most harmful first)", "share of end-to-end KL", "0.05 [0.04, 0.06]", "Failed modes",
                  "calibration failed: boom", "Across samples", "31.5 [30.1, 32.9]", "3.25"):
         assert text in html, text
     # the first screen: worst mode by end-to-end KL, worst layer by KL, the first layer whose SQNR drops 3 dB

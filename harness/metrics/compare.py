@@ -23,7 +23,7 @@ import numpy as np
 from .errors import METRIC_NAMES, error_metrics
 
 __all__ = ["CompareError", "compare_modes", "same_basis", "identical_groups", "fail_if_violations", "input_tensor_for",
-           "compared_pairs"]
+           "compared_pairs", "failed_modes"]
 
 ArrayGetter = Callable[[str, str], np.ndarray]
 
@@ -114,6 +114,25 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
     fa, fb = np.ravel(a), np.ravel(b)
     return all(np.array_equal(fa[i:i + _EQUAL_CHUNK], fb[i:i + _EQUAL_CHUNK], equal_nan=nan_ok)
                for i in range(0, max(fa.size, 1), _EQUAL_CHUNK))
+
+
+def failed_modes(stats: dict, tensors: Mapping[str, list[str]], reference: str,
+                 wanted: Callable[[str], bool]) -> dict[str, dict]:
+    """MODE -> {"error", "missing"} for every wanted mode the capture's stats record as failed (an entry whose
+    status is not "ok", or a name in "failed_modes"): its error, and the tensors the reference has that the
+    failed mode left no array for (a mode that fails at layer i keeps only the blocks before i).
+    A mode in error is never a pass: compare --fail-if fails on it whatever the expression."""
+    entries = stats.get("modes") if isinstance(stats.get("modes"), dict) else {}
+    listed = stats.get("failed_modes") if isinstance(stats.get("failed_modes"), list) else []
+    out: dict[str, dict] = {}
+    for mode in dict.fromkeys([*entries, *(str(m) for m in listed)]):
+        entry = entries.get(mode) if isinstance(entries.get(mode), dict) else {}
+        if not wanted(mode) or (entry.get("status", "ok") == "ok" and mode not in listed):
+            continue
+        have = set(tensors.get(mode, []))
+        out[mode] = {"error": str(entry.get("error") or "failed"),
+                     "missing": [t for t in tensors.get(reference, []) if t not in have]}
+    return out
 
 
 def compared_pairs(comparison: dict) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..metrics.compare import CompareError, compare_modes, same_basis
 from ..metrics.errors import sqnr_db
+from ..metrics.ranking import ORDER_TEXT, rank_layers
 from ..store.reader import CaptureFile, load_capture
 
 __all__ = ["ReportData", "load_report_data", "layer_and_site", "block_out_name", "as_float"]
@@ -160,8 +161,8 @@ class ReportData:
         return sqnr_db(ref, test)
 
     def sensitivity(self) -> dict[str, list[dict]]:
-        """mode -> layers ranked from most to least harmful: isolated SQNR where present, else the SQNR
-        the layer loses against the one before it (accumulated); plus the KL share of stats["sensitivity"]."""
+        """mode -> layers ranked from most to least harmful (metrics.ranking): by the KL of each layer alone
+        where stats["sensitivity"] has it, else isolated SQNR, else accumulated SQNR."""
         layers, acc, iso = self.layer_sqnr()
         extra = self.stats.get("sensitivity") if isinstance(self.stats.get("sensitivity"), dict) else {}
         out = {}
@@ -177,10 +178,14 @@ class ReportData:
                              "accumulated_sqnr_db": a,
                              "sqnr_drop_db": None if a is None or before is None or not math.isfinite(before) else before - a,
                              "kl": as_float(kl.get("kl")), "kl_share": as_float(kl.get("kl_share"))})
-            key = "isolated_sqnr_db" if mode in iso else "accumulated_sqnr_db"
-            rows.sort(key=lambda r: (r[key] is None, r[key] if r[key] is not None else 0.0, r["layer"]))
-            out[mode] = rows
+            out[mode] = rank_layers(rows)[1]
         return out
+
+    @staticmethod
+    def sensitivity_order(rows: list[dict]) -> str:
+        """The heading's words for the order of ``sensitivity()``'s rows (metrics.ranking)."""
+        key = rank_layers(rows)[0]
+        return ORDER_TEXT[key] if key else "by layer"
 
     def end_to_end(self) -> dict[str, dict]:
         e2e = self.stats.get("end_to_end")

@@ -126,7 +126,7 @@ def layers_section(d: ReportData, figs: Figures, colors: dict) -> str:
                 ("sqnr_drop_db", "SQNR lost at this layer dB"), ("kl", "KL with only this layer in the mode"),
                 ("kl_share", "share of end-to-end KL")]
         cols = [c for c in cols if any(r[c[0]] is not None for r in rows)]
-        parts.append(f"<h3>Sensitivity ranking: mode {esc(mode)} (most harmful first)</h3>"
+        parts.append(f"<h3>Sensitivity ranking: mode {esc(mode)} ({esc(d.sensitivity_order(rows))})</h3>"
                      + table([h for _, h in cols], [[r[k] for k, _ in cols] for r in rows]))
     return section("Error per layer", "".join(parts), "layers")
 
@@ -135,20 +135,30 @@ def end_to_end_section(d: ReportData, figs: Figures, colors: dict) -> str:
     e2e = d.end_to_end()
     if not e2e:
         return ""
-    cols = [k for k in ("kl", "top1_agreement", "cross_entropy", "perplexity") if any(k in e for e in e2e.values())]
+    cols = [k for k in ("kl", "top1_agreement", "cross_entropy", "perplexity", "perplexity_diff")
+            if any(k in e for e in e2e.values())]
 
     def cell(v):
+        if isinstance(v, dict) and "pooled" in v:  # several windows: exp(mean NLL of all tokens), windows' range
+            w = v.get("per_window") if isinstance(v.get("per_window"), dict) else {}
+            return (f"{fmt_value(as_float(v.get('pooled')))} (windows {fmt_value(as_float(w.get('min')))} to "
+                    f"{fmt_value(as_float(w.get('max')))})")
         if isinstance(v, dict):
-            ci = v.get("ci95") or [None, None]
-            return f"{fmt_value(as_float(v.get('mean')))} [{fmt_value(as_float(ci[0]))}, {fmt_value(as_float(ci[1]))}]"
+            ci = v.get("ci95") if isinstance(v.get("ci95"), list) and len(v.get("ci95")) == 2 else [None, None]
+            m = v.get("mean", v.get("mean_diff"))
+            return f"{fmt_value(as_float(m))} [{fmt_value(as_float(ci[0]))}, {fmt_value(as_float(ci[1]))}]"
         return as_float(v)
     rows = [[m, *[cell(e2e[m].get(k)) for k in cols]] for m in e2e]
     fig = end_to_end_figure(e2e, {m: colors.get(m, "#777777") for m in e2e})
-    body = figs.embed("end_to_end", fig, "end-to-end metrics per mode") + table(["mode", *cols], rows)
+    heads = {"perplexity_diff": f"perplexity − {d.reference} (paired)"}
+    body = figs.embed("end_to_end", fig, "end-to-end metrics per mode") + table(["mode", *[heads.get(c, c) for c in cols]],
+                                                                               rows)
     return section("End to end", body, "end-to-end",
                    "Next-token distributions of the whole model against the reference: mean KL(reference &#8214; mode), "
                    "top-1 agreement, cross-entropy and perplexity of the sample's actual next tokens "
-                   "(values with [95 % interval] when several samples ran).")
+                   "(values with [95 % interval] when several samples ran). Perplexity over several windows is "
+                   "exp(mean NLL over every predicted token), with the windows' range; the mode's difference to "
+                   "the reference is paired (window by window), so text difficulty cancels.")
 
 
 def focus_layers(d: ReportData) -> list[int]:

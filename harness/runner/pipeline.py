@@ -38,7 +38,7 @@ from ..checkpoints.loading import ModelDirError
 from ..modes import ModeError, ModeRecipe, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
 from ..report.target import check_target, report_path
-from ..report.text import sensitivity_tables, short_comparison
+from ..report.text import sample_mean_table, sensitivity_tables, short_comparison
 from .studies import run_studies
 from .modeloop import run_todo
 from .resume import ResumeError, previous_modes, recorded_recipe
@@ -322,7 +322,10 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
     if comparison is None:
         _no_comparison(cfg, [m for m, e in modes.items() if e.get("status") == "ok"])
     elif "error" not in comparison:
-        emit(short_comparison(comparison, block_io_names(collector.ref_names)))
+        names = block_io_names(collector.ref_names)
+        emit(short_comparison(comparison, names, cfg.samples))
+        if studies.get("samples"):
+            emit(sample_mean_table(studies["samples"], list(comparison["modes"]), names))
         if cfg.isolated or cfg.sensitivity:
             emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
     model_path = Path(cfg.model)
