@@ -212,7 +212,7 @@ def test_device_plumbing(hf_dir, tmp_path, capsys):
 
 
 def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, monkeypatch):
-    from harness.store.format import dedup_arrays, load_capture, write_pair
+    from harness.store.format import load_capture, write_pair
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     kw = dict(layers=["all"], taps=["ssm.u"], seq_len=32, samples=2, isolated=True, end_to_end=True)
@@ -228,10 +228,9 @@ def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, mon
     for mode, by_tensor in held.by_mode.items():
         arrays.update({f"mode_{mode}_{t}" if t in ("input", "output", "residual") else f"mode_{mode}__{t}": v
                        for t, v in by_tensor.items()})
-    arrays, aliases = dedup_arrays(arrays)
-    stats = write_pair(tmp_path / "mem.npz", arrays, {"x": 1})
+    stats = write_pair(tmp_path / "mem.npz", arrays, {"x": 1})  # every key: no dedup unless asked (schema 3)
     assert (tmp_path / "mem.npz").read_bytes() == streamed[0]
-    assert aliases == held.stats["aliases"] and stats["npz"]["sha256"] == held.stats["npz"]["sha256"]
+    assert held.stats["aliases"] == {} and stats["npz"]["sha256"] == held.stats["npz"]["sha256"]
     assert held.stats["comparison"] == lean.stats["comparison"]
 
 

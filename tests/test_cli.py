@@ -28,7 +28,7 @@ def test_capture_then_compare(hf_dir, tmp_path):
         assert z["mode_0_output"].shape == (1, 32, 24) and z["token_ids"].shape == (1, 32)
         assert int(z["seq_len"]) == 32 and str(z["model"]) == "tiny-hf"
     stats = json.loads((tmp_path / "first_layer_io_all_modes_stats.json").read_text())
-    assert stats["schema_version"] == 2 and stats["modes"]["0"]["recipe"]["ssm_impl"] == "kernel"
+    assert stats["schema_version"] == 3 and stats["modes"]["0"]["recipe"]["ssm_impl"] == "kernel"
     assert stats["provenance"]["calibration"]["source"] == "computed"
 
     c = _run([npz, "--json", tmp_path / "cmp.json"], tmp_path, script="compare_with_fp.py")

@@ -238,7 +238,7 @@ def test_research_command_line_and_shell_variables(exported, hf_dir, tmp_path):
                   "--modes", "fp32", "0", "2-1", *FAST], tmp_path)
     assert r.returncode == 0, r.stderr
     stats = json.loads((tmp_path / "first_layer_io_all_modes_stats.json").read_text())
-    assert stats["schema_version"] == 2
+    assert stats["schema_version"] == 3
     for mode in ("fp32", "0", "2-1"):  # the research tool's post-analysis layout
         for t in ("input", "output"):
             assert set(stats["modes"][mode][t]) == {"shape", "first_10", "mean", "std", "min", "max"}

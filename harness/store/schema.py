@@ -121,6 +121,14 @@ class obj:
             (self.fields.get(k) or self.rest)(v, f"{path}.{k}" if path else k)
 
 
+def nullable(check: Check) -> Check:
+    """null or what `check` accepts (a section the readers take as absent when null)."""
+    def checked(value, path: str) -> None:
+        if value is not None:
+            check(value, path)
+    return checked
+
+
 def one_of(*checks: Check) -> Check:
     def check(value, path: str) -> None:
         problems = []
@@ -188,10 +196,10 @@ _PROVENANCE = obj({"model": obj({"dims": obj(rest=one_of(num(), string(), boolea
                    "sample": obj(optional=True), "calibration": obj({"settings": obj(optional=True)}, optional=True)})
 _TOP = obj({
     "schema_version": num(integer=True), "timestamp": string(), "model": string(), "pretrained_dir": string(),
-    "seq_len": num(integer=True), "command": list_of(string()), "stats_only": boolean, "provenance": _PROVENANCE,
-    "modes": map_of(_MODE), "aliases": map_of(string(False)), "comparison": _COMPARISON,
-    "failed_modes": list_of(string()), "end_to_end": _E2E, "samples": _SAMPLES,
-    "sensitivity": map_of(map_of(obj(rest=_STAT))),
+    "seq_len": num(integer=True), "command": list_of(string()), "stats_only": boolean, "provenance": nullable(_PROVENANCE),
+    "modes": map_of(_MODE), "aliases": map_of(string(False)), "comparison": nullable(_COMPARISON),
+    "failed_modes": list_of(string()), "end_to_end": nullable(_E2E), "samples": nullable(_SAMPLES),
+    "sensitivity": nullable(map_of(map_of(obj(rest=_STAT)))),
     "npz": obj({"file": string(), "sha256": string(False), "bytes": num(integer=True)}, required=("sha256",))})
 
 
