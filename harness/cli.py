@@ -149,6 +149,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
+    _opt(g, "decode", type=_positive_int, default=0, help="N teacher-forced one-token steps after the prompt (docs/decode.md)")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -179,7 +180,7 @@ def _config_from_args(args: argparse.Namespace):
         compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
-        device=args.device, keep_arrays=False, report=args.report)
+        device=args.device, keep_arrays=False, report=args.report, decode=args.decode)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
@@ -254,15 +255,8 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_compare_parser(prog).parse_args(argv)
     from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
     from .report.text import comparison_tables, sensitivity_tables
-    from .store.format import (
-        StorageError,
-        check_output,
-        check_writable,
-        load_capture,
-        pending_path,
-        stats_path,
-        write_json,
-    )
+    from .store.format import (StorageError, check_output, check_writable, load_capture, pending_path, stats_path,
+                               write_json)
 
     out = args.json or args.save_comparison
     try:

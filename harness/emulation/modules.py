@@ -178,8 +178,8 @@ class EmuSelectiveScan(nn.Module):
         """
         rule = self.state_rule
         if rule.s_h is not None and rule.kernel:
-            y, q, _ = quant_state_update(h, *(_token(t) for t in (u, delta)), self.A_log, _token(B), _token(C),
-                                         self.D, _token(z), self.dt_bias, self.out)
+            y, q, _ = quant_state_update(h, _token(u), _token(delta), self.A_log, _token(B), _token(C), D=self.D,
+                                         z=_token(z), dt_bias=self.dt_bias, out=self.out)
             return y[:, None], q
         y, new = selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
                                 out=self.out, h0=dequantize(h))

@@ -17,6 +17,7 @@ from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, st
 from ..runtime.log import error
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
+from .decode import decode_mode
 from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
 from ..modes import ModeRecipe, Rotate
@@ -98,6 +99,9 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
         if run.logits:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
+        if ctx.decode_ids is not None:
+            decode_mode(ctx, forward, on_layer, entry,
+                        None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names))
         if is_ref:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))

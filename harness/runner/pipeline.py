@@ -139,6 +139,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        "yet; write a new --output_file instead")
     if cfg.samples < 1:
         raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
+    _check_decode(cfg)
     select_points([0], cfg.taps)  # an unknown tap is an input error before anything is opened
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
@@ -184,15 +185,16 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
-        text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
+        text = _read_text(tok, cfg)  # N disjoint windows, in order (with --decode: one, plus the steps' tokens)
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
             if models.needs_calibration(recipes) else None
         prefix = hashing.result()
-    ids = text.ids.reshape(cfg.samples, cfg.seq_len)
-    check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
+    all_ids = text.ids.reshape(cfg.samples, -1)  # (1, L + N) with --decode
+    ids = all_ids[:, :cfg.seq_len]
+    check_token_ids(all_ids, ckpt.dims.vocab_size, tok.path)
     if calib_text is not None:
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
-    provenance = _provenance(cfg, ckpt, tok, text, ids, prefix=prefix, depth=depth, points=points)
+    provenance = _provenance(cfg, ckpt, tok, text, all_ids, prefix=prefix, depth=depth, points=points)
     kept = previous_modes(cfg, provenance, calib_text) if cfg.resume else {}
     requested = {r.name for r in recipes}
     if cfg.reference_required and cfg.reference not in requested | set(kept):
@@ -239,13 +241,18 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
              for prep, c in calibs.items()}
     provenance["calibration"] = next(iter(infos.values()), None)
     provenance["calibration_by_prep"] = infos
+    if cfg.decode:  # the SSM state scale the W8A8 step re-quantizes at, per layer
+        for prep, c in calibs.items():
+            if isinstance(c, CalibrationResult):
+                infos[prep]["s_h"] = [s.s_h for s in c.scales]
 
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}
     timestamp, model_path = _timestamp(), Path(cfg.model)
-    meta = {"token_ids": ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
+    meta = {"token_ids": all_ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
             "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
-    ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit)
+    ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit,
+                     decode_ids=all_ids if cfg.decode else None)
     with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup, progress) as writer:  # streamed as modes finish
         for key, arr in meta.items():
             writer.add(key, arr)
@@ -274,8 +281,28 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                                                   "format": models.float_ckpt.format,
                                                   "tensors_read": models.float_ckpt.read_summary()}
         studies = run_studies(ctx, recipes, modes, loop)
-        return _finish(ctx, writer, collector, ids, modes=modes, comparison=comparison, provenance=provenance,
+        return _finish(ctx, writer, collector, all_ids, modes=modes, comparison=comparison, provenance=provenance,
                        studies=studies, timestamp=timestamp)
+
+
+def _check_decode(cfg: RunConfig) -> None:
+    """--decode N: one sample, a fresh file, on the CPU (runner.decode)."""
+    if cfg.decode < 0:
+        raise RunError(f"--decode must be a positive number of steps, got {cfg.decode}")
+    if cfg.decode and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
+        raise RunError("--decode runs one sample (--samples 1) on the CPU into a new file: it does not combine "
+                       "with --samples > 1, --resume or --device cuda yet")
+
+
+def _read_text(tok, cfg: RunConfig):
+    """The sample: seq_len * samples tokens, or with --decode N the prompt and the N tokens the steps are fed."""
+    if not cfg.decode:
+        return read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)
+    try:
+        return read_sample(tok, cfg.text_file, cfg.seq_len + cfg.decode)
+    except DataError as e:
+        raise DataError(f"--decode {cfg.decode} needs --seq_len {cfg.seq_len} + {cfg.decode} = "
+                        f"{cfg.seq_len + cfg.decode} tokens of {cfg.text_file}: {e}") from None
 
 
 def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:

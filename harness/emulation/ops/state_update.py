@@ -60,7 +60,7 @@ def _dt(delta, dt_bias) -> torch.Tensor:
     return dequantize(delta) + dequantize(dt_bias)
 
 
-def quant_state_update(h: QTensor, u, delta, A_log, B, C, D, z, dt_bias,
+def quant_state_update(h: QTensor, u, delta, A_log, B, C, *, D, z, dt_bias,
                        out: FloatOut) -> tuple[torch.Tensor, QTensor, torch.Tensor]:
     """One step of the kernel above. Operands may be int8 QTensors or fp32 (dequantized as the kernel does).
 
@@ -92,7 +92,7 @@ def _scalar_log(v: np.float32) -> np.float32:
     return np.float32(float(portable.log(torch.tensor([float(v)], dtype=torch.float32))[0]))
 
 
-def quant_state_update_ref(h: QTensor, u: QTensor, delta: QTensor, A_log: QTensor, B: QTensor, C: QTensor,
+def quant_state_update_ref(h: QTensor, u: QTensor, delta: QTensor, A_log: QTensor, B: QTensor, C: QTensor, *,
                            D: QTensor, z: QTensor, dt_bias: QTensor,
                            out: FloatOut) -> tuple[torch.Tensor, QTensor, torch.Tensor]:
     """Oracle for ``quant_state_update`` on all-int8 operands: the kernel's program for one channel written
