@@ -150,6 +150,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
     _opt(g, "decode", type=_positive_int, default=0, help="N teacher-forced one-token steps after the prompt (docs/decode.md)")
+    _opt(g, "generate", type=_positive_int, default=0, help="N greedy tokens per mode after the prompt (docs/decode.md)")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -180,7 +181,8 @@ def _config_from_args(args: argparse.Namespace):
         compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
-        device=args.device, keep_arrays=False, report=args.report, decode=args.decode)
+        device=args.device, keep_arrays=False, report=args.report, decode=args.decode,
+        generate=args.generate)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:

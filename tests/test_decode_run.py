@@ -80,4 +80,4 @@ def test_a_text_too_short_for_the_steps_is_refused(tmp_path, capsys):
 def test_decode_with_several_samples_is_refused(tmp_path, capsys):
     code = run_cli(capture_main, ["--modes", "fp32", "--seq_len", 8, "--decode", 2, "--samples", 2,
                                   "--output_file", tmp_path / "X.npz"])
-    assert code == 2 and "--decode runs one sample" in capsys.readouterr().err
+    assert code == 2 and "--decode and --generate run one sample" in capsys.readouterr().err

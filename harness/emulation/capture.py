@@ -109,7 +109,7 @@ def module_path(layer: int, site: str) -> str:
 
 # layer 0's block I/O under the research tool's names (its analysis snippets read mode_{m}_input, ...)
 RESEARCH_TENSORS = {"block.in": "input", "block.out": "output", "block.residual": "residual"}
-_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__((?:decode\.)?(?:L\d+\..+|logits))$")
+_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__((?:decode\.)?(?:L\d+\..+|logits)|generated_ids)$")
 
 
 def tensor_name(point: str) -> str:

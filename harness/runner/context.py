@@ -64,3 +64,4 @@ class ModeLoopResult:
     ref_logits: list[np.ndarray] | None = None
     ref_inputs: RefInputs | None = None
     shared_ops: dict | None = None
+    ref_generated: np.ndarray | None = None  # --generate: the reference's greedy ids (1, N)

@@ -159,7 +159,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        f"(valid: 0..{n_layer - 1})")
     if cfg.isolated:
         points += [point_name(i, ISOLATED) for i in sorted({parse_point(p)[0] for p in points})]
-    if cfg.end_to_end or cfg.sensitivity:  # the whole model runs: every block is read and calibrated
+    if cfg.end_to_end or cfg.sensitivity or cfg.generate:  # the whole model runs: every block is read and calibrated
         depth = n_layer - 1
     float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
     if float_less:
@@ -269,6 +269,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                     collector.end(mode)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
         loop = run_todo(ctx, todo, modes, collector)
+        _generated_text(modes, tok, cfg.reference)
         provenance["shared_ops"] = loop.shared_ops
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
@@ -289,9 +290,22 @@ def _check_decode(cfg: RunConfig) -> None:
     """--decode N: one sample, a fresh file, on the CPU (runner.decode)."""
     if cfg.decode < 0:
         raise RunError(f"--decode must be a positive number of steps, got {cfg.decode}")
-    if cfg.decode and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
-        raise RunError("--decode runs one sample (--samples 1) on the CPU into a new file: it does not combine "
-                       "with --samples > 1, --resume or --device cuda yet")
+    if cfg.generate < 0:
+        raise RunError(f"--generate must be a positive number of tokens, got {cfg.generate}")
+    if (cfg.decode or cfg.generate) and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
+        raise RunError("--decode and --generate run one sample (--samples 1) on the CPU into a new file: they do "
+                       "not combine with --samples > 1, --resume or --device cuda yet")
+
+
+def _generated_text(modes: dict, tok, reference: str) -> None:
+    """--generate: each mode's generated ids as text, beside the reference's (the report shows both)."""
+    ref = modes.get(reference, {}).get("generate")
+    for entry in modes.values():
+        gen = entry.get("generate")
+        if gen is not None:
+            gen["text"] = tok.tok.decode(gen["ids"])
+            if ref is not None:
+                gen["reference_text"] = tok.tok.decode(ref["ids"])
 
 
 def _read_text(tok, cfg: RunConfig):
