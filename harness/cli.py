@@ -245,6 +245,8 @@ def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
     _opt(p, "tensors", nargs="+", default=None, help="compare only these tensors (e.g. output L0.ssm.u)")
     _opt(p, "fail-if", default=None, metavar="EXPR",
          help="exit 1 if EXPR holds for any mode and tensor, e.g. \"tensor == 'output' and sqnr_db < 20\"")
+    _opt(p, "against", type=Path, default=None, help="compare the same modes of FILE against this run (docs/decode.md)")
+    for tol in ("atol", "rtol"): _opt(p, tol, type=float, default=0.0, help=f"with --against: {tol} (default: 0)")
     return p
 
 
@@ -255,6 +257,8 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
+    if args.against is not None:  # two runs of the same modes (runner.crossrun, docs/decode.md)
+        return importlib.import_module("harness.runner.crossrun").command(args, print)
     from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
     from .report.text import comparison_tables, sensitivity_tables
     from .store.format import (StorageError, check_output, check_writable, load_capture, pending_path, stats_path,
