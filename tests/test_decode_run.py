@@ -81,3 +81,13 @@ def test_decode_with_several_samples_is_refused(tmp_path, capsys):
     code = run_cli(capture_main, ["--modes", "fp32", "--seq_len", 8, "--decode", 2, "--samples", 2,
                                   "--output_file", tmp_path / "X.npz"])
     assert code == 2 and "--decode and --generate run one sample" in capsys.readouterr().err
+
+
+def test_the_report_has_a_row_per_mode_and_step(decoded, tmp_path_factory):
+    from harness.report.decoding import decode_section
+    from types import SimpleNamespace
+    _, stats = decoded
+    html = decode_section(SimpleNamespace(stats=stats, reference="fp32"))
+    assert html.count("<tr>") == 1 + 2 * N   # the header, then fp32 and 0 at each step
+    kl = stats["modes"]["0"]["decode"]["per_step"]["decode.logits"]["kl"]
+    assert f"<td>{kl[0]:.4g}</td>" in html

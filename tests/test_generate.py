@@ -55,3 +55,23 @@ def test_generated_ids_are_stored_and_compared_per_mode(generated):
         assert {k: gen[k] for k in ("first_divergence", "agreement")} == divergence(ref, ids)
         assert gen["text"] == tok.tok.decode(gen["ids"]) and gen["reference_text"] == tok.tok.decode(ref[0].tolist())
     assert "generated_ids" not in stats["comparison"]["modes"]["0"]   # ids are not compared as numbers
+
+
+def test_the_report_marks_the_first_differing_token():
+    from types import SimpleNamespace
+    from harness.report.decoding import generate_section
+    stats = {"modes": {"fp32": {"generate": {"ids": [1, 2, 3], "tokens": ["a", " b", " c"]}},
+                       "0": {"generate": {"ids": [1, 2, 9], "tokens": ["a", " b", " <x>"], "first_divergence": 2,
+                                          "agreement": 2 / 3}}}}
+    html = generate_section(SimpleNamespace(stats=stats, reference="fp32"))
+    assert "<mark> &lt;x&gt;</mark>" in html and "<mark> c</mark>" in html and ">2</td>" in html
+
+
+def test_the_report_shows_the_generation(generated):
+    from harness.report.build import build_report
+    out, stats = generated
+    html, _ = build_report(out)
+    assert 'id="generate"' in html
+    for mode in ("1", "0"):
+        first = stats["modes"][mode]["generate"]["first_divergence"]
+        assert f'<td class="l">{mode}</td><td class="l">{"none" if first is None else first}</td>' in html

@@ -304,6 +304,7 @@ def _generated_text(modes: dict, tok, reference: str) -> None:
         gen = entry.get("generate")
         if gen is not None:
             gen["text"] = tok.tok.decode(gen["ids"])
+            gen["tokens"] = [tok.tok.decode([i]) for i in gen["ids"]]
             if ref is not None:
                 gen["reference_text"] = tok.tok.decode(ref["ids"])
 
