@@ -85,7 +85,9 @@ class EmuLinear(nn.Module):
     def step(self, x: Act) -> Act:
         """One token, x: (batch, 1, in): Quamba's W8A8 GEMV (one alpha, ops.step) when both are int8."""
         if isinstance(x, QTensor) and isinstance(self.weight, QTensor):
-            return w8a8_gemv(x, self.weight, self.out)
+            if getattr(self, "_codes_f32", None) is None:  # converted once, reused by every step
+                self._codes_f32 = self.weight.codes.to(torch.float32)
+            return w8a8_gemv(x, self.weight, self.out, self._codes_f32)
         return float_linear(x, self.weight, self.out)
 
 

@@ -34,7 +34,7 @@ import torch
 
 from ...spec import FloatOut, OutSpec, QTensor, QuantOut, Rounding
 from .conv1d import silu_kernel
-from .linear import int8_gemm
+from .linear import int8_gemm_float
 from .quant import f32, fma_f32, quantize_prescaled, round_half_away, round_to_dtype, to_output
 
 __all__ = ["gemv_alpha", "w8a8_gemv", "w8a8_gemv_ref", "shift_window", "int8_conv_update",
@@ -47,9 +47,11 @@ def gemv_alpha(s_x: float, s_w: float, out: OutSpec) -> float:
     return f32(sw_sx / out.scale) if isinstance(out, QuantOut) else sw_sx
 
 
-def w8a8_gemv(x: QTensor, w: QTensor, out: OutSpec) -> QTensor | torch.Tensor:
-    """Quamba's one-token W8A8 linear layer: x (..., k) int8, w (n, k) int8 -> (..., n) int8 at s_out or float."""
-    acc = int8_gemm(x.codes, w.codes).to(torch.float32)
+def w8a8_gemv(x: QTensor, w: QTensor, out: OutSpec, w_float: torch.Tensor | None = None) -> QTensor | torch.Tensor:
+    """Quamba's one-token W8A8 linear layer: x (..., k) int8, w (n, k) int8 -> (..., n) int8 at s_out or float.
+    w_float: w's codes as fp32, kept by the caller between steps (the same exact integer sums)."""
+    x2 = x.codes.reshape(-1, x.codes.shape[-1])
+    acc = int8_gemm_float(x2, w.codes, w_float).reshape(*x.codes.shape[:-1], w.codes.shape[0]).to(torch.float32)
     v = torch.tensor(gemv_alpha(x.scale, w.scale, out), dtype=torch.float32) * acc
     if isinstance(out, QuantOut):
         assert out.rounding is Rounding.HALF_EVEN, "the CUTLASS GEMV epilogue rounds half to even"
