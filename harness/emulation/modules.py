@@ -75,6 +75,7 @@ class EmuLinear(nn.Module):
     def __init__(self, weight: torch.Tensor | QTensor, order: Epilogue, out: OutSpec) -> None:
         super().__init__()
         self.weight, self.order, self.out = weight, order, out
+        self._codes_f32: torch.Tensor | None = None  # the int8 weight as fp32, made by the first step
 
     def forward(self, x: Act) -> Act:
         """x: (..., in) -> (..., out)."""
@@ -85,7 +86,7 @@ class EmuLinear(nn.Module):
     def step(self, x: Act) -> Act:
         """One token, x: (batch, 1, in): Quamba's W8A8 GEMV (one alpha, ops.step) when both are int8."""
         if isinstance(x, QTensor) and isinstance(self.weight, QTensor):
-            if getattr(self, "_codes_f32", None) is None:  # converted once, reused by every step
+            if self._codes_f32 is None:  # converted once, reused by every step
                 self._codes_f32 = self.weight.codes.to(torch.float32)
             return w8a8_gemv(x, self.weight, self.out, self._codes_f32)
         return float_linear(x, self.weight, self.out)
