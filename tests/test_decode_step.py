@@ -100,7 +100,7 @@ def test_short_prompt_window_is_zero_padded(observed):
     assert states[0].conv.codes.shape[-1] == 4 and int(states[0].conv.codes[..., :2].abs().sum()) == 0
 
 
-@pytest.mark.parametrize("mode", ["0", "2-1", "2-4", "3"])
+@pytest.mark.parametrize("mode", ["0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"])
 def test_w8a8_step_keeps_int8_states_and_stays_near_the_prefill(observed, mode):
     bank, scales, ids = observed
     recipe = BUILTIN_MODES[mode]
