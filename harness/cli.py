@@ -151,6 +151,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "no-dedup", action="store_true", help=argparse.SUPPRESS)  # the default since schema 3
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
+    _opt(g, "decode", type=_positive_int, default=0, help="N teacher-forced one-token steps after the prompt (docs/decode.md)")
+    _opt(g, "generate", type=_positive_int, default=0, help="N greedy tokens per mode after the prompt (docs/decode.md)")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -181,7 +183,8 @@ def _config_from_args(args: argparse.Namespace):
         compress=args.compress, dedup=args.dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
-        device=args.device, keep_arrays=False, report=args.report)
+        device=args.device, keep_arrays=False, report=args.report, decode=args.decode,
+        generate=args.generate)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
@@ -244,6 +247,8 @@ def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
     _opt(p, "tensors", nargs="+", default=None, help="compare only these tensors (e.g. output L0.ssm.u)")
     _opt(p, "fail-if", default=None, metavar="EXPR",
          help="exit 1 if EXPR holds for any mode and tensor, e.g. \"tensor == 'output' and sqnr_db < 20\"")
+    _opt(p, "against", type=Path, default=None, help="compare the same modes of FILE against this run (docs/decode.md)")
+    for tol in ("atol", "rtol"): _opt(p, tol, type=float, default=0.0, help=f"with --against: {tol} (default: 0)")
     return p
 
 
@@ -254,17 +259,12 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
+    if args.against is not None:  # two runs of the same modes (runner.crossrun, docs/decode.md)
+        return importlib.import_module("harness.runner.crossrun").command(args, print)
     from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
     from .report.compare_text import compare_output, gate_line
-    from .store.format import (
-        StorageError,
-        check_output,
-        check_writable,
-        load_capture,
-        pending_path,
-        stats_path,
-        write_json,
-    )
+    from .store.format import StorageError, check_output, check_writable, pending_path, stats_path, write_json
+    from .store.reader import load_capture
 
     out = args.json or args.save_comparison
     try:

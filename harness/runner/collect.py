@@ -126,6 +126,10 @@ class Collector:
             for chunk in held:
                 self._compare_and_store(mode, chunk)
 
+    def store_only(self, mode: str, arrays: dict[str, np.ndarray]) -> None:
+        """Arrays that are written but take no part in the comparison (generated token ids)."""
+        self._store(mode, arrays)
+
     def failed(self, mode: str) -> None:
         """The mode failed part way: its held chunks are dropped and it leaves the comparison."""
         for table in (self._held, self.rows, self.skipped, self.digests, self.pending):

@@ -55,6 +55,8 @@ class RunConfig:
     device: str = "cpu"
     keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
     report: bool = False              # the caller writes the HTML report next to the output: its path is checked
+    decode: int = 0                   # teacher-forced decode steps after the --seq_len prompt (runner.decode)
+    generate: int = 0                 # greedy tokens each mode generates after the prompt (runner.generate)
 
 
 @dataclass

@@ -17,6 +17,8 @@ from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, st
 from ..runtime.log import error
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
+from .decode import decode_mode
+from .generate import GENERATED, divergence, greedy_ids
 from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
 from ..modes import ModeRecipe, Rotate
@@ -62,6 +64,18 @@ class _ModeRun:
     wanted: tuple[int, ...]
 
 
+def _generate(ctx: RunContext, forward: Forward, entry: dict, collector: Collector, loop: ModeLoopResult,
+              is_ref: bool) -> None:
+    """--generate N: the mode's greedy ids (stored, not compared as numbers) and where they leave the reference's."""
+    ids = greedy_ids(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank)
+    collector.store_only(forward.recipe.name, {GENERATED: ids})
+    entry["generate"] = {"ids": ids[0].tolist()}
+    if is_ref:
+        loop.ref_generated = ids
+    elif loop.ref_generated is not None:
+        entry["generate"].update(divergence(loop.ref_generated, ids))
+
+
 def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
     cfg, samples, progress = ctx.cfg, ctx.samples, ctx.progress
     modes, collector, loop = run_.modes, run_.collector, run_.loop
@@ -98,6 +112,11 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
         if run.logits:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
+        if ctx.decode_ids is not None:
+            decode_mode(ctx, forward, on_layer, entry,
+                        None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names))
+        if cfg.generate:
+            _generate(ctx, forward, entry, collector, loop, is_ref)
         if is_ref:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))

@@ -139,6 +139,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        "yet; write a new --output_file instead")
     if cfg.samples < 1:
         raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
+    _check_decode(cfg)
     select_points([0], cfg.taps)  # an unknown tap is an input error before anything is opened
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
@@ -158,7 +159,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        f"(valid: 0..{n_layer - 1})")
     if cfg.isolated:
         points += [point_name(i, ISOLATED) for i in sorted({parse_point(p)[0] for p in points})]
-    if cfg.end_to_end or cfg.sensitivity:  # the whole model runs: every block is read and calibrated
+    if cfg.end_to_end or cfg.sensitivity or cfg.generate:  # the whole model runs: every block is read and calibrated
         depth = n_layer - 1
     float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
     if float_less:
@@ -184,15 +185,16 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
-        text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
+        text = _read_text(tok, cfg)  # N disjoint windows, in order (with --decode: one, plus the steps' tokens)
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
             if models.needs_calibration(recipes) else None
         prefix = hashing.result()
-    ids = text.ids.reshape(cfg.samples, cfg.seq_len)
-    check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
+    all_ids = text.ids.reshape(cfg.samples, -1)  # (1, L + N) with --decode
+    ids = all_ids[:, :cfg.seq_len]
+    check_token_ids(all_ids, ckpt.dims.vocab_size, tok.path)
     if calib_text is not None:
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
-    provenance = _provenance(cfg, ckpt, tok, text, ids, prefix=prefix, depth=depth, points=points)
+    provenance = _provenance(cfg, ckpt, tok, text, all_ids, prefix=prefix, depth=depth, points=points)
     kept = previous_modes(cfg, provenance, calib_text) if cfg.resume else {}
     requested = {r.name for r in recipes}
     if cfg.reference_required and cfg.reference not in requested | set(kept):
@@ -239,13 +241,18 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
              for prep, c in calibs.items()}
     provenance["calibration"] = next(iter(infos.values()), None)
     provenance["calibration_by_prep"] = infos
+    if cfg.decode:  # the SSM state scale the W8A8 step re-quantizes at, per layer
+        for prep, c in calibs.items():
+            if isinstance(c, CalibrationResult):
+                infos[prep]["s_h"] = [s.s_h for s in c.scales]
 
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}
     timestamp, model_path = _timestamp(), Path(cfg.model)
-    meta = {"token_ids": ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
+    meta = {"token_ids": all_ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
             "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
-    ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit)
+    ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit,
+                     decode_ids=all_ids if cfg.decode else None)
     with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup, progress) as writer:  # streamed as modes finish
         for key, arr in meta.items():
             writer.add(key, arr)
@@ -262,6 +269,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                     collector.end(mode)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
         loop = run_todo(ctx, todo, modes, collector)
+        _generated_text(modes, tok, cfg.reference)
         provenance["shared_ops"] = loop.shared_ops
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
@@ -274,8 +282,42 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                                                   "format": models.float_ckpt.format,
                                                   "tensors_read": models.float_ckpt.read_summary()}
         studies = run_studies(ctx, recipes, modes, loop)
-        return _finish(ctx, writer, collector, ids, modes=modes, comparison=comparison, provenance=provenance,
+        return _finish(ctx, writer, collector, all_ids, modes=modes, comparison=comparison, provenance=provenance,
                        studies=studies, timestamp=timestamp)
+
+
+def _check_decode(cfg: RunConfig) -> None:
+    """--decode N: one sample, a fresh file, on the CPU (runner.decode)."""
+    if cfg.decode < 0:
+        raise RunError(f"--decode must be a positive number of steps, got {cfg.decode}")
+    if cfg.generate < 0:
+        raise RunError(f"--generate must be a positive number of tokens, got {cfg.generate}")
+    if (cfg.decode or cfg.generate) and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
+        raise RunError("--decode and --generate run one sample (--samples 1) on the CPU into a new file: they do "
+                       "not combine with --samples > 1, --resume or --device cuda yet")
+
+
+def _generated_text(modes: dict, tok, reference: str) -> None:
+    """--generate: each mode's generated ids as text, beside the reference's (the report shows both)."""
+    ref = modes.get(reference, {}).get("generate")
+    for entry in modes.values():
+        gen = entry.get("generate")
+        if gen is not None:
+            gen["text"] = tok.tok.decode(gen["ids"])
+            gen["tokens"] = [tok.tok.decode([i]) for i in gen["ids"]]
+            if ref is not None:
+                gen["reference_text"] = tok.tok.decode(ref["ids"])
+
+
+def _read_text(tok, cfg: RunConfig):
+    """The sample: seq_len * samples tokens, or with --decode N the prompt and the N tokens the steps are fed."""
+    if not cfg.decode:
+        return read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)
+    try:
+        return read_sample(tok, cfg.text_file, cfg.seq_len + cfg.decode)
+    except DataError as e:
+        raise DataError(f"--decode {cfg.decode} needs --seq_len {cfg.seq_len} + {cfg.decode} = "
+                        f"{cfg.seq_len + cfg.decode} tokens of {cfg.text_file}: {e}") from None
 
 
 def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
