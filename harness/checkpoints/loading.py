@@ -17,6 +17,7 @@ the blocks up to the deepest captured one) are ever read from disk. A file that 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -34,7 +35,7 @@ from ..spec import ModelDims
 from ..store.files import is_regular, open_regular, read_regular
 
 __all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
-           "LAYER_TENSORS", "MODEL_DIR_CONTENTS"]
+           "LAYER_TENSORS", "MODEL_DIR_CONTENTS", "check_dims"]
 
 MODEL_DIR_CONTENTS = ("a model directory must contain config.json (transformers Mamba keys hidden_size, "
                       "num_hidden_layers, ... or mamba_ssm keys d_model, n_layer, ...) and weights "
@@ -312,7 +313,7 @@ def _dims_from_config(path: Path, cfg: dict, embed: torch.Tensor) -> tuple[str, 
                         f"nor mamba_ssm keys (d_model, n_layer); {MODEL_DIR_CONTENTS}")
 
 
-def _check_dims(path: Path, d: ModelDims) -> None:
+def check_dims(path: Path, d: ModelDims) -> None:
     sizes = {"d_model": d.d_model, "d_inner": d.d_inner, "d_state": d.d_state, "d_conv": d.d_conv,
              "dt_rank": d.dt_rank, "n_layer": d.n_layer, "vocab_size": d.vocab_size}
     bad = [f"{k}={v}" for k, v in sizes.items() if not 0 < v <= 1 << 20]
@@ -378,7 +379,7 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         raise
     except (TypeError, ValueError) as e:
         raise ModelDirError(f"{cfg_file}: malformed value ({e})") from None
-    _check_dims(path, ckpt.dims)
+    check_dims(path, ckpt.dims)
     _check_shapes(ckpt)
     return ckpt
 
@@ -390,6 +391,12 @@ class Tokenizer:
         self.tok, self.path = tok, path
         self.eos_id = next((tok.token_to_id(t) for t in ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
                             if tok.token_to_id(t) is not None), None)
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest vocabulary entry in UTF-8 bytes: a document of n characters gives at least n / this
+        many tokens (a token covers at most this many bytes; the shipped tokenizer's: 25)."""
+        return max((len(t.encode("utf-8", "replace")) for t in self.tok.get_vocab()), default=1) or 1
 
     def encode_documents(self, docs: list[str]) -> list[list[int]]:
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets: faster, same ids
