@@ -17,7 +17,6 @@ the blocks up to the deepest captured one) are ever read from disk. A file that 
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -391,12 +390,6 @@ class Tokenizer:
         self.tok, self.path = tok, path
         self.eos_id = next((tok.token_to_id(t) for t in ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
                             if tok.token_to_id(t) is not None), None)
-
-    @functools.cached_property
-    def max_token_bytes(self) -> int:
-        """The longest vocabulary entry in UTF-8 bytes: a document of n characters gives at least n / this
-        many tokens (a token covers at most this many bytes; the shipped tokenizer's: 25)."""
-        return max((len(t.encode("utf-8", "replace")) for t in self.tok.get_vocab()), default=1) or 1
 
     def encode_documents(self, docs: list[str]) -> list[list[int]]:
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets: faster, same ids

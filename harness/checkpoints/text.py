@@ -19,7 +19,7 @@ from ..store.files import file_sha256, open_regular
 from .loading import Tokenizer
 
 __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
-           "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE", "check_token_ids"]
+           "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE", "check_token_ids", "capped", "chars_for"]
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "shakespeare"  # the repository root
 DEFAULT_TEXT_FILE = DATA_DIR / "heldout.jsonl"
@@ -96,13 +96,19 @@ def read_documents(path: Path) -> list[str]:
     return docs
 
 
-def capped(doc: str, tokens: int, tokenizer: Tokenizer) -> str:
-    """The start of `doc` that still gives its first `tokens` tokens, so that a huge line is never tokenized
-    whole (a 50 MB line took 4.7 GB in the tokenizer; 200 MB aborted it). n characters give at least
-    n / max_token_bytes tokens; the cut is made where a word ends and whitespace begins (the pre-tokenizer
-    splits there, so the tokens before the cut are those of the whole document), within twice that many
-    characters, else at twice that many (a "word" that long: its last tokens may differ)."""
-    need = tokens * tokenizer.max_token_bytes + 64
+def chars_for(tokens: int, tokenizer: Tokenizer) -> int:
+    """Characters that give at least `tokens` tokens: a token covers at most as many bytes as the longest
+    vocabulary entry (the shipped tokenizer's: 25), and a character is at least one byte."""
+    longest = max((len(t.encode("utf-8", "replace")) for t in tokenizer.tok.get_vocab()), default=1)
+    return tokens * max(longest, 1) + 64
+
+
+def capped(doc: str, need: int) -> str:
+    """The start of `doc` that still gives the tokens of its first `need` characters (chars_for), so that a
+    huge line is never tokenized whole (a 50 MB line took 4.7 GB in the tokenizer; 200 MB aborted it). The
+    cut is made where a word ends and whitespace begins (the pre-tokenizer splits there, so the tokens before
+    the cut are those of the whole document), within twice `need` characters, else at twice `need` (a "word"
+    that long: its last tokens may differ)."""
     if len(doc) <= 2 * need:
         return doc
     m = _WORD_END.search(doc, need - 1, 2 * need)
@@ -129,7 +135,8 @@ def read_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
     docs = read_documents(path)
     ids: list[int] = []
     used = 0
-    for doc_ids in _token_stream(tokenizer, [capped(d, seq_len, tokenizer) for d in docs], batch=1):  # one at a time
+    need = chars_for(seq_len, tokenizer)
+    for doc_ids in _token_stream(tokenizer, [capped(d, need) for d in docs], batch=1):  # one at a time
         ids += doc_ids
         used += 1
         if len(ids) >= seq_len:
@@ -153,7 +160,8 @@ def calibration_windows(tokenizer: Tokenizer, path: Path, num: int, seqlen: int,
     order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
     windows: list[list[int]] = []
     used = 0
-    for doc_ids in _token_stream(tokenizer, [capped(docs[i], num * seqlen, tokenizer) for i in order]):
+    need = chars_for(num * seqlen, tokenizer)
+    for doc_ids in _token_stream(tokenizer, [capped(docs[i], need) for i in order]):
         used += 1
         doc_ids = doc_ids[:-1] if tokenizer.eos_id is not None else doc_ids
         windows += [doc_ids[k:k + seqlen] for k in range(0, len(doc_ids) - seqlen + 1, seqlen)]
