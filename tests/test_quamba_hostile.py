@@ -123,3 +123,15 @@ def test_quantize_refuses_nan_and_saturates_inf():
         quantize(torch.tensor([1.0, math.nan, -2.0]), 0.1, Rounding.HALF_EVEN)
     q = quantize(torch.tensor([1.0, math.inf, -math.inf]), 0.1, Rounding.HALF_EVEN)
     assert q.codes.tolist() == [10, 127, -128] and q.n_clipped == 2
+
+
+def test_null_fields_take_quambas_defaults_and_a_null_size_is_named(tmp_path):
+    """json.dump(config.__dict__) may write null for an unset field: it reads as the default (Quamba's own
+    constructors take None as unset); a required size that is null is named with its type."""
+    cfg = handmade_config()
+    cfg.update(d_intermediate=None, attn_layer_idx=None, norm_cfg=None, pad_vocab_size_multiple=None)
+    cfg["ssm_cfg"]["d_conv"] = None
+    assert open_quamba(write_handmade(tmp_path / "q", config=cfg)).dims.d_conv == 4
+    cfg["n_layer"] = None
+    with pytest.raises(ModelDirError, match=r"field 'n_layer' must be an integer \(a JSON integer\), got None"):
+        open_quamba(write_handmade(tmp_path / "n", config=cfg))

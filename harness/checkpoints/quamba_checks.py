@@ -24,6 +24,7 @@ SUPPORTED = ("Quamba1 W8A8 Mamba-1 checkpoints: ssm_cfg.layer W8A8QMamba, norm_c
              "embedding_cfg.layer Embedding or W8O16Embedding, lm_head_cfg.layer Linear or W8A8B16O16Linear")
 _REQUIRED = object()
 _INT, _NUM = "an integer", "a number"
+_JSON = {_INT: "integer", _NUM: "number", "a string": "string", "a table": "object", "a list": "array"}
 
 
 def unsupported(path: Path | None, what: str) -> ModelDirError:
@@ -36,19 +37,19 @@ def _show(value) -> str:
 
 
 def _field(path: Path | None, table: dict, name: str, kind: str, default=_REQUIRED, prefix: str = ""):
-    """table[name] checked against kind (an integer, a number, a string, a table, a list); a missing (or, for
-    a table, null) field takes default; a missing required field is the KeyError open_quamba reports."""
-    if name not in table or (table[name] is None and kind == "a table"):
+    """table[name] checked against kind (an integer, a number, a string, a table, a list); a missing or null
+    field takes default; a missing required field is the KeyError open_quamba reports."""
+    if name not in table or (table[name] is None and default is not _REQUIRED):
         if default is _REQUIRED:
             raise KeyError(prefix + name)
         return default
     value = table[name]
     ok = {_INT: lambda v: type(v) is int, _NUM: lambda v: type(v) in (int, float),
           "a string": lambda v: type(v) is str, "a table": lambda v: isinstance(v, dict),
-          "a list": lambda v: isinstance(v, list) or v is None}[kind](value)
+          "a list": lambda v: isinstance(v, list)}[kind](value)
     if not ok:
         raise ModelDirError(f"{path}/config.json: field {prefix + name!r} must be {kind} "
-                            f"(a JSON {'object' if kind == 'a table' else kind.split()[-1]}), got {_show(value)}")
+                            f"(a JSON {_JSON[kind]}), got {_show(value)}")
     return value
 
 
