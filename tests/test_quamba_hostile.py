@@ -135,3 +135,18 @@ def test_null_fields_take_quambas_defaults_and_a_null_size_is_named(tmp_path):
     cfg["n_layer"] = None
     with pytest.raises(ModelDirError, match=r"field 'n_layer' must be an integer \(a JSON integer\), got None"):
         open_quamba(write_handmade(tmp_path / "n", config=cfg))
+
+
+def test_a_float_mamba_ssm_config_with_a_list_for_a_table_is_exit_2(tmp_path, capsys):
+    """The float reader likewise: ssm_cfg: [1] in a mamba_ssm config ended in an AttributeError traceback."""
+    import json
+    import shutil
+
+    from conftest import SHIPPED
+    model = tmp_path / "m"
+    shutil.copytree(SHIPPED, model)
+    (model / "config.json").write_text(json.dumps({"d_model": 192, "n_layer": 3, "ssm_cfg": [1]}))
+    code = capture_main(["--model", str(model), "--modes", "fp32", "--output_file", str(tmp_path / "o.npz"),
+                         "--no_cache", *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and "config.json: malformed value ('list' object has no attribute 'get')" in err, err

@@ -376,7 +376,7 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
     except ModelDirError:
         raise
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:  # AttributeError: a table of the wrong type (ssm_cfg: [1])
         raise ModelDirError(f"{cfg_file}: malformed value ({e})") from None
     check_dims(path, ckpt.dims)
     _check_shapes(ckpt)
