@@ -122,7 +122,9 @@ def _first_bad(t: torch.Tensor) -> tuple[int, int]:
 
 def check_values(f: Path, sd: dict, expected: dict) -> None:
     """Every entry by value: a scale (a Python float or an fp32 scalar tensor) finite and > 0, a float tensor
-    (norm weights, fp16 embedding and lm_head, W8O16Embedding's row scales) finite; int8 codes are always valid."""
+    (norm weights, fp16 embedding and lm_head, W8O16Embedding's row scales) finite; int8 codes are always valid.
+    Every scale Quamba writes is > 0: absmax / 127 with the absmax clamped at 1e-5, ratios of those, 1.0 for a
+    conv without bias (enyac-group/Quamba c474646, quamba/qConvLayer.py:53-72)."""
     for key, kind in expected.items():
         v = sd[key]
         if not isinstance(kind, tuple):
