@@ -38,10 +38,11 @@ INT8_CLIP = 127.5
 MAX_HEATMAP_COLUMNS = 512
 
 # Fixed rendering settings: DejaVu Sans ships with matplotlib (no system font lookup,
-# no web font), the SVG id salt makes ids reproducible, Agg draws without a display.
+# no web font), the SVG id salt makes ids reproducible, Agg draws without a display; no mathtext, no TeX.
 RC = {"font.family": "DejaVu Sans", "font.size": 8.5, "axes.titlesize": 9, "svg.hashsalt": "quamba-harness",
       "svg.fonttype": "path", "figure.dpi": 80, "savefig.dpi": 80, "axes.grid": True, "grid.alpha": 0.3,
-      "legend.fontsize": 7, "axes.prop_cycle": matplotlib.rcParamsDefault["axes.prop_cycle"]}
+      "legend.fontsize": 7, "axes.prop_cycle": matplotlib.rcParamsDefault["axes.prop_cycle"],
+      "text.parse_math": False, "text.usetex": False}  # names (modes, tensors) are drawn as text: $...$ is no math
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#7f7f7f", "#bcbd22")
 _METADATA = {"png": {"Software": MARK}, "svg": {"Date": None, "Creator": MARK}}  # no date, no version; the mark

@@ -121,7 +121,15 @@ def _layer_keys(prefix_hashes: list[str], windows: torch.Tensor, settings: Calib
 
 
 def _read_cached(path: Path, key: str) -> LayerScales:
-    """Raises ValueError (with the reason) for anything but a valid entry for `key`."""
+    """Raises ValueError (with the reason) for anything but a valid entry for `key`; an entry nested too deep
+    to parse or to checksum (RecursionError) is one of those, reported and recomputed like any other."""
+    try:
+        return _parse_cached(path, key)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a calibration cache entry (RecursionError)") from None
+
+
+def _parse_cached(path: Path, key: str) -> LayerScales:
     try:
         data = json.loads(read_regular(path, _MAX_CACHE_BYTES, lambda what: ValueError(f"it is {what}")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -79,8 +79,20 @@ def _config(dims, vocab: int, embedding_layer: str, lm_head_layer: str) -> dict:
             "lm_head_cfg": {"layer": lm_head_layer}}
 
 
+def _check_output_dir(out: Path) -> None:
+    """Before any work: the output must be a new path or an empty real directory (a link, even to an empty
+    directory or to nothing, cannot be replaced by the finished directory: it failed after the calibration)."""
+    if out.is_symlink():
+        raise ExportError(f"--output_dir {out} is a symbolic link (to {os.readlink(out)}); nothing is written "
+                          f"through links, name a new directory")
+    parent = next((p for p in out.parents if p.exists() or p.is_symlink()), Path.cwd())
+    if not parent.is_dir():
+        raise ExportError(f"--output_dir {out}: {parent} is not a directory; name a new directory")
+
+
 def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     out = Path(cfg.output_dir)
+    _check_output_dir(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--output_dir {out} exists and is not an empty directory; nothing is overwritten, "
                           f"name a new directory")
