@@ -149,6 +149,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "dedup", action="store_true", help="store a tap array identical to an earlier one once, as an alias "
                                                "in the stats (smaller; plain np.load then misses those keys)")
     _opt(g, "no-dedup", action="store_true", help=argparse.SUPPRESS)  # the default since schema 3
+    _opt(g, "no-logits", action="store_true", help="with --end-to-end: every metric, not the logits arrays")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
 
@@ -181,7 +182,7 @@ def _config_from_args(args: argparse.Namespace):
         compress=args.compress, dedup=args.dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
-        device=args.device, keep_arrays=False, report=args.report)
+        device=args.device, keep_arrays=False, report=args.report, store_logits=not args.no_logits)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
@@ -205,6 +206,9 @@ def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _capture(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_capture_parser(prog).parse_args(argv)
     from .runner.pipeline import InputError, run
+    from .runtime.progress import PhaseDisplay
+
+    progress.display = None if args.quiet else PhaseDisplay()  # the long phases, on stderr
 
     try:
         outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print, progress=progress)
@@ -334,10 +338,13 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return _guarded(_export, argv, prog)
 
 
-def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
+def _export(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_export_parser(prog).parse_args(argv)
     from .runner.calibration import CalibrationSettings, default_cache_dir
     from .runner.export import INPUT_ERRORS, ExportConfig, export
+    from .runtime.progress import PhaseDisplay
+
+    progress.display = None if args.quiet else PhaseDisplay()
 
     cfg = ExportConfig(model=args.model, output_dir=args.output_dir, tokenizer=args.tokenizer,
                        calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,
@@ -346,7 +353,7 @@ def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
                        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
                        quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head)
     try:
-        export(cfg, emit=(lambda _s: None) if args.quiet else print)
+        export(cfg, emit=(lambda _s: None) if args.quiet else print, progress=progress)
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
