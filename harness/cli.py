@@ -297,7 +297,9 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     titles = {m: e.get("title", "") for m, e in (cf.manifest or {}).get("modes", {}).items()}
-    print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
+    print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)")
+          + ("; logits not stored (--no-logits: the end-to-end metrics are in the stats)"
+             if (cf.manifest or {}).get("logits_stored") is False else ""))
     print(comparison_tables(comparison, titles))
     sensitivity = (cf.manifest or {}).get("sensitivity")
     if sensitivity or any(t.endswith(".block.isolated") for rows in comparison["modes"].values() for t in rows):

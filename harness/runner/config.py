@@ -55,6 +55,7 @@ class RunConfig:
     device: str = "cpu"
     keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
     report: bool = False              # the caller writes the HTML report next to the output: its path is checked
+    store_logits: bool = True         # with end_to_end: the logits arrays go to the .npz (False: metrics only)
 
 
 @dataclass
