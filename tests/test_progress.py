@@ -77,6 +77,8 @@ def test_not_a_terminal_one_line_at_start_one_at_end():
     d.end()
     assert out.getvalue() == ("calibrating ... (64 batches, estimated 1 min 15 s)\n"
                               "calibrating: done in 2 min 08 s\n")
+    d.begin("mode 0", 1, "layers")
+    assert out.getvalue().endswith("\nmode 0 ... (1 layer)\n")
 
 
 def test_format_seconds():

@@ -64,7 +64,7 @@ class PhaseDisplay:
         if self.tty:
             self._draw()
         else:
-            size = f"{self.total} {unit}" if self.total else ""
+            size = f"{self.total} {unit[:-1] if self.total == 1 and unit.endswith('s') else unit}" if self.total else ""
             est = f"estimated {format_seconds(estimate)}" if estimate is not None else ""
             detail = ", ".join(x for x in (size, est) if x)
             self._write(f"{phase} ..." + (f" ({detail})" if detail else "") + "\n")
