@@ -190,7 +190,7 @@ def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
     saying what the command was doing and what is on disk, no traceback)."""
     from .runtime.guard import Interrupted, Progress, handle_signals
 
-    progress = Progress()
+    progress = Progress.on_stderr()  # the long phases shown while they run (capture, export; not with --quiet)
     try:
         with handle_signals():
             return command(argv, prog, progress)
@@ -206,12 +206,10 @@ def capture_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _capture(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_capture_parser(prog).parse_args(argv)
     from .runner.pipeline import InputError, run
-    from .runtime.progress import PhaseDisplay
-
-    progress.display = None if args.quiet else PhaseDisplay()  # the long phases, on stderr
 
     try:
-        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print, progress=progress)
+        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print,
+                      progress=progress.silenced(args.quiet))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -298,8 +296,7 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
         return 2
     titles = {m: e.get("title", "") for m, e in (cf.manifest or {}).get("modes", {}).items()}
     print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)")
-          + ("; logits not stored (--no-logits: the end-to-end metrics are in the stats)"
-             if (cf.manifest or {}).get("logits_stored") is False else ""))
+          + ("; logits not stored (--no-logits)" if (cf.manifest or {}).get("logits_stored") is False else ""))
     print(comparison_tables(comparison, titles))
     sensitivity = (cf.manifest or {}).get("sensitivity")
     if sensitivity or any(t.endswith(".block.isolated") for rows in comparison["modes"].values() for t in rows):
@@ -344,9 +341,6 @@ def _export(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_export_parser(prog).parse_args(argv)
     from .runner.calibration import CalibrationSettings, default_cache_dir
     from .runner.export import INPUT_ERRORS, ExportConfig, export
-    from .runtime.progress import PhaseDisplay
-
-    progress.display = None if args.quiet else PhaseDisplay()
 
     cfg = ExportConfig(model=args.model, output_dir=args.output_dir, tokenizer=args.tokenizer,
                        calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,
@@ -355,7 +349,7 @@ def _export(argv: list[str] | None, prog: str | None, progress) -> int:
                        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
                        quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head)
     try:
-        export(cfg, emit=(lambda _s: None) if args.quiet else print, progress=progress)
+        export(cfg, emit=(lambda _s: None) if args.quiet else print, progress=progress.silenced(args.quiet))
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

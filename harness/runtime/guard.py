@@ -60,6 +60,17 @@ class Progress:
         self.display = display
         self.reset()
 
+    @classmethod
+    def on_stderr(cls) -> "Progress":
+        """A Progress that shows the long phases on stderr (the command lines')."""
+        return cls(PhaseDisplay())
+
+    def silenced(self, quiet: bool = True) -> "Progress":
+        """This Progress, showing nothing from now on when `quiet` (--quiet)."""
+        if quiet:
+            self.display = None
+        return self
+
     def begin(self, phase: str, total: int = 0, unit: str = "", estimate: float | None = None) -> None:
         """A phase starts: `total` steps of `unit` (0: unknown), `estimate` seconds if known."""
         self.phase = phase
