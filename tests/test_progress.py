@@ -67,6 +67,24 @@ def test_terminal_redraws_at_most_every_interval():
     assert out.getvalue().count("\r") == 2 and "11/100 layers" in out.getvalue()
 
 
+def test_a_warning_on_a_terminal_starts_its_own_line_and_the_bar_comes_back(monkeypatch):
+    from harness.runtime.log import warn
+
+    clock, tty = _Clock(), _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    d = PhaseDisplay(None, clock, interval=10.0)
+    d.begin("mode 0", 2, "layers")
+    warn("something")
+    clock.t += 1.0
+    d.advance()  # within the interval, but the line was wiped: drawn again
+    assert tty.getvalue() == ("\r\x1b[Kmode 0  [........................] 0/2 layers  0.0 s"
+                              "\r\x1b[Kwarning: something\n"
+                              "\r\x1b[Kmode 0  [############............] 1/2 layers  1.0 s  about 1.0 s left")
+    d.end()
+    warn("after")  # no phase running: nothing to wipe
+    assert tty.getvalue().endswith("\r\x1b[Kmode 0: done in 1.0 s\nwarning: after\n")
+
+
 def test_not_a_terminal_one_line_at_start_one_at_end():
     clock, out = _Clock(), io.StringIO()
     d = PhaseDisplay(out, clock)

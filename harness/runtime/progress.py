@@ -16,9 +16,18 @@ import sys
 import time
 from typing import Callable, TextIO
 
-__all__ = ["PhaseDisplay", "format_seconds"]
+__all__ = ["PhaseDisplay", "format_seconds", "before_message"]
 
 _BAR = 24
+_active: "PhaseDisplay | None" = None  # the display whose phase is running (one per process: the command's)
+
+
+def before_message() -> None:
+    """A line is about to be printed on stderr (a warning, an error): a progress line drawn in place there is
+    wiped first, so the message starts its own line; the next step draws the progress line again."""
+    if _active is not None and _active.phase is not None and _active.tty:
+        _active._write("\r\x1b[K")
+        _active._drawn = float("-inf")
 
 
 def format_seconds(seconds: float) -> str:
@@ -59,6 +68,8 @@ class PhaseDisplay:
     def begin(self, phase: str, total: int = 0, unit: str = "", estimate: float | None = None) -> None:
         if self.phase is not None:
             self.end()
+        global _active
+        _active = self
         self.phase, self.total, self.done, self.unit, self.estimate = phase, max(int(total), 0), 0, unit, estimate
         self.start = self._drawn = self.clock()
         if self.tty:
