@@ -149,6 +149,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "dedup", action="store_true", help="store a tap array identical to an earlier one once, as an alias "
                                                "in the stats (smaller; plain np.load then misses those keys)")
     _opt(g, "no-dedup", action="store_true", help=argparse.SUPPRESS)  # the default since schema 3
+    _opt(g, "no-logits", action="store_true", help="with --end-to-end: every metric, not the logits arrays")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
     _opt(g, "decode", type=_positive_int, default=0, help="N teacher-forced one-token steps after the prompt (docs/decode.md)")
@@ -184,7 +185,7 @@ def _config_from_args(args: argparse.Namespace):
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
         device=args.device, keep_arrays=False, report=args.report, decode=args.decode,
-        generate=args.generate)
+        generate=args.generate, store_logits=not args.no_logits)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
@@ -192,7 +193,7 @@ def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
     saying what the command was doing and what is on disk, no traceback)."""
     from .runtime.guard import Interrupted, Progress, handle_signals
 
-    progress = Progress()
+    progress = Progress.on_stderr()  # the long phases shown while they run (capture, export; not with --quiet)
     try:
         with handle_signals():
             return command(argv, prog, progress)
@@ -210,7 +211,8 @@ def _capture(argv: list[str] | None, prog: str | None, progress) -> int:
     from .runner.pipeline import InputError, run
 
     try:
-        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print, progress=progress)
+        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print,
+                      progress=progress.silenced(args.quiet))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -293,7 +295,8 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     text, failed_text = compare_output(comparison, cf.manifest or {}, tensors, args.reference, args.modes, args.tensors)
-    print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
+    print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)")
+          + ("; logits not stored (--no-logits)" if (cf.manifest or {}).get("logits_stored") is False else ""))
     print(text)
     if failed_text:
         print("\n".join(failed_text), file=sys.stderr)
@@ -334,7 +337,7 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return _guarded(_export, argv, prog)
 
 
-def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
+def _export(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_export_parser(prog).parse_args(argv)
     from .runner.calibration import CalibrationSettings, default_cache_dir
     from .runner.export import INPUT_ERRORS, ExportConfig, export
@@ -346,7 +349,7 @@ def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
                        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
                        quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head)
     try:
-        export(cfg, emit=(lambda _s: None) if args.quiet else print)
+        export(cfg, emit=(lambda _s: None) if args.quiet else print, progress=progress.silenced(args.quiet))
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

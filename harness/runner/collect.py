@@ -58,8 +58,9 @@ class _Spill:
 
 class Collector:
     def __init__(self, writer: PairWriter | None, reference: str, modes: dict[str, dict], recipes: list,
-                 keep: bool = True, spill_dir: Path | None = None) -> None:
+                 keep: bool = True, spill_dir: Path | None = None, *, unstored: frozenset[str] = frozenset()) -> None:
         self.writer, self.reference, self.modes, self.keep = writer, reference, modes, keep
+        self.unstored = unstored                # tensors compared but never written (--no-logits: logits)
         self.ref_names: list[str] = []          # the reference's tensors, in order
         self.ref_done = False
         self._ref_mem: dict[str, np.ndarray] = {}
@@ -179,7 +180,8 @@ class Collector:
         self.digests.setdefault(mode, {}).update({t: np.frombuffer(d, dtype=np.uint8) for t, d in digests.items()})
         if self.writer is not None:
             for tensor, arr in arrays.items():
-                self.writer.add(array_key(mode, tensor), arr, digests[tensor])
+                if tensor not in self.unstored:
+                    self.writer.add(array_key(mode, tensor), arr, digests[tensor])
         if self.keep:
             self.by_mode.setdefault(mode, {}).update(arrays)
 

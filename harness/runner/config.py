@@ -57,6 +57,7 @@ class RunConfig:
     report: bool = False              # the caller writes the HTML report next to the output: its path is checked
     decode: int = 0                   # teacher-forced decode steps after the --seq_len prompt (runner.decode)
     generate: int = 0                 # greedy tokens each mode generates after the prompt (runner.generate)
+    store_logits: bool = True         # with end_to_end: the logits arrays go to the .npz (False: metrics only)
 
 
 @dataclass

@@ -42,7 +42,8 @@ def run_todo(ctx: RunContext, todo: list[ModeRecipe], modes: dict, collector: Co
     ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
     keep_only(ctx.bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
     for n, recipe in enumerate(ordered):
-        _run_one(ctx, recipe, _ModeRun(modes, collector, loop, shared, bool(iso_layers), wanted))
+        with ctx.progress.stage(f"mode {recipe.name}", ctx.depth + 1, "layers"):
+            _run_one(ctx, recipe, _ModeRun(modes, collector, loop, shared, bool(iso_layers), wanted))
         ctx.emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in ctx.points if "block." in p]))
         keep_only(ctx.bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
         if n == 0:
@@ -108,7 +109,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
         forward = Forward(recipe, ctx.scales(recipe), samples, ctx.points, ctx.depth, cfg.basis,
                           end_to_end=cfg.end_to_end or cfg.sensitivity, keep_inputs=run_.wanted if is_ref else (),
                           device=cfg.device)
-        run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared)
+        run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared,
+                       step=progress.advance)
         if run.logits:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})

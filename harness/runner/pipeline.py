@@ -181,8 +181,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
 def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, models, tok, *,
                 emit: Callable[[str], None], progress: Progress) -> RunOutcome:
     ckpt = models.primary
-    progress.phase = "reading the text"
-    with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
+    with progress.stage("reading the text"), ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
         text = _read_text(tok, cfg)  # N disjoint windows, in order (with --decode: one, plus the steps' tokens)
@@ -236,7 +235,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     calibs = {}
     for prep in dict.fromkeys(r.prep for r in todo if r.needs_calibration):
         calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
-            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep)
+            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep, progress=progress)
     infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
              for prep, c in calibs.items()}
     provenance["calibration"] = next(iter(infos.values()), None)
@@ -257,7 +256,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
         for key, arr in meta.items():
             writer.add(key, arr)
         collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays,
-                              Path(cfg.output_file).parent)
+                              Path(cfg.output_file).parent,
+                              unstored=frozenset() if cfg.store_logits else frozenset({"logits"}))
         for mode, k in kept.items():  # file order first; modes run again take their place
             if mode not in todo_names:
                 modes[mode] = {**k.entry, "resumed": True}
@@ -332,9 +332,10 @@ def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None
                  f"this width ({reason}); the harness rotates it anyway")
 
 
-def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str):
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str, *,
+               progress: Progress | None = None):
     try:
-        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep)
+        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep, progress=progress)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
         error(f"calibration failed: {type(e).__name__}: {e}")
         return e
@@ -375,8 +376,11 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
              "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": writer.aliases,
              "comparison": comparison, "failed_modes": failed, **studies}
+    if cfg.end_to_end:  # --no-logits: the end-to-end metrics are there, the logits arrays are not
+        stats["logits_stored"] = cfg.store_logits and not cfg.stats_only
     ctx.progress.phase = "writing the files"
     stats = writer.commit(stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
+         + ("; the logits were not stored (--no-logits)" if cfg.end_to_end and not cfg.store_logits else "")
          + (f"; failed modes: {', '.join(failed)}" if failed else ""))
     return RunOutcome(stats, collector.by_mode, failed, ids.numpy())

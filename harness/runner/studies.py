@@ -157,9 +157,10 @@ def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dic
         for mode in ok:
             if mode == cfg.reference:
                 continue
-            ctx.progress.phase = f"sensitivity of mode {mode}"
             mode_fwd, ref_fwd = (Forward(r, ctx.scales(r), ctx.samples, ctx.points, ctx.depth, device=cfg.device)
                                  for r in (by_name[mode], ref))
-            kl = sensitivity_kl(mode_fwd, ref_fwd, ctx.bank, loop.ref_inputs, loop.ref_logits, cfg.layers, kl_divergence)
+            with ctx.progress.stage(f"sensitivity of mode {mode}", len(cfg.layers) * len(ctx.samples), "forwards"):
+                kl = sensitivity_kl(mode_fwd, ref_fwd, ctx.bank, loop.ref_inputs, loop.ref_logits, cfg.layers,
+                                    kl_divergence, step=ctx.progress.advance)
             out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])
     return out
