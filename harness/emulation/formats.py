@@ -20,12 +20,16 @@ bits, so the arithmetic is exact where the definitions say so and identical on e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .ops.quant import round_half_away, round_half_even
 
 __all__ = ["Format", "FORMATS", "fake_quantize", "fake_quantize_with_limit", "format_names", "check_shape", "pow2", "scale_groups"]
+
+
+Limit = Callable[[], torch.Tensor]  # computes, when asked, the largest magnitude of each element's scale group
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ def scale_groups(x: torch.Tensor, block: int) -> torch.Tensor:
     return x.contiguous().reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
-def _mx(x: torch.Tensor, elem: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _mx(x: torch.Tensor, elem: str) -> tuple[torch.Tensor, Limit]:
     """OCP MX block of 32, E8M0 scale by torchao's FLOOR rule (module docstring)."""
     emax = _ELEMENTS[elem][3]
     b = scale_groups(x, 32)
@@ -121,9 +125,9 @@ def _mx(x: torch.Tensor, elem: str) -> tuple[torch.Tensor, torch.Tensor]:
     biased = ((amax.view(torch.int32) >> 23) & 0xFF) - 127 - emax
     byte = biased.clamp(-127, 128) + 127
     q = _element(b / pow2(byte.clamp(min=1) - 127), elem)   # torchao divides by 2^max(b-127, -126)
-    y = q * pow2(byte - 127)                                  # ... and multiplies by 2^(b-127)
+    mult = torch.where(amax.isnan(), torch.nan, pow2(byte - 127))  # ... and multiplies by 2^(b-127); NaN: byte 255
     limit = _ELEMENTS[elem][2] * pow2(byte.clamp(min=1) - 127)
-    return torch.where(amax.isnan(), torch.nan, y).reshape(x.shape), limit.expand(b.shape).reshape(x.shape)
+    return (q * mult).reshape(x.shape), lambda: limit.expand(b.shape).reshape(x.shape)
 
 
 _E4M3_TINY = 2.0 ** -6  # torch.finfo(torch.float8_e4m3fn).tiny, torchao's E4M3_EPS (nvfp4_tensor.py:39)
@@ -133,31 +137,31 @@ def _e4m3(v: torch.Tensor) -> torch.Tensor:
     return v.clamp(_E4M3_TINY, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
 
 
-def _nvfp4(x: torch.Tensor, global_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _nvfp4(x: torch.Tensor, global_scale: bool) -> tuple[torch.Tensor, Limit]:
     b = scale_groups(x, 16)
     amax = b.abs().amax(-1, keepdim=True)
     if not global_scale:
         sb = _e4m3(amax / 6.0)
         q = _element((b * (1.0 / sb)).clamp(-6.0, 6.0), "e2m1")
-        return (q * sb).reshape(x.shape), (6.0 / (1.0 / sb)).expand(b.shape).reshape(x.shape)
+        return (q * sb).reshape(x.shape), lambda: (6.0 / (1.0 / sb)).expand(b.shape).reshape(x.shape)
     p = (x.abs().amax() / 2688.0).to(torch.float32)  # per_tensor_amax_to_scale: amax / (448 * 6)
     if p == 0:  # all zeros, or amax so small the scale underflows: zeros (torchao: 0/0 = NaN)
-        return torch.zeros_like(x), torch.zeros_like(x)
+        return torch.zeros_like(x), lambda: torch.zeros_like(x)
     sb = _e4m3((amax / 6.0) / p)
     r = (1.0 / p) / sb
     q = _element((b * r).clamp(-6.0, 6.0), "e2m1")
-    return (q * (p * sb)).reshape(x.shape), (6.0 / r).expand(b.shape).reshape(x.shape)
+    return (q * (p * sb)).reshape(x.shape), lambda: (6.0 / r).expand(b.shape).reshape(x.shape)
 
 
-def _fp8(x: torch.Tensor, elem: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _fp8(x: torch.Tensor, elem: str) -> tuple[torch.Tensor, Limit]:
     fmax = _ELEMENTS[elem][2]
     s = x.abs().amax() / fmax
     if s == 0:
-        return torch.zeros_like(x), torch.zeros_like(x)
-    return _element(x / s, elem) * s, (fmax * s).expand(x.shape)
+        return torch.zeros_like(x), lambda: torch.zeros_like(x)
+    return _element(x / s, elem) * s, lambda: (fmax * s).expand(x.shape)
 
 
-def _int(x: torch.Tensor, block: int, int4: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _int(x: torch.Tensor, block: int, int4: bool) -> tuple[torch.Tensor, Limit]:
     """Symmetric int8 (s = a / 127) or Quamba's int4 (s = a * fl32(2/15), zero point 8), per group of
     `block` last-dim elements (block 0: the whole tensor). A group whose scale is 0 gives zeros."""
     g = scale_groups(x, block) if block else x.reshape(1, -1)
@@ -165,8 +169,8 @@ def _int(x: torch.Tensor, block: int, int4: bool) -> tuple[torch.Tensor, torch.T
     s = a * torch.tensor(2.0 / 15.0, dtype=torch.float32) if int4 else a / 127.0
     r = round_half_even(g / s)
     q = (r + 8.0).clamp(0.0, 15.0) - 8.0 if int4 else r.clamp(-127.0, 127.0)
-    limit = torch.where(g < 0, 8.0, 7.0) * s if int4 else 127.0 * s
-    return torch.where(s == 0, 0.0, q * s).reshape(x.shape), limit.expand(g.shape).reshape(x.shape)
+    y = torch.where(s == 0, 0.0, q * s).reshape(x.shape)
+    return y, lambda: (torch.where(g < 0, 8.0, 7.0) * s if int4 else 127.0 * s).expand(g.shape).reshape(x.shape)
 
 
 # HiFloat8 mantissa bits per binade exponent E = -23 .. 15 (formats.md "hifp8"): the 7 denormal binades
@@ -204,7 +208,7 @@ def fake_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
     x: (..., n) float32, any strides; n a multiple of the format's block (FORMATS[fmt].block) where it
     has one, else ValueError naming the format and the size."""
-    return fake_quantize_with_limit(x, fmt)[0]
+    return _quantize(x, fmt)[0]
 
 
 _CAST_MAX = {"bf16": float(torch.finfo(torch.bfloat16).max), "fp16": 65504.0, "hifp8": _HIF8_MAX}
@@ -214,12 +218,17 @@ def fake_quantize_with_limit(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, t
     """(fake_quantize(x, fmt), the largest magnitude each element's scale group can represent), both of x's
     shape: |x| above the limit saturates (scaled formats) or overflows (the casts; for int4_g128 the limit
     is 8s below zero and 7s above). A group whose scale is 0 has limit 0."""
+    y, limit = _quantize(x, fmt)
+    return y, limit()
+
+
+def _quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Limit]:
     check_shape(x, fmt)
     if x.dtype != torch.float32:
         raise ValueError(f"format {fmt}: x must be float32, got {x.dtype}")
     if fmt in _CAST_MAX:
         y = _hifp8(x) if fmt == "hifp8" else x.to(torch.bfloat16 if fmt == "bf16" else torch.float16).to(torch.float32)
-        return y, torch.full_like(y, _CAST_MAX[fmt])
+        return y, lambda: torch.full_like(y, _CAST_MAX[fmt])
     if fmt.startswith("fp8_"):
         return _fp8(x, fmt[4:])
     if fmt.startswith("mxfp"):
