@@ -13,7 +13,7 @@ RANKS = {
     "spec": 0, "modes": 0, "__init__": 0,         # the numeric spec, the recipes; the lazy names (no imports)
     "runtime": 1,                                 # signals, the output lock, start-up, memory, the machine
     "emulation": 2,                               # ops, modules, observers, build, weights, capture points
-    "formats": 3,                                 # the public face of emulation.formats (FORMATS, fake_quantize)
+    "formats": 3,                                 # the public face of emulation.ops.formats (FORMATS, fake_quantize)
     "metrics": 3,                                 # error metrics, percentiles, logits, intervals, compare
     "store": 4,                                   # the file format and safe files
     "checkpoints": 5,                             # float and Quamba checkpoints, text

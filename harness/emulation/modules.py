@@ -124,14 +124,15 @@ class EmuSelectiveScan(nn.Module):
     """The SSM with its (int8 or fp32) parameters A_log, D and dt_bias."""
 
     def __init__(self, A_log: torch.Tensor | QTensor, D: torch.Tensor | QTensor,
-                 dt_bias: torch.Tensor | QTensor, order: ScanOrder, out: FloatOut) -> None:
+                 dt_bias: torch.Tensor | QTensor, order: ScanOrder, out: OutSpec, state_fmt: str | None = None) -> None:
         super().__init__()
         self.A_log, self.D, self.dt_bias, self.order, self.out = A_log, D, dt_bias, order, out
+        self.state_fmt = state_fmt  # a number format the state is stored in after every step (None: fp32)
 
     def forward(self, u: Act, delta: Act, B: Act, C: Act, z: Act) -> tuple[torch.Tensor, torch.Tensor]:
         """See ops.scan.selective_scan; returns y (batch, seqlen, d_inner) and the final state."""
         return selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
-                              out=self.out)
+                              out=self.out, state_fmt=self.state_fmt)
 
 
 class EmuHadamard(nn.Module):

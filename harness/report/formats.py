@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
-from ..emulation.formats import FORMATS
+from ..emulation.ops.formats import FORMATS
 from ..metrics.formats import FORMAT_METRICS, format_errors, not_applicable
 from ..store.format import (StorageError, check_output, check_writable, json_safe, load_capture, pending_path,
                             stats_path, write_json)

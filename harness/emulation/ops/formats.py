@@ -24,7 +24,8 @@ from typing import Callable
 
 import torch
 
-from .ops.quant import round_half_away, round_half_even
+from ...spec import FORMAT_NAMES
+from .quant import round_half_away, round_half_even
 
 __all__ = ["Format", "FORMATS", "fake_quantize", "fake_quantize_with_limit", "format_names", "check_shape", "pow2", "scale_groups"]
 
@@ -65,6 +66,9 @@ FORMATS: dict[str, Format] = dict([
     _fmt("int8_g128", 128, "int8 [-127, 127]", "fp32 amax/127 per 128", 8.25),
     _fmt("int4_g128", 128, "int4 [0, 15] - 8", "fp32 amax*(2/15) per 128 (Quamba GPTQ)", 4.25),
 ])
+
+
+assert tuple(FORMATS) == FORMAT_NAMES, "spec.FORMAT_NAMES must name exactly the formats implemented here"
 
 
 def format_names() -> list[str]:
