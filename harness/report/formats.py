@@ -47,7 +47,9 @@ def sweep_file(path: Path, formats: list[str] | None = None, modes: list[str] | 
     """{"file", "formats", "modes": {mode: {tensor: {format: metrics | {"not_applicable": why}}}}} of a capture.
 
     Arrays that are not floating point (token ids) are left out. StorageError for an unreadable file,
-    SweepError for a name that matches nothing."""
+    SweepError for a name that matches nothing, or, when both formats and tensors are named, for a tensor
+    whose last dimension is not a multiple of a named format's block (otherwise that row says why)."""
+    explicit = formats is not None and tensors is not None
     formats = list(formats or FORMATS)
     _check_known("--formats", formats, list(FORMATS), "")
     cf = load_capture(path)
@@ -69,6 +71,8 @@ def sweep_file(path: Path, formats: list[str] | None = None, modes: list[str] | 
             row = {}
             for fmt in formats:
                 why = not_applicable(tuple(x.shape), fmt)
+                if why and explicit:  # a pair the user named that cannot be represented: bad input
+                    raise SweepError(f"{mode} {tensor} {list(x.shape)}: {why}")
                 row[fmt] = {"not_applicable": why} if why else format_errors(x, fmt)
             out["modes"].setdefault(mode, {})[tensor] = row
     return out
