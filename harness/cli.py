@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"capture": capture_main, "compare": compare_main, "export": export_main, "report": _report_main,
                 "modes": _modes_main, "points": _points_main,
-                "formats": lambda rest: importlib.import_module("harness.report.formats").formats_command(rest)}
+                "formats": lambda rest: importlib.import_module(  # --suggest runs models: runner.suggest
+                    "harness.runner.suggest" if "--suggest" in rest else "harness.report.formats").formats_command(rest)}
     if argv[:1] in (["-h"], ["--help"]):
         print(_USAGE)
         return 0
