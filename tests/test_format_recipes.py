@@ -113,3 +113,11 @@ def test_per_layer_assignment_runs_and_is_recorded(format_run):
     assert [rows[str(i)]["act_format"] for i in range(len(rows))] == ["nvfp4"] + ["bf16"] * (len(rows) - 1)
     assert cf.manifest["modes"]["mixed"]["recipe"]["layers"]["1-"] == {"act_format": "bf16"}
     assert "layer_formats" not in cf.manifest["modes"]["0"] and "act_format" not in cf.manifest["modes"]["0"]["recipe"]
+
+
+def test_a_recorded_format_recipe_is_read_back_for_resume(tmp_path):
+    from harness.runner.resume import recorded_recipe
+
+    for recipe in load_modes_file(_modes_file(tmp_path)):
+        entry = json.loads(json.dumps({"title": recipe.title, "recipe": recipe.knobs()}))  # as the stats hold it
+        assert recorded_recipe(recipe.name, entry) == recipe
