@@ -1,4 +1,4 @@
-"""Command lines: capture (save_first_layer_io.py), compare (compare_with_fp.py), export, modes, points.
+"""Command lines: capture (save_first_layer_io.py), compare (compare_with_fp.py), export, modes, points, formats.
 
 Exit codes: 0 success; 1 a mode failed (capture) or --fail-if matched (compare);
 2 usage or input errors (argparse, unknown mode, missing model directory, ...);
@@ -392,13 +392,15 @@ commands:
   report    write the HTML report of a capture
   export    calibrate and write a Quamba W8A8 checkpoint
   modes     list the built-in modes with their knobs, and the presets
-  points    list the capture points (taps) and what each one holds"""
+  points    list the capture points (taps) and what each one holds
+  formats   list the number formats; with FILE.npz, the error of every captured tensor in each format"""
 
 
 # the modules a command imports when it runs (torch with them): the entry points load them while the
 # start-up handler still leaves quietly (harness.runtime.startup), never under the run's own handlers,
 # where a signal raised inside torch's import could abort the process
-_HEAVY = {"capture": "harness.runner.pipeline", "export": "harness.runner.export", "report": "harness.report.build"}
+_HEAVY = {"capture": "harness.runner.pipeline", "export": "harness.runner.export", "report": "harness.report.build",
+          "formats": "harness.report.formats"}
 
 
 def preload(command: str | None) -> None:
@@ -410,7 +412,9 @@ def preload(command: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"capture": capture_main, "compare": compare_main, "export": export_main, "report": _report_main,
-                "modes": _modes_main, "points": _points_main}
+                "modes": _modes_main, "points": _points_main,
+                "formats": lambda rest: importlib.import_module(  # --suggest runs models: runner.suggest
+                    "harness.runner.suggest" if "--suggest" in rest else "harness.report.formats").formats_command(rest)}
     if argv[:1] in (["-h"], ["--help"]):
         print(_USAGE)
         return 0

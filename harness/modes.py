@@ -35,6 +35,9 @@ __all__ = [
     "resolve_modes",
     "load_modes_file",
     "CALIBRATION_RECIPES",
+    "NumberFormat",
+    "FORMAT_KNOBS",
+    "parse_layer_range",
 ]
 
 
@@ -116,6 +119,27 @@ KNOB_TYPES: dict[str, type[StrEnum]] = {
 }
 assert all(set(KNOBS[k]) == {m.value for m in t} for k, t in KNOB_TYPES.items()) and set(KNOBS) == set(KNOB_TYPES)
 
+# Number formats as knobs (docs/formats.md): "none" (the recipe's own arithmetic) or a format of harness.formats
+# (spec.FORMAT_NAMES; emulation.build checks the two lists agree). Off by default: the built-in modes never set
+# them and record them only when set, so their numbers and stats are unchanged.
+NumberFormat = StrEnum("NumberFormat", {"NONE": "none", **{n.upper(): n for n in (
+    "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4_e2m1",
+    "nvfp4", "nvfp4_noglobal", "hifp8", "int8", "int8_g128", "int4_g128")}})
+# weight_format: in_proj, x_proj, dt_proj, out_proj weights; act_format: every activation quantization point
+# (norm, in_proj, conv, x_proj, dt_proj outputs, and the out_proj input); state_format: the SSM state, every step
+FORMAT_KNOBS: tuple[str, ...] = ("weight_format", "act_format", "state_format")
+_LAYER_RANGE_RE = re.compile(r"^(\d+)(-(\d*))?$")
+
+
+def parse_layer_range(text: str) -> tuple[int, int | None]:
+    """"3" -> (3, 3), "0-3" -> (0, 3), "4-" -> (4, None) (to the last block); ModeError otherwise."""
+    m = _LAYER_RANGE_RE.match(text.strip()) if isinstance(text, str) else None
+    if m is None or (m.group(3) and int(m.group(3)) < int(m.group(1))):
+        raise ModeError(f"layer range {text!r} is not valid; use a block index (3), a range (0-3) or an open "
+                        f"range (4-)")
+    lo = int(m.group(1))
+    return lo, (lo if m.group(2) is None else int(m.group(3)) if m.group(3) else None)
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]*$")
 
 
@@ -136,6 +160,11 @@ class ModeRecipe:
     had_out: Store
     act_dtype: ActDtype
     prep: Prep
+    weight_format: NumberFormat = NumberFormat.NONE
+    act_format: NumberFormat = NumberFormat.NONE
+    state_format: NumberFormat = NumberFormat.NONE
+    # per-layer format knobs: ((layer range, ((knob, value), ...)), ...), e.g. from {"0-3": {...}, "4-": {...}}
+    layers: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in PRESETS:
@@ -147,11 +176,32 @@ class ModeRecipe:
                 raise ModeError(f"mode {self.name!r}: knob {knob}={value!r} is not valid; "
                                 f"valid values: {', '.join(allowed)}")
             object.__setattr__(self, knob, KNOB_TYPES[knob](value))  # frozen: the member, set once here
+        for knob in FORMAT_KNOBS:
+            object.__setattr__(self, knob, _format_value(self.name, knob, getattr(self, knob)))
+        object.__setattr__(self, "layers", _layers_value(self.name, self.layers))
         for problem in _inconsistencies(self):
             raise ModeError(f"mode {self.name!r}: {problem}")
 
     def knobs(self) -> dict[str, StrEnum]:
-        return {k: getattr(self, k) for k in KNOBS}
+        """Every knob; the format knobs and the per-layer table only where set (the stats' "recipe")."""
+        knobs = {k: getattr(self, k) for k in KNOBS}
+        knobs.update({k: getattr(self, k) for k in FORMAT_KNOBS if getattr(self, k) != NumberFormat.NONE})
+        if self.layers:
+            knobs["layers"] = {r: dict(kv) for r, kv in self.layers}
+        return knobs
+
+    def for_layer(self, i: int) -> "ModeRecipe":
+        """The recipe block i runs: the format knobs of every `layers` range holding i applied in order."""
+        values = {}
+        for text, kv in self.layers:
+            lo, hi = parse_layer_range(text)
+            if lo <= i and (hi is None or i <= hi):
+                values.update(kv)
+        return replace(self, layers=(), **values) if values else replace(self, layers=())
+
+    @property
+    def has_formats(self) -> bool:
+        return bool(self.layers) or any(getattr(self, k) != NumberFormat.NONE for k in FORMAT_KNOBS)
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -163,8 +213,39 @@ class ModeRecipe:
                 or self.conv_out == ConvOut.INT8 or self.ssm_u in (SsmU.INT8, SsmU.GRID, SsmU.REQUANT) or self.had_out == Store.INT8)
 
 
+def _format_value(mode: str, knob: str, value: object) -> NumberFormat:
+    if value not in {f.value for f in NumberFormat}:
+        raise ModeError(f"mode {mode!r}: knob {knob}={value!r} is not valid; valid values: "
+                        f"{', '.join(f.value for f in NumberFormat)}")
+    return NumberFormat(value)
+
+
+def _layers_value(mode: str, layers: object) -> tuple:
+    """{"0-3": {"act_format": "bf16"}, ...} or its tuple form -> the tuple form, every range and knob checked."""
+    items = layers.items() if isinstance(layers, dict) else layers
+    if not isinstance(items, (tuple, list, type({}.items()))):
+        raise ModeError(f"mode {mode!r}: layers must map layer ranges to tables of format knobs")
+    out = []
+    for entry in items:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+            raise ModeError(f"mode {mode!r}: layers must map layer ranges to tables of format knobs")
+        text, kv = entry
+        parse_layer_range(text)
+        kv = kv.items() if isinstance(kv, dict) else kv
+        checked = []
+        for knob, value in kv:
+            if knob not in FORMAT_KNOBS:
+                raise ModeError(f"mode {mode!r}: layers[{text!r}] sets {knob!r}; per-layer knobs: {', '.join(FORMAT_KNOBS)}")
+            checked.append((knob, str(_format_value(mode, knob, value))))
+        out.append((text, tuple(checked)))
+    return tuple(out)
+
+
 def _inconsistencies(r: ModeRecipe) -> list[str]:
     out = []
+    if r.has_formats and r.needs_calibration:
+        out.append("the format knobs (weight_format, act_format, state_format, layers) need a floating-point "
+                   "recipe (weights fp32 or fp16, no int8 activation): base the mode on fp32 or 1")
     if r.rotate == Rotate.NO and (r.norm_out == Store.INT8 or r.had_out == Store.INT8):
         out.append("norm_out=int8 and had_out=int8 need rotate=yes: s_in and s_H are calibrated on the "
                    "rotated residual stream, so they do not fit an unrotated model")
@@ -304,12 +385,12 @@ def load_modes_file(path: Path) -> list[ModeRecipe]:
 def _user_recipe(path: Path, name: str, spec: object) -> ModeRecipe:
     if not isinstance(spec, dict):
         raise ModeError(f"modes file {path}: mode {name!r} must be a table of knobs")
-    valid_keys = ("base", "title", *KNOBS)
+    valid_keys = ("base", "title", *KNOBS, *FORMAT_KNOBS, "layers")
     unknown = [k for k in spec if k not in valid_keys]
     if unknown:
         raise ModeError(f"modes file {path}: mode {name!r} has unknown key(s) {', '.join(map(repr, unknown))}; "
                         f"valid keys: {', '.join(valid_keys)}")
-    values = {k: v for k, v in spec.items() if k in KNOBS}
+    values = {k: v for k, v in spec.items() if k in KNOBS or k in FORMAT_KNOBS}
     bad = [k for k, v in values.items() if not isinstance(v, str)]
     if bad:
         raise ModeError(f"modes file {path}: mode {name!r}: knob values must be strings ({', '.join(bad)})")
@@ -321,12 +402,16 @@ def _user_recipe(path: Path, name: str, spec: object) -> ModeRecipe:
         if not isinstance(base_name, str) or base_name not in BUILTIN_MODES:
             raise ModeError(f"modes file {path}: mode {name!r}: unknown base {base_name!r}; "
                             f"valid: {', '.join(BUILTIN_MODES)}")
-        return replace(BUILTIN_MODES[base_name], name=name, title=title, **values)
+        return replace(BUILTIN_MODES[base_name], name=name, title=title, **values, **_layers_of(spec))
     if "prep" not in values:  # as the built-in modes: Quamba's preparation for int8 weights, exact otherwise
         values["prep"] = "quamba" if values.get("weights") == "int8" else "exact"
     missing = [k for k in KNOBS if k not in values]
     if missing:
         raise ModeError(f"modes file {path}: mode {name!r} lacks knob(s) {', '.join(missing)}; "
                         f"give them or name a built-in 'base' mode")
-    return ModeRecipe(name=name, title=title, **values)
+    return ModeRecipe(name=name, title=title, **values, **_layers_of(spec))
+
+
+def _layers_of(spec: dict) -> dict:
+    return {"layers": spec["layers"]} if "layers" in spec else {}
 

@@ -30,6 +30,8 @@ __all__ = [
     "Act",
     "QuantOut",
     "FloatOut",
+    "FormatOut",
+    "FORMAT_NAMES",
     "OutSpec",
     "ModelDims",
     "LayerScales",
@@ -105,7 +107,25 @@ class FloatOut:
         assert self.dtype in (torch.float32, torch.float16), f"unsupported float dtype {self.dtype}"
 
 
-OutSpec = Union[QuantOut, FloatOut]
+# The number formats of harness.formats (../shared/reference/formats.md), named here so that the recipes
+# (rank 0) can offer them as knob values; harness.emulation.ops.formats implements exactly these.
+FORMAT_NAMES: tuple[str, ...] = (
+    "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4_e2m1",
+    "nvfp4", "nvfp4_noglobal", "hifp8", "int8", "int8_g128", "int4_g128",
+)
+
+
+@dataclass(frozen=True)
+class FormatOut:
+    """An op's output is fake-quantized in number format ``fmt`` (harness.formats): fp32 values on its grid."""
+
+    fmt: str
+
+    def __post_init__(self) -> None:
+        assert self.fmt in FORMAT_NAMES, f"unknown number format {self.fmt!r}"
+
+
+OutSpec = Union[QuantOut, FloatOut, FormatOut]
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,12 @@ and mamba_ssm's scan (ScanOrder.MAMBA).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import torch
 
-from ..modes import ConvIn, ConvOut, ModeRecipe, Prep, Rotate, SsmImpl, Store, Weights
+from ..modes import ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate, SsmImpl, Store, Weights
 from .modules import (
     ConvInput,
     EmuBackbone,
@@ -49,11 +50,14 @@ from .modules import (
 from .ops.hadamard import quamba_kernel_support
 from .ops.linear import Epilogue
 from .ops.scan import ScanOrder
-from ..spec import FLOAT_DTYPES, FloatOut, LayerScales, ModelDims, OutSpec, QuantOut, Rounding
+from ..spec import FLOAT_DTYPES, FORMAT_NAMES, FloatOut, FormatOut, LayerScales, ModelDims, OutSpec, QuantOut, Rounding
+from .ops.formats import FORMATS, fake_quantize
 from .state import StateRule
 from .weights import LayerParams
 
-__all__ = ["build_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource"]
+assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
+
+__all__ = ["build_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource", "layer_formats"]
 
 def act_dtype(recipe: ModeRecipe) -> torch.dtype:
     return FLOAT_DTYPES[recipe.act_dtype]
@@ -64,6 +68,52 @@ def _out(quantized: bool, scales: LayerScales | None, name: str, rounding: Round
         return act
     assert scales is not None, f"quantized output needs calibrated scale {name}"
     return QuantOut(getattr(scales, name), rounding)
+
+
+def _fits(fmt: str, width: int) -> bool:
+    return not FORMATS[fmt].block or width % FORMATS[fmt].block == 0
+
+
+def _fmt_out(recipe: ModeRecipe, width: int, otherwise: OutSpec) -> OutSpec:
+    """act_format at an activation point of `width` channels; a point whose width is not a multiple of the
+    format's block keeps `otherwise` (layer_formats records it)."""
+    fmt = recipe.act_format
+    return FormatOut(str(fmt)) if fmt != NumberFormat.NONE and _fits(fmt, width) else otherwise
+
+
+def _format_weights(recipe: ModeRecipe, p: LayerParams) -> LayerParams:
+    """weight_format on the four linear weights (groups along in-features); a weight whose in-features are
+    not a multiple of the block stays as it is (layer_formats records it)."""
+    fmt = recipe.weight_format
+    if fmt == NumberFormat.NONE:
+        return p
+    return replace(p, **{name: fake_quantize(getattr(p, name), fmt) for name in _LINEARS
+                         if _fits(fmt, getattr(p, name).shape[-1])})
+
+
+_LINEARS = ("in_proj", "x_proj", "dt_proj", "out_proj")
+
+
+def layer_formats(recipe: ModeRecipe, dims: ModelDims, depth: int) -> dict[str, dict]:
+    """What each block ran, for the stats: its format knobs, and the points and weights a format could not
+    take (their width is not a multiple of its block), which kept the recipe's own arithmetic."""
+    out = {}
+    widths = {"norm.out": dims.d_model, "in_proj.out": 2 * dims.d_inner, "conv1d.out": dims.d_inner,
+              "x_proj.out": dims.dt_rank + 2 * dims.d_state, "dt_proj.out": dims.d_inner,
+              "out_proj.in": dims.d_inner}
+    ins = {"in_proj": dims.d_model, "x_proj": dims.d_inner, "dt_proj": dims.dt_rank, "out_proj": dims.d_inner}
+    for i in range(depth + 1):
+        r = recipe.for_layer(i)
+        row = {k: str(getattr(r, k)) for k in ("weight_format", "act_format", "state_format")}
+        kept = []
+        if r.act_format != NumberFormat.NONE:
+            kept += [p for p, w in widths.items() if not _fits(r.act_format, w)]
+        if r.state_format != NumberFormat.NONE and not _fits(r.state_format, dims.d_inner):
+            kept.append("ssm.state")
+        if r.weight_format != NumberFormat.NONE:
+            kept += [f"{n}.weight" for n, w in ins.items() if not _fits(r.weight_format, w)]
+        out[str(i)] = {**row, "kept": kept}
+    return out
 
 
 def _scan_order(recipe: ModeRecipe, calibration: bool) -> ScanOrder:
@@ -88,6 +138,9 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
     calibration: build the calibration model of the recipe's prep (module docstring).
     """
     act = FloatOut(act_dtype(recipe))
+    p = _format_weights(recipe, p)
+    if recipe.state_format != NumberFormat.NONE and not _fits(recipe.state_format, dims.d_inner):
+        recipe = replace(recipe, state_format="none")
     int8_weights = recipe.weights == Weights.INT8
     rotate = recipe.rotate == Rotate.YES
     quamba = recipe.prep == Prep.QUAMBA
@@ -96,7 +149,8 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
         conv_input = ConvInput("dynamic") if recipe.conv_in == ConvIn.DYNAMIC else ConvInput("static", scales.s_xz)
     else:
         conv_input = ConvInput("float")
-    conv_out = _out(recipe.conv_out == ConvOut.INT8, scales, "s_u", away, FloatOut(torch.float32))
+    conv_out = _fmt_out(recipe, dims.d_inner, _out(recipe.conv_out == ConvOut.INT8, scales, "s_u", away,
+                                                   FloatOut(torch.float32)))
     pre_silu = None
     if calibration and quamba:  # fp16 nn.Conv1d, then fp16 SiLU (qMambaLayer.py:105-106)
         conv_out, pre_silu = FloatOut(torch.float16), torch.float16
@@ -106,13 +160,21 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
     s_u = scales.s_u if scales is not None else None
     return EmuMambaBlock(
         layer, dims,
-        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, _out(recipe.norm_out == Store.INT8, scales, "s_in", even, act)),
-        in_proj=EmuLinear(p.in_proj, in_order, _out(recipe.in_proj_out == Store.INT8, scales, "s_xz", even, act)),
+        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, _fmt_out(recipe, dims.d_model, _out(
+            recipe.norm_out == Store.INT8, scales, "s_in", even, act))),
+        in_proj=EmuLinear(p.in_proj, in_order, _fmt_out(recipe, 2 * dims.d_inner, _out(
+            recipe.in_proj_out == Store.INT8, scales, "s_xz", even, act))),
         conv1d=EmuConv1d(p.conv_weight, p.conv_bias, conv_input, conv_out, pre_silu),
-        x_proj=EmuLinear(p.x_proj, Epilogue.WEIGHT_THEN_RATIO, _out(int8_weights, scales, "s_xp", even, act)),
-        dt_proj=EmuLinear(p.dt_proj, Epilogue.RATIO_THEN_WEIGHT, _out(int8_weights, scales, "s_dt", even, act)),
-        ssm=EmuSelectiveScan(p.A_log, p.D, p.dt_bias, _scan_order(recipe, calibration), act, _state_rule(recipe, scales)),
-        had=EmuHadamard(_out(recipe.had_out == Store.INT8, scales, "s_H", away, act), fht=quamba) if rotate else None,
+        x_proj=EmuLinear(p.x_proj, Epilogue.WEIGHT_THEN_RATIO, _fmt_out(recipe, dims.dt_rank + 2 * dims.d_state, _out(
+            int8_weights, scales, "s_xp", even, act))),
+        dt_proj=EmuLinear(p.dt_proj, Epilogue.RATIO_THEN_WEIGHT, _fmt_out(recipe, dims.d_inner, _out(
+            int8_weights, scales, "s_dt", even, act))),
+        ssm=EmuSelectiveScan(p.A_log, p.D, p.dt_bias, _scan_order(recipe, calibration),
+                             act if rotate else _fmt_out(recipe, dims.d_inner, act),  # no Hadamard: out_proj's input
+                             state_rule=_state_rule(recipe, scales),
+                             state_fmt=None if recipe.state_format == NumberFormat.NONE else str(recipe.state_format)),
+        had=EmuHadamard(_fmt_out(recipe, dims.d_inner, _out(recipe.had_out == Store.INT8, scales, "s_H", away, act)),
+                        fht=quamba) if rotate else None,
         out_proj=EmuLinear(p.out_proj, Epilogue.WEIGHT_THEN_RATIO, act),
         u_input=UInput(ssm_u=recipe.ssm_u, s_u=s_u, xproj_requant=int8_weights),
     )
@@ -135,8 +197,8 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
         raise ValueError(f"mode {recipe.name!r} quantizes activations and needs calibrated scales")
     rotate = recipe.rotate == Rotate.YES
     dims = bank.dims
-    blocks = [build_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), scales[i] if scales else None,
-                          dims, i, calibration) for i in range(depth + 1)]
+    blocks = [build_block(recipe.for_layer(i) if recipe.layers else recipe, bank.layer(i, recipe.weights, rotate, recipe.prep),
+                          scales[i] if scales else None, dims, i, calibration) for i in range(depth + 1)]
     dtype = act_dtype(recipe)
     return EmuBackbone(lambda ids: bank.embed(ids, rotate, dtype, recipe.prep, recipe.weights), blocks)
 

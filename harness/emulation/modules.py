@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..modes import SsmU
-from ..spec import Act, FloatOut, HookPoint, OutSpec, QTensor, QuantOut, Rounding
+from ..spec import Act, HookPoint, OutSpec, QTensor, QuantOut, Rounding
 from .capture import POINTS, hook_attr
 from .ops import portable
 from .ops.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
@@ -161,16 +161,17 @@ class EmuSelectiveScan(nn.Module):
     """The SSM with its (int8 or fp32) parameters A_log, D and dt_bias."""
 
     def __init__(self, A_log: torch.Tensor | QTensor, D: torch.Tensor | QTensor,
-                 dt_bias: torch.Tensor | QTensor, order: ScanOrder, out: FloatOut,
-                 state_rule: StateRule = StateRule(None)) -> None:
+                 dt_bias: torch.Tensor | QTensor, order: ScanOrder, out: OutSpec, *,
+                 state_rule: StateRule = StateRule(None), state_fmt: str | None = None) -> None:
         super().__init__()
         self.A_log, self.D, self.dt_bias, self.order, self.out = A_log, D, dt_bias, order, out
         self.state_rule = state_rule
+        self.state_fmt = state_fmt  # a number format the state is stored in after every step (None: fp32)
 
     def forward(self, u: Act, delta: Act, B: Act, C: Act, z: Act) -> tuple[torch.Tensor, torch.Tensor]:
         """See ops.scan.selective_scan; returns y (batch, seqlen, d_inner) and the final state."""
         return selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
-                              out=self.out)
+                              out=self.out, state_fmt=self.state_fmt)
 
     def step(self, u: Act, delta: Act, B: Act, C: Act, z: Act, h: Act) -> tuple[torch.Tensor, Act]:
         """One token (operands with a seqlen of 1) from the state h -> (y (batch, 1, d_inner), the new state).
@@ -185,7 +186,7 @@ class EmuSelectiveScan(nn.Module):
                                          z=_token(z), dt_bias=self.dt_bias, out=self.out)
             return y[:, None], q
         y, new = selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
-                                out=self.out, h0=dequantize(h))
+                                out=self.out, h0=dequantize(h), state_fmt=self.state_fmt)
         return y, requantize_state(new, rule.s_h) if rule.s_h is not None else round_to_dtype(new, rule.dtype)
 
 

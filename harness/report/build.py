@@ -15,6 +15,8 @@ from ..metrics.compare import CompareError
 from ..store.files import atomic_write
 from ..store.format import StorageError, check_writable
 from .figures import mode_colors, render, style
+from .format_section import DEFAULT_REPORT_FORMATS, format_section
+from ..emulation.ops.formats import FORMATS
 from .target import check_target, report_path
 from .data import load_report_data
 from .decoding import decode_section, generate_section
@@ -49,7 +51,8 @@ def _figure_sink(files: dict[str, bytes]):
 
 
 def build_report(npz_path: Path, reference: str | None = None, tensors: list[str] | None = None,
-                 figure_files: dict[str, bytes] | None = None, require_reference: bool = True) -> tuple[str, list[str]]:
+                 figure_files: dict[str, bytes] | None = None, require_reference: bool = True,
+                 formats: list[str] | None = None) -> tuple[str, list[str]]:
     """(HTML text, figure names) of the report of one capture file; figure_files (when given) receives every
     figure as NAME.png and NAME.svg -> bytes. Nothing is written."""
     d = load_report_data(npz_path, reference, require_reference)
@@ -67,6 +70,7 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
         ("generate", "Generation", generate_section(d)),
         ("taps", "Saturation and scales", taps_section(d, figs, colors)),
         ("tensors", "Per tensor", tensor_section(d, figs, colors, chosen)),
+        ("formats", "Number formats", format_section(d, figs, formats, chosen) if formats else ""),
     ]
     sections = [s for s in sections if s[2]]
     model = d.stats.get("model") or (str(d.capture.npz["model"]) if "model" in d.capture.npz.files else "")
@@ -80,7 +84,7 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
 
 def write_report(npz_path: Path, out: Path | None = None, reference: str | None = None,
                  tensors: list[str] | None = None, figures_dir: Path | None = None,
-                 require_reference: bool = True) -> Path:
+                 require_reference: bool = True, formats: list[str] | None = None) -> Path:
     """Write the report next to the .npz (or to `out`), atomically; returns its path.
 
     No file is written over the capture, its stats or pending stats, or a file the report did not write
@@ -96,7 +100,7 @@ def write_report(npz_path: Path, out: Path | None = None, reference: str | None 
         if figures_dir.exists() and not figures_dir.is_dir():
             raise StorageError(f"--figures {figures_dir} exists and is not a directory")
     with style():
-        text, _ = build_report(npz_path, reference, tensors, files, require_reference)
+        text, _ = build_report(npz_path, reference, tensors, files, require_reference, formats)
     for name in files or {}:
         check_target(figures_dir / name, npz_path, {"the report page": out})
     if figures_dir is not None:
@@ -117,13 +121,17 @@ def build_report_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--tensors", nargs="+", default=None, metavar="T",
                    help="tensors that get per-tensor figures: names, 'all', or 'auto' (default: all when there are "
                         "at most 40, else every tensor of the first layer and the block outputs of the first, the last and the 6 layers of lowest SQNR)")
+    p.add_argument("--formats", nargs="*", default=None, metavar="F", choices=list(FORMATS),
+                   help="add the Number formats section: the tensors in these formats (no value: "
+                        + " ".join(DEFAULT_REPORT_FORMATS) + ")")
     return p
 
 
 def report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_report_parser(prog).parse_args(argv)
     try:
-        out = write_report(args.file, args.output, args.reference, args.tensors, args.figures)
+        formats = None if args.formats is None else (args.formats or list(DEFAULT_REPORT_FORMATS))
+        out = write_report(args.file, args.output, args.reference, args.tensors, args.figures, formats=formats)
     except (StorageError, CompareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .context import ModeLoopResult, RunContext
 from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, stack
 from ..runtime.log import error
+from ..emulation.build import layer_formats
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
 from .decode import decode_mode
@@ -86,6 +87,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
     tensors: dict[str, dict] = {}
     entry = modes[name] = {"status": "ok", "title": recipe.title, "recipe": recipe.knobs(), "seconds": None,
                            "tensors": tensors}
+    if recipe.has_formats:  # what each block ran (emulation.build.layer_formats)
+        entry["layer_formats"] = layer_formats(recipe, ctx.bank.dims, ctx.depth)
     problems: list[str] = []
     rows: dict[str, dict] = {}
     streamed = False

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..modes import KNOBS, ModeError, ModeRecipe
+from ..modes import FORMAT_KNOBS, KNOBS, ModeError, ModeRecipe
 from ..store.format import StorageError, stats_path
 from ..store.reader import load_capture
 
@@ -82,6 +82,7 @@ def recorded_recipe(mode: str, entry: dict) -> ModeRecipe | None:
     """The recipe a file recorded for `mode` (to re-run a kept mode that was not asked for)."""
     knobs = entry.get("recipe")
     try:
-        return ModeRecipe(name=mode, title=str(entry.get("title", "")), **{k: knobs[k] for k in KNOBS})
+        return ModeRecipe(name=mode, title=str(entry.get("title", "")), **{k: knobs[k] for k in KNOBS},
+                          **{k: knobs[k] for k in (*FORMAT_KNOBS, "layers") if k in knobs})
     except (ModeError, KeyError, TypeError):
         return None

@@ -179,7 +179,7 @@ _TENSOR = obj({
     "overflow_upper": _STAT, "overflow_lower": _STAT, "scale": num(positive=True),
     "saturated_fraction": _STAT, "clipped_fraction": _STAT})
 _MODE = obj({"status": string(), "title": string(), "error": string(), "traceback": string(),
-             "recipe": map_of(one_of(string(), num(), boolean)), "seconds": _STAT, "tensors": map_of(_TENSOR),
+             "recipe": map_of(one_of(string(), num(), boolean, map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
              "input": _RESEARCH, "output": _RESEARCH})
 _ROW = obj({"identical": boolean, "input_differs": boolean, "max_abs_index": list_of(num(integer=True)),
             "undefined": map_of(string())}, rest=_STAT)

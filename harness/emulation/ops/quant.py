@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ...spec import INT8_BOUNDS, FloatOut, OutSpec, QTensor, QuantOut, Rounding
+from ...spec import INT8_BOUNDS, FloatOut, FormatOut, OutSpec, QTensor, QuantOut, Rounding
 
 __all__ = [
     "round_half_even",
@@ -109,11 +109,16 @@ def round_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def to_output(v: torch.Tensor, out: OutSpec) -> QTensor | torch.Tensor:
-    """Store an fp32 result as the op's output: quantized, or rounded to its float dtype."""
+    """Store an fp32 result as the op's output: quantized, rounded to its float dtype, or fake-quantized in a
+    number format (FormatOut: ops.formats.fake_quantize)."""
     if isinstance(out, QuantOut):
         return quantize(v, out.scale, out.rounding)
     if isinstance(out, FloatOut):
         return round_to_dtype(v, out.dtype)
+    if isinstance(out, FormatOut):
+        from .formats import fake_quantize  # formats rounds with this module's rules: imported on use
+
+        return fake_quantize(v.to(torch.float32), out.fmt)
     raise TypeError(f"unknown output spec {out!r}")
 
 

@@ -39,9 +39,9 @@ import enum
 
 import torch
 
-from ...spec import FloatOut, QTensor
+from ...spec import FloatOut, FormatOut, QTensor
 from . import portable
-from .quant import dequantize, fma_f32, round_to_dtype
+from .quant import dequantize, fma_f32, to_output
 
 __all__ = ["ScanOrder", "selective_scan", "selective_scan_ref", "softplus_thresholded"]
 
@@ -68,11 +68,15 @@ def _delta(delta: QTensor | torch.Tensor, delta_bias: torch.Tensor, order: ScanO
     return softplus_thresholded(pre)
 
 
-def _recurrence(dA: torch.Tensor, dBu: torch.Tensor, h: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """h_t = dA_t * h_{t-1} + dBu_t for t in the chunk, written into `states`; all (chunk, batch, d_state, d_inner)."""
+def _recurrence(dA: torch.Tensor, dBu: torch.Tensor, h: torch.Tensor, states: torch.Tensor,
+                state_fmt: str | None = None) -> torch.Tensor:
+    """h_t = dA_t * h_{t-1} + dBu_t for t in the chunk, written into `states`; all (chunk, batch, d_state, d_inner).
+    state_fmt: each h_t is stored in that number format (fake_quantize along d_inner) before the next step."""
     for t in range(dBu.shape[0]):
         torch.mul(dA[t], h, out=states[t])
         states[t].add_(dBu[t])
+        if state_fmt is not None:
+            states[t].copy_(to_output(states[t], FormatOut(state_fmt)))
         h = states[t]
     return states
 
@@ -112,7 +116,8 @@ def _gate(y: torch.Tensor, z: torch.Tensor, order: ScanOrder) -> torch.Tensor:
 def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_log: QTensor | torch.Tensor,
                    B: QTensor | torch.Tensor, C: QTensor | torch.Tensor, D: QTensor | torch.Tensor,
                    z: QTensor | torch.Tensor, *, delta_bias: QTensor | torch.Tensor, order: ScanOrder,
-                   out: FloatOut, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   out: FloatOut | FormatOut, h0: torch.Tensor | None = None,
+                   state_fmt: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the scan; every operand may be int8 (dequantized here) or fp32.
 
     u, delta, z: (batch, seqlen, d_inner); B, C: (batch, seqlen, d_state);
@@ -121,6 +126,8 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
     final state h: (batch, d_inner, d_state) fp32. h0: the state before the first token,
     (batch, d_inner, d_state) fp32 (zero when None): a decode step is this scan over one token from
     the carried state, so it repeats the prefill's arithmetic at that position bit for bit.
+    state_fmt: a number format the state is stored in after every step (None: fp32, as every built-in
+    mode); its scale groups run along d_inner.
     """
     u, z, Bf, Cf = dequantize(u), dequantize(z), dequantize(B), dequantize(C)
     A = -portable.exp(dequantize(A_log))                                   # (d_inner, d_state)
@@ -149,12 +156,12 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
             torch.mul(B_c[..., None], (dt_c * u_c)[:, :, None, :], out=dBu)  # B * (delta * u)
         else:
             torch.mul(dt_c[:, :, None, :], B_c[..., None], out=dBu).mul_(u_c[:, :, None, :])  # (delta * B) * u
-        states = _recurrence(dA, dBu, h, states)
+        states = _recurrence(dA, dBu, h, states, state_fmt)
         h = states[-1].clone()
         y[:, sl] = _output(states, C_c, u_c, Df, order).transpose(0, 1)   # (batch, chunk, d_inner)
         # fmt: on
     y = _gate(y, z, order)
-    return round_to_dtype(y, out.dtype), h.transpose(1, 2).contiguous()
+    return to_output(y, out), h.transpose(1, 2).contiguous()
 
 
 def selective_scan_ref(u: torch.Tensor, delta: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor,

@@ -1,0 +1,78 @@
+"""The error of representing one tensor in a number format (harness.emulation.ops.formats), for the format sweep.
+
+For x (a captured float32 tensor) and y = fake_quantize(x, fmt), over the finite elements of x, in float64:
+
+    mse, rel_l2 = ||y - x|| / ||x||, sqnr_db = 10 log10(sum x^2 / sum (y - x)^2), max_abs = max |y - x|
+    overflow    fraction of finite x whose y is +-inf or NaN (the casts and hifp8 past their largest value)
+    underflow   fraction of nonzero x whose y is 0 (flushed below the format's smallest step)
+    saturated   fraction of finite y whose |x| exceeds the largest magnitude its scale group represents
+                (the clamp acted: MX's floor scale, an NVFP4 scale rounded down, int4's +7s side)
+    outlier_blocks  (formats with a block size) fraction of scale groups whose largest |x| is at least twice
+                the second largest: one element set the group's scale, at least one binade above the rest
+
+A y - x that overflows makes mse, max_abs infinite and sqnr -inf; an x with no finite element gives NaN
+throughout. Tensors whose last dimension does not fit a format's block are reported as not applicable.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..emulation.ops.formats import FORMATS, check_shape, fake_quantize_with_limit, scale_groups
+
+__all__ = ["FORMAT_METRICS", "format_errors", "not_applicable"]
+
+FORMAT_METRICS = ("mse", "rel_l2", "sqnr_db", "max_abs", "overflow", "underflow", "saturated", "outlier_blocks")
+OUTLIER_RATIO = 2.0
+
+
+def not_applicable(x_shape: tuple[int, ...], fmt: str) -> str | None:
+    """Why `fmt` cannot represent a tensor of this shape (its last dim is not a multiple of the block), else None."""
+    try:
+        check_shape(torch.empty(x_shape[-1:] if x_shape else ()), fmt)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _fraction(count: int, total: int) -> float:
+    return count / total if total else 0.0
+
+
+def _sqnr_db(signal: float, noise: float) -> float:
+    if noise == 0:
+        return math.inf
+    ratio = signal / noise
+    return 10 * math.log10(ratio) if ratio > 0 else -math.inf
+
+
+def _outlier_blocks(x: torch.Tensor, block: int) -> float | None:
+    if not block:
+        return None
+    top2 = scale_groups(x.abs(), block).topk(2, dim=-1).values
+    finite = torch.isfinite(top2).all(-1)
+    outlier = (top2[..., 0] >= OUTLIER_RATIO * top2[..., 1]) & (top2[..., 0] > 0) & finite
+    return _fraction(int(outlier.sum()), int(finite.numel()))
+
+
+def format_errors(x: torch.Tensor, fmt: str) -> dict[str, float | None]:
+    """The metrics of the module docstring for x (any rank >= 1, float32) in format `fmt`."""
+    x = x.to(torch.float32)
+    y, limit = fake_quantize_with_limit(x, fmt)
+    finite = torch.isfinite(x)
+    n = int(finite.sum())
+    xf, yf = x[finite].double(), y[finite].double()
+    d = yf - xf
+    noise, signal = float((d * d).sum()), float((xf * xf).sum())
+    out: dict[str, float | None] = {
+        "mse": noise / n if n else math.nan,
+        "rel_l2": math.sqrt(noise / signal) if signal else (0.0 if noise == 0 else math.nan),
+        "sqnr_db": _sqnr_db(signal, noise) if n else math.nan,
+        "max_abs": float(d.abs().max()) if n else math.nan,
+        "overflow": _fraction(int((~torch.isfinite(y) & finite).sum()), n),
+        "underflow": _fraction(int(((y == 0) & (x != 0) & finite).sum()), int(((x != 0) & finite).sum())),
+        "saturated": _fraction(int((torch.isfinite(y) & finite & (x.abs() > limit) & (limit > 0)).sum()), n),
+        "outlier_blocks": _outlier_blocks(x, FORMATS[fmt].block),
+    }
+    return out

@@ -1,0 +1,159 @@
+"""`python -m harness formats [FILE.npz] [--formats ...] [--modes ...] [--tensors ...] [--json PATH]`.
+
+Without a file: the number formats (block size, element type, scale rule, bits per value). With a capture
+(this harness's or the research tool's, read through harness.store): for every captured tensor of the chosen
+modes, the error of representing it in each format (harness.metrics.formats), as a table and in JSON.
+
+    from harness.report.formats import sweep_file
+    result = sweep_file(Path("first_layer_io_all_modes.npz"), formats=["hifp8", "mxfp8_e4m3", "bf16"])
+    result["modes"]["fp32"]["output"]["hifp8"]["sqnr_db"]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+from ..emulation.ops.formats import FORMATS
+from ..metrics.formats import FORMAT_METRICS, format_errors, not_applicable
+from ..store.format import (StorageError, check_output, check_writable, json_safe, load_capture, pending_path,
+                            stats_path, write_json)
+
+__all__ = ["SweepError", "format_table", "sweep_file", "sweep_tables", "build_formats_parser", "formats_main",
+           "formats_command"]
+
+
+class SweepError(ValueError):
+    """A --formats, --modes or --tensors value matches nothing; the message lists what is valid."""
+
+
+def format_table() -> str:
+    rows = [[f.name, f.block or "-", f.element, f.scale, f.bits] for f in FORMATS.values()]
+    return tabulate(rows, headers=["format", "block", "element", "scale", "bits/value"])
+
+
+def _check_known(what: str, asked: list[str] | None, present: list[str], where: str) -> None:
+    unknown = [a for a in asked or [] if a not in present]
+    if unknown:
+        raise SweepError(f"{what} {' '.join(unknown)} matches nothing{where}; valid: {', '.join(present) or 'none'}")
+
+
+def sweep_file(path: Path, formats: list[str] | None = None, modes: list[str] | None = None,
+               tensors: list[str] | None = None) -> dict:
+    """{"file", "formats", "modes": {mode: {tensor: {format: metrics | {"not_applicable": why}}}}} of a capture.
+
+    Arrays that are not floating point (token ids) are left out. StorageError for an unreadable file,
+    SweepError for a name that matches nothing, or, when both formats and tensors are named, for a tensor
+    whose last dimension is not a multiple of a named format's block (otherwise that row says why)."""
+    explicit = formats is not None and tensors is not None
+    formats = list(formats or FORMATS)
+    _check_known("--formats", formats, list(FORMATS), "")
+    cf = load_capture(path)
+    if (cf.manifest or {}).get("stats_only"):
+        raise StorageError(f"{path} was written with --stats-only and holds no arrays to sweep")
+    _check_known("--modes", modes, cf.modes(), f" in {path}")
+    _check_known("--tensors", tensors, sorted({t for m in cf.modes() for t in cf.tensors(m)}), f" in {path}")
+    out: dict = {"file": str(path), "formats": formats, "modes": {}}
+    for mode in cf.modes():
+        if modes is not None and mode not in modes:
+            continue
+        for tensor in cf.tensors(mode):
+            if tensors is not None and tensor not in tensors:
+                continue
+            arr = cf.array(mode, tensor)
+            if arr.dtype.kind != "f":
+                continue
+            x = torch.from_numpy(arr.astype("float32", copy=False))
+            row = {}
+            for fmt in formats:
+                why = not_applicable(tuple(x.shape), fmt)
+                if why and explicit:  # a pair the user named that cannot be represented: bad input
+                    raise SweepError(f"{mode} {tensor} {list(x.shape)}: {why}")
+                row[fmt] = {"not_applicable": why} if why else format_errors(x, fmt)
+            out["modes"].setdefault(mode, {})[tensor] = row
+    return out
+
+
+def _cell(metric: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    if metric in ("overflow", "underflow", "saturated", "outlier_blocks"):
+        return f"{100 * v:.2f}%"
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    return f"{v:.2f}" if metric == "sqnr_db" else f"{v:.4g}"
+
+
+def sweep_tables(result: dict) -> str:
+    """One table per mode: a row per tensor and format."""
+    parts = []
+    for mode, rows in result["modes"].items():
+        table, notes = [], {}
+        for tensor, per_fmt in rows.items():
+            for fmt, m in per_fmt.items():
+                if "not_applicable" in m:
+                    table.append([tensor, fmt, *["n/a"] * len(FORMAT_METRICS)])
+                    notes.setdefault(fmt, FORMATS[fmt].block)
+                else:
+                    table.append([tensor, fmt, *(_cell(k, m[k]) for k in FORMAT_METRICS)])
+        parts.append(f"mode {mode}\n" + tabulate(table, headers=["tensor", "format", *FORMAT_METRICS],
+                                                 disable_numparse=True)
+                     + "".join(f"\nn/a: {f} needs a last dimension that is a multiple of {b}" for f, b in notes.items()))
+    return "\n\n".join(parts) if parts else "no floating-point tensors matched"
+
+
+def build_formats_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Without FILE: list the number formats. With FILE: the "
+                                "error of every captured tensor in each format (MSE, rel L2, SQNR, max |err|, "
+                                "overflow / underflow / saturated fractions, blocks whose scale one outlier set).")
+    p.add_argument("file", type=Path, nargs="?", default=None, help="capture .npz (this harness's or the research tool's)")
+    for name, what in (("formats", "formats (default: all)"), ("modes", "modes (default: all)"),
+                       ("tensors", "tensors, e.g. output L0.ssm.u (default: all)")):
+        p.add_argument(f"--{name}", nargs="+", default=None, help=f"sweep only these {what}")
+    p.add_argument("--json", type=Path, default=None, help="write the sweep to this JSON file ('-': standard output)")
+    return p
+
+
+def formats_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_formats_parser(prog).parse_args(argv)
+    if args.file is None:
+        if args.modes or args.tensors or args.json:
+            print("error: --modes, --tensors and --json need a capture FILE", file=sys.stderr)
+            return 2
+        print(format_table())
+        return 0
+    to_stdout = args.json is not None and str(args.json) == "-"
+    try:
+        if args.json is not None and not to_stdout:
+            check_writable(args.json)
+            check_output(args.json, {"the capture file": args.file, "the capture's stats file": stats_path(args.file),
+                                     "the capture's pending stats file": pending_path(args.file)})
+        result = sweep_file(args.file, args.formats, args.modes, args.tensors)
+    except (StorageError, SweepError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if to_stdout:
+        import json
+        print(json.dumps(json_safe(result), indent=1))
+        return 0
+    print(sweep_tables(result))
+    if args.json is not None:
+        write_json(args.json, json_safe(result))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def formats_command(argv: list[str]) -> int:
+    """`python -m harness formats ...` with SIGINT/SIGTERM turned into a clean exit (130/143, no traceback)."""
+    from ..runtime.guard import Interrupted, handle_signals
+
+    try:
+        with handle_signals():
+            return formats_main(argv, "python -m harness formats")
+    except Interrupted as e:
+        print(f"interrupted by {e.name}; no partial file was written", file=sys.stderr)
+        return e.exit_code
