@@ -30,7 +30,9 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from ..spec import ModelDims
+from ..spec import Mamba2Dims, ModelDims
+from .mamba2 import (MAMBA2_LAYER_TENSORS, MAMBA2_OPTIONAL, Mamba2ConfigError, check_mamba2_shapes, is_mamba2_config,
+                     mamba2_dims)
 from ..store.files import is_regular, open_regular, read_regular
 
 __all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
@@ -82,7 +84,8 @@ class Checkpoint:
     def __init__(self, path: Path, key_file: dict[str, Path], embed_key: str, handles: dict[Path, object]) -> None:
         self.path = path
         self.format = "?"
-        self.dims: ModelDims | None = None
+        self.dims: ModelDims | Mamba2Dims | None = None
+        self.layer_tensors, self.optional = LAYER_TENSORS, _OPTIONAL  # the Mamba-2 table for Mamba-2 (open_checkpoint)
         self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
         self.tensors_read: dict[str, int] = {}  # key -> bytes, for every tensor read so far
         self._embedding: torch.Tensor | None = None
@@ -134,15 +137,15 @@ class Checkpoint:
                 "keys": sorted(self.tensors_read)}
 
     def layer_key(self, layer: int, name: str) -> str:
-        return f"backbone.layers.{layer}.{LAYER_TENSORS[name]}"
+        return f"backbone.layers.{layer}.{self.layer_tensors[name]}"
 
     def raw_layer(self, layer: int) -> dict[str, torch.Tensor | None]:
         """The float tensors of block `layer` as fp32 (conv weight reshaped to (d_inner, d_conv))."""
         out: dict[str, torch.Tensor | None] = {}
-        for name in LAYER_TENSORS:
+        for name in self.layer_tensors:
             key = self.layer_key(layer, name)
-            out[name] = None if (name in _OPTIONAL and not self.has(key)) else self.tensor(key).to(torch.float32)
-        out["conv_weight"] = out["conv_weight"].reshape(self.dims.d_inner, self.dims.d_conv)
+            out[name] = None if (name in self.optional and not self.has(key)) else self.tensor(key).to(torch.float32)
+        out["conv_weight"] = out["conv_weight"].reshape(-1, self.dims.d_conv)  # (channels, d_conv)
         return out
 
     def embedding(self) -> torch.Tensor:
@@ -160,7 +163,7 @@ class Checkpoint:
         _hash_tensor(h, "embedding", self.embedding(), self._raw_bytes(self._embed_key))
         out = []
         for layer in range(depth + 1):
-            for name in LAYER_TENSORS:
+            for name in self.layer_tensors:
                 key = self.layer_key(layer, name)
                 if self.has(key):
                     _hash_tensor(h, f"{layer}.{name}", self.tensor(key), self._raw_bytes(key))
@@ -352,6 +355,18 @@ def _check_shapes(ckpt: Checkpoint) -> None:
         raise ModelDirError(f"{ckpt.path}: the embedding has dtype {ckpt.embedding().dtype}; it must be floating point")
 
 
+def _open_mamba2(ckpt: Checkpoint, cfg: dict) -> None:
+    ckpt.layer_tensors, ckpt.optional = MAMBA2_LAYER_TENSORS, MAMBA2_OPTIONAL
+    try:
+        ckpt.format, ckpt.dims = mamba2_dims(ckpt.path, cfg, int(ckpt.embedding().shape[0]))
+    except (TypeError, ValueError, KeyError) as e:  # Mamba2ConfigError is a ValueError
+        raise ModelDirError(f"{ckpt.path}/config.json (Mamba-2): {e}") from None
+    try:
+        check_mamba2_shapes(ckpt)
+    except Mamba2ConfigError as e:
+        raise ModelDirError(f"{ckpt.path}: {e} ({MODEL_DIR_CONTENTS})") from None
+
+
 def open_checkpoint(path: Path | str) -> Checkpoint:
     """Validate a model directory and index its tensors (reads config, the embedding and layer 0 shapes)."""
     path = Path(path)
@@ -372,6 +387,9 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         raise ModelDirError(f"{path}: no embedding tensor (backbone.embeddings.weight or backbone.embedding.weight); "
                             f"is this a Mamba checkpoint? {MODEL_DIR_CONTENTS}")
     ckpt = Checkpoint(path, key_file, embed_key, handles)
+    if is_mamba2_config(cfg):
+        _open_mamba2(ckpt, cfg)
+        return ckpt
     try:
         ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
     except ModelDirError:
