@@ -365,25 +365,9 @@ def _modes_main(argv: list[str]) -> int:
 
 
 def _points_main(argv: list[str]) -> int:
-    from .emulation.capture import DERIVED_POINTS, SITE_TABLES
+    from .runner.points import points_main
 
-    parser = argparse.ArgumentParser(prog="python -m harness points",
-                                     description="list the capture points of a block architecture")
-    parser.add_argument("--architecture", choices=list(SITE_TABLES), default="mamba1",
-                        help="the block architecture whose points to list (default mamba1)")
-    parser.add_argument("--model", type=Path, default=None, help="list the points of this model's architecture")
-    args = parser.parse_args(argv)
-    arch = args.architecture
-    if args.model is not None:
-        from .checkpoints.loading import ModelDirError, open_checkpoint
-        try:
-            arch = open_checkpoint(args.model).dims.architecture
-        except ModelDirError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    for point, what in {**SITE_TABLES[arch], **DERIVED_POINTS}.items():
-        print(f"L<i>.{point:<16} {what}")
-    return 0
+    return points_main(argv, lambda line: print(line), lambda line: print(line, file=sys.stderr))
 
 
 def _report_main(argv: list[str] | None = None, prog: str | None = None) -> int:

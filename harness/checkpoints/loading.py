@@ -30,9 +30,8 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from ..spec import Mamba2Dims, ModelDims
-from .mamba2 import (MAMBA2_LAYER_TENSORS, MAMBA2_OPTIONAL, Mamba2ConfigError, check_mamba2_shapes, is_mamba2_config,
-                     mamba2_dims)
+from ..spec import ModelDims
+from .mamba2 import open_mamba2
 from ..store.files import is_regular, open_regular, read_regular
 
 __all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
@@ -82,10 +81,8 @@ class Checkpoint:
     """A Mamba-1 checkpoint directory whose tensors are read on demand."""
 
     def __init__(self, path: Path, key_file: dict[str, Path], embed_key: str, handles: dict[Path, object]) -> None:
-        self.path = path
-        self.format = "?"
-        self.dims: ModelDims | Mamba2Dims | None = None
-        self.layer_tensors, self.optional = LAYER_TENSORS, _OPTIONAL  # the Mamba-2 table for Mamba-2 (open_checkpoint)
+        self.path, self.format, self.dims = path, "?", None  # dims: ModelDims, or Mamba2Dims (checkpoints.mamba2)
+        self.layer_tensors, self.optional = LAYER_TENSORS, _OPTIONAL  # a Mamba-2's own (checkpoints.mamba2)
         self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
         self.tensors_read: dict[str, int] = {}  # key -> bytes, for every tensor read so far
         self._embedding: torch.Tensor | None = None
@@ -141,10 +138,8 @@ class Checkpoint:
 
     def raw_layer(self, layer: int) -> dict[str, torch.Tensor | None]:
         """The float tensors of block `layer` as fp32 (conv weight reshaped to (d_inner, d_conv))."""
-        out: dict[str, torch.Tensor | None] = {}
-        for name in self.layer_tensors:
-            key = self.layer_key(layer, name)
-            out[name] = None if (name in self.optional and not self.has(key)) else self.tensor(key).to(torch.float32)
+        out = {name: None if (name in self.optional and not self.has(self.layer_key(layer, name)))
+               else self.tensor(self.layer_key(layer, name)).to(torch.float32) for name in self.layer_tensors}
         out["conv_weight"] = out["conv_weight"].reshape(-1, self.dims.d_conv)  # (channels, d_conv)
         return out
 
@@ -355,18 +350,6 @@ def _check_shapes(ckpt: Checkpoint) -> None:
         raise ModelDirError(f"{ckpt.path}: the embedding has dtype {ckpt.embedding().dtype}; it must be floating point")
 
 
-def _open_mamba2(ckpt: Checkpoint, cfg: dict) -> None:
-    ckpt.layer_tensors, ckpt.optional = MAMBA2_LAYER_TENSORS, MAMBA2_OPTIONAL
-    try:
-        ckpt.format, ckpt.dims = mamba2_dims(ckpt.path, cfg, int(ckpt.embedding().shape[0]))
-    except (TypeError, ValueError, KeyError) as e:  # Mamba2ConfigError is a ValueError
-        raise ModelDirError(f"{ckpt.path}/config.json (Mamba-2): {e}") from None
-    try:
-        check_mamba2_shapes(ckpt)
-    except Mamba2ConfigError as e:
-        raise ModelDirError(f"{ckpt.path}: {e} ({MODEL_DIR_CONTENTS})") from None
-
-
 def open_checkpoint(path: Path | str) -> Checkpoint:
     """Validate a model directory and index its tensors (reads config, the embedding and layer 0 shapes)."""
     path = Path(path)
@@ -387,8 +370,7 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         raise ModelDirError(f"{path}: no embedding tensor (backbone.embeddings.weight or backbone.embedding.weight); "
                             f"is this a Mamba checkpoint? {MODEL_DIR_CONTENTS}")
     ckpt = Checkpoint(path, key_file, embed_key, handles)
-    if is_mamba2_config(cfg):
-        _open_mamba2(ckpt, cfg)
+    if open_mamba2(ckpt, cfg, ModelDirError):  # a Mamba-2 config: its own tensors, dims and checks
         return ckpt
     try:
         ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())

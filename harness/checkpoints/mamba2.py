@@ -22,7 +22,7 @@ from pathlib import Path
 from ..spec import Mamba2Dims
 
 __all__ = ["MAMBA2_LAYER_TENSORS", "MAMBA2_OPTIONAL", "Mamba2ConfigError", "is_mamba2_config", "mamba2_dims",
-           "mamba2_expected_shapes", "check_mamba2_shapes"]
+           "mamba2_expected_shapes", "check_mamba2_shapes", "open_mamba2"]
 
 # canonical name -> key suffix under backbone.layers.{i}.
 MAMBA2_LAYER_TENSORS: dict[str, str] = {
@@ -150,3 +150,21 @@ def check_mamba2_shapes(ckpt) -> None:
     if width != d.d_model or not dtype.is_floating_point:
         raise Mamba2ConfigError(f"the embedding has width {width} and dtype {dtype}; it must be floating point "
                                 f"of width d_model {d.d_model}")
+
+
+def open_mamba2(ckpt, cfg: dict, error: type[Exception]) -> bool:
+    """Make a just-indexed checkpoints.loading.Checkpoint a Mamba-2 one when `cfg` is a Mamba-2 config:
+    its tensor table, format and dims, every block's shapes checked. False (nothing done) for another
+    config; a config or tensor the harness cannot use raises `error` (loading's ModelDirError) naming it."""
+    if not is_mamba2_config(cfg):
+        return False
+    ckpt.layer_tensors, ckpt.optional = MAMBA2_LAYER_TENSORS, MAMBA2_OPTIONAL
+    try:
+        ckpt.format, ckpt.dims = mamba2_dims(ckpt.path, cfg, int(ckpt.embedding().shape[0]))
+    except (TypeError, ValueError, KeyError) as e:  # Mamba2ConfigError is a ValueError
+        raise error(f"{ckpt.path}/config.json (Mamba-2): {e}") from None
+    try:
+        check_mamba2_shapes(ckpt)
+    except Mamba2ConfigError as e:
+        raise error(f"{ckpt.path}: {e}") from None
+    return True
