@@ -1,0 +1,110 @@
+"""Quamba2 W8A8 ops against written-out references of Quamba's arithmetic (enyac-group/Quamba c474646):
+the int8 in_proj with its per-column output factor and the grouped int8 conv1d."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from harness.emulation.ops.conv1d import silu_kernel
+from harness.emulation.ops.q2_w8a8 import (conv_out_scales, q2_conv1d, q2_conv1d_ref, q2_in_proj, q2_in_proj_ref,
+                                           x_channel_scales)
+from harness.emulation.ops.quant import fma_f32
+from harness.spec import QTensor
+
+
+def _codes(gen, *shape):
+    return torch.randint(-128, 128, shape, generator=gen, dtype=torch.int64).to(torch.int8)
+
+
+def test_in_proj_equals_reference_and_rounds_half_even():
+    gen = torch.Generator().manual_seed(0)
+    x = QTensor(_codes(gen, 2, 5, 24), 0.013)
+    w = _codes(gen, 19, 24)
+    # five splits (z | x | B | C | dt) with their own f32(s_w / s_out) per column
+    b = torch.tensor(sum(([s] * n for s, n in ((0.1, 6), (0.2, 6), (0.05, 2), (0.07, 2), (0.3, 3))), []),
+                     dtype=torch.float32)
+    got = q2_in_proj(x, w, b)
+    assert got.dtype == torch.int8 and torch.equal(got, q2_in_proj_ref(x, w, b))
+    assert ((got == 127) | (got == -128)).any() and (got.abs() < 100).any()  # saturated and in-range codes
+    # a tie: a * b * acc = 1 * 0.5 * 5 = 2.5 -> 2 (half to even, cvt.rni), not 3
+    one = QTensor(torch.tensor([[5]], dtype=torch.int8), 1.0)
+    tie = q2_in_proj(one, torch.tensor([[1], [-1]], dtype=torch.int8), torch.tensor([0.5, 0.5]))
+    assert tie.tolist() == [[2, -2]] and torch.equal(tie, q2_in_proj_ref(one, torch.tensor([[1], [-1]], dtype=torch.int8),
+                                                                          torch.tensor([0.5, 0.5])))
+
+
+def _grouping():
+    """2 SSD groups of 2 heads x 4 dims (x_dim 16); head groups {0}, {1} and dim groups of uneven sizes."""
+    head_range = torch.tensor([[1, 2], [2, 2]], dtype=torch.int32)      # group 1: both heads in head group 0
+    dim_range = torch.tensor([[[1, 4], [3, 4]], [[2, 4], [4, 4]]], dtype=torch.int32)
+    scales = torch.tensor([[[0.01, 0.02], [0.03, 0.04]], [[0.05, 0.06], [0.07, 0.08]]], dtype=torch.float32)
+    return scales, head_range, dim_range
+
+
+def test_x_channel_scales_follow_the_kernels_lookup():
+    scales, head_range, dim_range = _grouping()
+    got = x_channel_scales(scales, head_range, dim_range, x_dim=16, headdim=4)
+    # group 0: head 0 (dims 0 | 1-3), head 1 (dims 0-2 | 3); group 1: heads 0 and 1 in head group 0 (dims 0-1 | 2-3)
+    want = [0.01, 0.02, 0.02, 0.02, 0.03, 0.03, 0.03, 0.04, 0.05, 0.05, 0.06, 0.06, 0.05, 0.05, 0.06, 0.06]
+    assert torch.equal(got, torch.tensor(want, dtype=torch.float32))
+    all_ = conv_out_scales(got, torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.4]), d_state=3)
+    assert all_[16:].tolist() == [float(np.float32(v)) for v in [0.1] * 3 + [0.2] * 3 + [0.3] * 3 + [0.4] * 3]
+
+
+def test_conv1d_equals_reference():
+    gen = torch.Generator().manual_seed(1)
+    scales, head_range, dim_range = _grouping()
+    out = conv_out_scales(x_channel_scales(scales, head_range, dim_range, 16, 4), torch.tensor([0.1, 0.2]),
+                          torch.tensor([0.3, 0.4]), 3)
+    xBC, weight, bias = _codes(gen, 2, 7, 28), _codes(gen, 28, 4), _codes(gen, 28)
+    args = ((0.02, 0.03, 0.05), weight, (0.004, 0.006, 0.008), bias, (0.01, 0.02, 0.03), out, 16)
+    got = q2_conv1d(xBC, *args)
+    assert got.dtype == torch.int8 and torch.equal(got, q2_conv1d_ref(xBC, *args))
+    assert torch.equal(q2_conv1d(xBC, args[0], weight, args[2], None, args[4], out, 16),
+                       q2_conv1d_ref(xBC, args[0], weight, args[2], None, args[4], out, 16))
+    # causal: the first token sees only itself (tap 3), so changing later tokens changes nothing before them
+    later = xBC.clone()
+    later[:, 4:] = 0
+    assert torch.equal(q2_conv1d(later, *args)[:, :4], got[:, :4])
+
+
+def test_conv1d_rounds_half_away_from_zero():
+    """roundf: find a bias whose SiLU output v gives v / s_out = k + 0.5 exactly, and check the code is k + 1."""
+    one = torch.ones(1, 1, 3, dtype=torch.int8)
+    weight = torch.zeros(3, 4, dtype=torch.int8)
+    for code in range(1, 128):
+        bias = torch.tensor([code, 0, 0], dtype=torch.int8)
+        v = silu_kernel(fma_f32(torch.tensor([1e-4]), torch.zeros(1), torch.tensor([np.float32(0.05) * np.float32(code)])))
+        s_out = torch.tensor(v.item() / 2.5, dtype=torch.float32)
+        if (v / s_out).item() == 2.5:
+            scales = torch.tensor([s_out.item(), 1.0, 1.0])
+            got = q2_conv1d(one, (1.0, 1.0, 1.0), weight, (1e-4, 1.0, 1.0), bias, (0.05, 1.0, 1.0), scales, 1)
+            assert got[0, 0, 0].item() == 3 and torch.equal(got, q2_conv1d_ref(one, (1.0, 1.0, 1.0), weight, (1e-4, 1.0, 1.0),
+                                                                                 bias, (0.05, 1.0, 1.0), scales, 1))
+            return
+    raise AssertionError("no exact tie found")
+
+
+def test_in_proj_epilogue_order_is_b_then_a():
+    """Compute0 = b * acc, then a * Compute0 (quant_linear_fwd_kernel.cuh:91-100): scanning a over consecutive
+    fp32 values around a tie (a * b * acc = 100.5) finds an `a` where (a * b) * acc rounds to another code;
+    the op gives the b-then-a code."""
+    x_codes = torch.tensor([[97, -61, 120]], dtype=torch.int8)
+    w_codes = torch.tensor([[101, -77, 54]], dtype=torch.int8)
+    acc = np.float32(int((x_codes.to(torch.int64) * w_codes.to(torch.int64)).sum()))  # 97*101 + 61*77 + 120*54
+    found = None
+    for b in np.linspace(0.011, 0.09, 200).astype(np.float32):
+        a = np.float32(100.5 / float(np.float32(b * acc)))
+        for _ in range(40):
+            a = np.nextafter(a, np.float32(0))
+        for _ in range(80):
+            if np.rint(a * np.float32(b * acc)) != np.rint(np.float32(a * b) * acc):
+                found = (a, b)
+                break
+            a = np.nextafter(a, np.float32(1))
+        if found:
+            break
+    assert found is not None
+    a, b = found
+    got = q2_in_proj(QTensor(x_codes, float(a)), w_codes, torch.tensor([float(b)]))
+    assert got.item() == int(np.rint(a * np.float32(b * acc))) != int(np.rint(np.float32(a * b) * acc))
