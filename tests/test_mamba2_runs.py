@@ -88,3 +88,10 @@ def test_mamba1_only_mode_is_exit_2(m2, tmp_path, capsys):
     assert run_cli(capture_main, ["--model", d, "--modes", "fp32", "--taps", "ssm.u",
                                   "--output_file", tmp_path / "y.npz", *FAST_CLI]) == 2
     assert "ssm.u" in capsys.readouterr().err
+
+
+def test_export_refuses_a_mamba2_model(m2, tmp_path, capsys):
+    from harness.cli import export_main
+    _, d = m2
+    assert run_cli(export_main, ["--model", d, "--output_dir", tmp_path / "q"]) == 2
+    assert "Quamba2 export is not implemented" in capsys.readouterr().err and not (tmp_path / "q").exists()
