@@ -108,3 +108,21 @@ def test_in_proj_epilogue_order_is_b_then_a():
     a, b = found
     got = q2_in_proj(QTensor(x_codes, float(a)), w_codes, torch.tensor([float(b)]))
     assert got.item() == int(np.rint(a * np.float32(b * acc))) != int(np.rint(np.float32(a * b) * acc))
+
+
+def test_split_weights_are_quantized_per_split():
+    """Each split at its own absmax scale (quant_utils.py:16-27, in fp16), b = f32(s_w / s_out) per column."""
+    from harness.emulation.weights_q2 import q2_conv_weights, q2_in_proj_weight
+
+    w = torch.tensor([[0.5, -1.0], [0.25, 0.125], [8.0, -2.0], [0.0, 1.0], [0.03, 0.01]]).to(torch.float16).float()
+    codes, b, scales = q2_in_proj_weight(w, [2, 2, 1], [0.1, 0.5, 0.02])
+    s = [float(np.float16(1.0) / np.float16(127)), float(np.float16(8.0) / np.float16(127)),
+         float(np.float16(0.03) / np.float16(127))]
+    assert scales == s
+    assert codes[0].tolist() == [64, -127] and codes[2].tolist() == [127, -32] and codes[4, 0].item() == 127
+    assert b.tolist() == [float(np.float32(s[0] / 0.1))] * 2 + [float(np.float32(s[1] / 0.5))] * 2 + \
+        [float(np.float32(s[2] / 0.02))]
+    wc, ws, bcodes, bs = q2_conv_weights(torch.tensor([[1.0], [0.5], [4.0], [2.0]]), torch.tensor([0.1, 0.2, 3.0, 6.0]),
+                                         x_dim=2, bc=1)
+    assert wc[:, 0].tolist() == [127, 64, 127, 127] and bcodes.tolist() == [64, 127, 127, 127]
+    assert ws[1] == float(np.float16(4.0) / np.float16(127)) and bs[2] == float(np.float16(6.0) / np.float16(127))
