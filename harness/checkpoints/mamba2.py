@@ -3,15 +3,16 @@
 * transformers (``Mamba2ForCausalLM``, ``model_type: mamba2``): ``hidden_size``, ``num_hidden_layers``,
   ``num_heads``, ``head_dim``, ``n_groups``, ``state_size``, ``chunk_size``, ``expand``, ``conv_kernel``,
   ``layer_norm_epsilon`` (also the gated norm's epsilon: transformers 5.23
-  models/mamba2/modeling_mamba2.py:431-433, ``MambaRMSNormGated(intermediate_size,
+  models/mamba2/modeling_mamba2.py:430-432, ``MambaRMSNormGated(intermediate_size,
   group_size=intermediate_size // n_groups, eps=layer_norm_epsilon)``); embedding ``backbone.embeddings.weight``;
 * mamba_ssm (``MambaConfig`` with ``ssm_cfg: {layer: Mamba2, ...}``): ``d_model``, ``n_layer``, ``ssm_cfg``'s
   ``d_state`` (128), ``d_conv`` (4), ``expand`` (2), ``headdim`` (64), ``ngroups`` (1), ``chunk_size`` (256)
-  (state-spaces/mamba mamba_ssm/modules/mamba2.py, ``Mamba2.__init__`` defaults); the gated norm is
-  ``RMSNormGated(d_ssm, eps=1e-5, group_size=d_ssm // ngroups)``; embedding ``backbone.embedding.weight``.
+  (state-spaces/mamba e9594ce mamba_ssm/modules/mamba2.py:41-59, ``Mamba2.__init__`` defaults); the gated
+  norm is ``RMSNormGated(d_ssm, eps=1e-5, ..., group_size=d_ssm // ngroups)`` (:144); embedding
+  ``backbone.embedding.weight``.
 
 Both name the block tensors alike (``backbone.layers.{i}.mixer.in_proj.weight`` ...); in_proj's rows are
-[z | xBC | dt] (modeling_mamba2.py:508-510). What the harness does not emulate (biased projections,
+[z | xBC | dt] (modeling_mamba2.py:506-508). What the harness does not emulate (biased projections,
 d_ssm < d_inner with an MLP part, a time-step limit, norm_before_gate, attention layers) is refused by name.
 """
 from __future__ import annotations

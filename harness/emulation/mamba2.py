@@ -9,7 +9,7 @@
     [g            = online Hadamard(g)]  (rotated recipes)              had.out
     out           = out_proj(g)                                         out_proj.out, block.out, block.residual
 
-(transformers 5.23 models/mamba2/modeling_mamba2.py:475-604, the torch path; Mamba2Block :633-648.)
+(transformers 5.23 models/mamba2/modeling_mamba2.py:474-604, the torch path; Mamba2Block :633-648.)
 The modules hold prepared weights (harness.emulation.weights_mamba2) and output rules; build.py
 configures them from a recipe. Capture sites are HookPoints named from capture.MAMBA2_POINTS.
 """

@@ -25,7 +25,8 @@ def _splits(w: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return list(torch.split(w, sizes, dim=0))
 
 
-def q2_in_proj_weight(w: torch.Tensor, sizes: list[int], out_scales: list[float]) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+def q2_in_proj_weight(w: torch.Tensor, sizes: list[int],
+                      out_scales: list[float]) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """w: (n, d_model) fp16 values; sizes: rows per split; out_scales: each split's output scale.
     Returns (codes (n, d_model) int8, b (n,) fp32, the splits' weight scales)."""
     assert len(sizes) == len(out_scales), "one output scale per split"

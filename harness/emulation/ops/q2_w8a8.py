@@ -95,7 +95,8 @@ def x_channel_scales(x_out_scales: torch.Tensor, head_group_range: torch.Tensor,
     return out
 
 
-def conv_out_scales(x_scales: torch.Tensor, B_scales: torch.Tensor, C_scales: torch.Tensor, d_state: int) -> torch.Tensor:
+def conv_out_scales(x_scales: torch.Tensor, B_scales: torch.Tensor, C_scales: torch.Tensor,
+                    d_state: int) -> torch.Tensor:
     """Per-channel output scales of x | B | C: x's per channel (x_channel_scales), B's and C's per SSD group
     (each group's d_state channels). Returns (x_dim + 2 * ngroups * d_state,) fp32."""
     return torch.cat([x_scales.to(torch.float32), B_scales.to(torch.float32).repeat_interleave(d_state),

@@ -8,7 +8,7 @@ Per head h (headdim p, state n, the head's SSD group g = h // (nheads / ngroups)
     y_t  = H_t C_t + D_h x_t
 
 (transformers 5.23 models/mamba2/modeling_mamba2.py:257-370 ``mamba2_chunk_scan``, the torch path
-of ``Mamba2Mixer.forward``, :553-569; mamba_ssm's ``ssd_chunk_scan_combined`` computes the same.)
+of ``Mamba2Mixer.forward``, :572-598; mamba_ssm's ``ssd_chunk_scan_combined`` computes the same.)
 
 ``ssd_chunked`` computes it by chunks of ``chunk_size`` tokens as the kernels and transformers do: within
 a chunk the output is a masked (C B^T * decay) product applied to dt x, across chunks the chunk-end
@@ -94,7 +94,7 @@ def gated_rmsnorm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, ngroup
     d_inner / ngroups channels, g * 1/sqrt(mean(g^2) + eps); times weight. fp32 in, fp32 out.
 
     As transformers 5.23 ``MambaRMSNormGated.forward`` (modeling_mamba2.py:112-123, group_size =
-    intermediate_size // n_groups at :431-433) and mamba_ssm's ``RMSNormGated(d_ssm, group_size=d_ssm //
+    intermediate_size // n_groups at :430-432) and mamba_ssm's ``RMSNormGated(d_ssm, group_size=d_ssm //
     ngroups)``; the mean uses ops.portable's fixed-order sum and correctly rounded sqrt (as EmuRMSNorm).
     y, z: (batch, seqlen, d_inner); weight: (d_inner,).
     """
