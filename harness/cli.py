@@ -356,11 +356,12 @@ def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
 def _modes_main(argv: list[str]) -> int:
     from tabulate import tabulate
 
-    from .modes import BUILTIN_MODES, KNOBS, PRESETS
+    from .modes import BUILTIN_MODES, KNOBS, MAMBA2_PRESETS, PRESETS
 
     rows = [[r.name, r.title, *r.knobs().values()] for r in BUILTIN_MODES.values()]
     print(tabulate(rows, headers=["mode", "name", *KNOBS]))
     print("\npresets: " + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
+    print("on a Mamba-2 model: " + "; ".join(f"{k} = {' '.join(v) or '(none)'}" for k, v in MAMBA2_PRESETS.items()))
     return 0
 
 
