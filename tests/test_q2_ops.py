@@ -126,3 +126,18 @@ def test_split_weights_are_quantized_per_split():
                                          x_dim=2, bc=1)
     assert wc[:, 0].tolist() == [127, 64, 127, 127] and bcodes.tolist() == [64, 127, 127, 127]
     assert ws[1] == float(np.float16(4.0) / np.float16(127)) and bs[2] == float(np.float16(6.0) / np.float16(127))
+
+
+def test_gated_norm_is_groupwise_and_close_to_its_float64_reference():
+    from harness.emulation.ops.q2_w8a8 import q2_gated_norm, q2_gated_norm_ref
+
+    gen = torch.Generator().manual_seed(3)
+    y = (torch.randn(2, 9, 24, generator=gen) * 3).to(torch.float16).float()
+    z = _codes(gen, 2, 9, 24)
+    w = (1 + 0.3 * torch.randn(24, generator=gen)).to(torch.float16).float()
+    got = q2_gated_norm(y, z, 0.04, w, 3, 1e-5)
+    ref = q2_gated_norm_ref(y, z, 0.04, w, 3, 1e-5)
+    assert torch.equal(got, got.to(torch.float16).float())  # fp16 output
+    ulp = torch.abs(ref) * 2.0 ** -10 + 2.0 ** -24
+    assert bool((torch.abs(got - ref) <= ulp).all()) and (got == ref).float().mean() > 0.95
+    assert not torch.allclose(got, q2_gated_norm_ref(y, z, 0.04, w, 1, 1e-5), rtol=1e-2)  # per group, not whole

@@ -1,7 +1,8 @@
 """Weights of one Mamba-2 block as a float recipe needs them: rounded to fp32/fp16, folded and rotated.
 
 The same offline transforms as Mamba-1 (harness.emulation.weights, spec notes §2.1), placed as Quamba2
-places them (Quamba c474646 quamba/qMamba2.py:1152-1160: gated norm, online Hadamard, out_proj): the
+places them (Quamba c474646 quamba/qMamba2.py:113, 143-144, the float Mamba2Simple: in_proj's input
+rotated, a Hadamard before out_proj; W8A8QMamba2.forward :1323-1332: gated norm, Hadamard, out_proj): the
 block's RMSNorm weight folds into in_proj's columns and in_proj's rows take Had_D^T (so the rotated
 residual stream Had_D r enters it); out_proj becomes Had_D W_out Had_E^T, E = d_inner, the online
 Hadamard after the gated norm supplying Had_E. The gated norm's own weight is not folded (it stays a
