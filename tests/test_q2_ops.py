@@ -141,3 +141,28 @@ def test_gated_norm_is_groupwise_and_close_to_its_float64_reference():
     ulp = torch.abs(ref) * 2.0 ** -10 + 2.0 ** -24
     assert bool((torch.abs(got - ref) <= ulp).all()) and (got == ref).float().mean() > 0.95
     assert not torch.allclose(got, q2_gated_norm_ref(y, z, 0.04, w, 1, 1e-5), rtol=1e-2)  # per group, not whole
+
+
+def test_q2_ssd_dequantizes_as_the_kernels_and_scans():
+    from harness.emulation.ops.q2_ssd import Q2SSDParams, q2_ssd, q2_ssd_inputs
+    from test_mamba2 import _ssd_float64
+
+    gen = torch.Generator().manual_seed(4)
+    h, hd, g, n = 4, 3, 2, 5
+    p = Q2SSDParams(A_log=QTensor(_codes(gen, h), 0.01), D=QTensor(_codes(gen, h), 0.02),
+                    dt_bias=torch.tensor([0.5, -1.0, 0.25, 2.0]).to(torch.float16).float(), dt_scale=0.05, chunk_size=4)
+    q_x, q_dt = _codes(gen, 1, 11, h, hd), _codes(gen, 1, 11, h)
+    q_B, q_C = _codes(gen, 1, 11, g, n), _codes(gen, 1, 11, g, n)
+    x_scales = torch.rand(h * hd, generator=gen) * 0.02 + 0.001
+    kw = dict(q_B=q_B, B_scales=torch.tensor([0.01, 0.03]), q_C=q_C, C_scales=torch.tensor([0.02, 0.04]))
+    v = q2_ssd_inputs(p, q_x, x_scales, q_dt, **kw)
+    # by hand: dt = softplus(f32(0.05 * q) + f16 bias), A_log = f32(0.01 * q), x per channel, B per SSD group
+    k = (0, 3, 1)
+    want_dt = np.log1p(np.exp(np.float64(np.float32(np.float32(0.05) * np.float32(int(q_dt[k]))) - 1.0)))  # head 1: bias -1
+    assert abs(float(v["dt"][k]) - want_dt) <= 1e-6 * max(1.0, want_dt)
+    assert float(v["A_log"][2]) == float(np.float32(np.float32(0.01) * np.float32(int(p.A_log.codes[2]))))
+    assert float(v["x"][0, 5, 2, 1]) == float(np.float32(x_scales[2 * hd + 1]) * np.float32(int(q_x[0, 5, 2, 1])))
+    assert float(v["B"][0, 7, 1, 4]) == float(np.float32(0.03) * np.float32(int(q_B[0, 7, 1, 4])))
+    y, state = q2_ssd(p, q_x, x_scales, q_dt, **kw)
+    y64, s64 = _ssd_float64(v["x"], v["dt"], v["A_log"], v["B"], v["C"], v["D"])
+    assert float((y.double() - y64).norm() / y64.norm()) < 1e-6 and float((state.double() - s64).norm() / s64.norm()) < 1e-6
