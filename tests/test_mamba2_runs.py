@@ -95,3 +95,8 @@ def test_export_refuses_a_mamba2_model(m2, tmp_path, capsys):
     _, d = m2
     assert run_cli(export_main, ["--model", d, "--output_dir", tmp_path / "q"]) == 2
     assert "Quamba2 export is not implemented" in capsys.readouterr().err and not (tmp_path / "q").exists()
+
+
+def test_points_of_a_bad_model_directory_is_exit_2(tmp_path, capsys):
+    assert main(["points", "--model", str(tmp_path / "none")]) == 2
+    assert "does not exist" in capsys.readouterr().err
