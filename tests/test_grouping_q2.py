@@ -43,3 +43,25 @@ def test_groups_are_per_ssd_group():
     r = group_wise_sort_indices(stats, headdim=8, ngroups=2)
     assert r.head_groups.shape == (2, 4) and r.head_index.shape == (16,)
     assert set(r.head_index[:8].tolist()) == set(range(8)) and set(r.head_index[8:].tolist()) == set(range(8, 16))
+
+
+def test_cross_head_observer_takes_the_max_of_each_block_over_batches():
+    from harness.emulation.observers_q2 import CrossHeadMinmaxObserver
+
+    head_groups = torch.tensor([[1, 2]], dtype=torch.int32)             # 1 SSD group of 3 heads x 4 dims
+    dim_groups = torch.tensor([[[3, 1], [2, 2]]], dtype=torch.int32)
+    obs = CrossHeadMinmaxObserver(1, 4, head_groups, dim_groups)
+    x = torch.zeros(1, 2, 12)
+    x[0, 0, 2] = -5.0     # head 0, dim 2: head group 0, dim group 0
+    x[0, 1, 3] = 7.0      # head 0, dim 3: dim group 1
+    x[0, 0, 4 + 1] = 2.0  # head 1, dim 1: head group 1, dim group 0
+    x[0, 1, 8 + 3] = -9.0  # head 2, dim 3: head group 1, dim group 1
+    obs.update(x)
+    obs.update(x * 0.5 + torch.tensor([0.0] * 4 + [3.0] + [0.0] * 7))  # a later batch raises one block only
+    want = torch.tensor([[[5.0, 7.0], [3.0, 9.0]]]) / 127
+    assert torch.equal(obs.scales(), want.to(torch.float32))
+    empty = CrossHeadMinmaxObserver(1, 4, head_groups, dim_groups)
+    empty.update(torch.zeros(1, 1, 12))
+    assert torch.equal(empty.scales(), torch.full((1, 2, 2), 1e-6, dtype=torch.float32))  # 1e-5 / 127, clamped
+    with pytest.raises(ValueError, match="add up to headdim"):
+        CrossHeadMinmaxObserver(1, 4, head_groups, torch.tensor([[[3, 2], [2, 2]]]))
