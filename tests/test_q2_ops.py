@@ -57,15 +57,15 @@ def test_conv1d_equals_reference():
     out = conv_out_scales(x_channel_scales(scales, head_range, dim_range, 16, 4), torch.tensor([0.1, 0.2]),
                           torch.tensor([0.3, 0.4]), 3)
     xBC, weight, bias = _codes(gen, 2, 7, 28), _codes(gen, 28, 4), _codes(gen, 28)
-    args = ((0.02, 0.03, 0.05), weight, (0.004, 0.006, 0.008), bias, (0.01, 0.02, 0.03), out, 16)
-    got = q2_conv1d(xBC, *args)
-    assert got.dtype == torch.int8 and torch.equal(got, q2_conv1d_ref(xBC, *args))
-    assert torch.equal(q2_conv1d(xBC, args[0], weight, args[2], None, args[4], out, 16),
-                       q2_conv1d_ref(xBC, args[0], weight, args[2], None, args[4], out, 16))
+    args = ((0.02, 0.03, 0.05), weight, (0.004, 0.006, 0.008), bias, (0.01, 0.02, 0.03), out)
+    got = q2_conv1d(xBC, *args, x_dim=16)
+    assert got.dtype == torch.int8 and torch.equal(got, q2_conv1d_ref(xBC, *args, x_dim=16))
+    assert torch.equal(q2_conv1d(xBC, args[0], weight, args[2], None, args[4], out, x_dim=16),
+                       q2_conv1d_ref(xBC, args[0], weight, args[2], None, args[4], out, x_dim=16))
     # causal: the first token sees only itself (tap 3), so changing later tokens changes nothing before them
     later = xBC.clone()
     later[:, 4:] = 0
-    assert torch.equal(q2_conv1d(later, *args)[:, :4], got[:, :4])
+    assert torch.equal(q2_conv1d(later, *args, x_dim=16)[:, :4], got[:, :4])
 
 
 def test_conv1d_rounds_half_away_from_zero():
@@ -78,9 +78,9 @@ def test_conv1d_rounds_half_away_from_zero():
         s_out = torch.tensor(v.item() / 2.5, dtype=torch.float32)
         if (v / s_out).item() == 2.5:
             scales = torch.tensor([s_out.item(), 1.0, 1.0])
-            got = q2_conv1d(one, (1.0, 1.0, 1.0), weight, (1e-4, 1.0, 1.0), bias, (0.05, 1.0, 1.0), scales, 1)
+            got = q2_conv1d(one, (1.0, 1.0, 1.0), weight, (1e-4, 1.0, 1.0), bias, (0.05, 1.0, 1.0), scales, x_dim=1)
             assert got[0, 0, 0].item() == 3 and torch.equal(got, q2_conv1d_ref(one, (1.0, 1.0, 1.0), weight, (1e-4, 1.0, 1.0),
-                                                                                 bias, (0.05, 1.0, 1.0), scales, 1))
+                                                                                 bias, (0.05, 1.0, 1.0), scales, x_dim=1))
             return
     raise AssertionError("no exact tie found")
 

@@ -121,7 +121,7 @@ def _per_channel(values: tuple[float, float, float], x_dim: int, bc: int) -> tor
 
 def q2_conv1d(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,
               w_scales: tuple[float, float, float], bias: torch.Tensor | None, b_scales: tuple[float, float, float],
-              out_scales: torch.Tensor, x_dim: int) -> torch.Tensor:
+              out_scales: torch.Tensor, *, x_dim: int) -> torch.Tensor:
     """The grouped int8 conv + SiLU of Quamba2 (module docstring).
 
     xBC: (batch, seqlen, conv_dim) int8 codes, x | B | C at in_scales (x, B, C); weight: (conv_dim, K) int8 at
@@ -146,7 +146,7 @@ def q2_conv1d(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: 
 
 def q2_conv1d_ref(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,
                   w_scales: tuple[float, float, float], bias: torch.Tensor | None, b_scales: tuple[float, float, float],
-                  out_scales: torch.Tensor, x_dim: int) -> torch.Tensor:
+                  out_scales: torch.Tensor, *, x_dim: int) -> torch.Tensor:
     """Oracle of q2_conv1d: the kernel's loops written out per (batch, token, channel) on numpy float32 scalars
     (the FMA as an exact float64 product plus the addend, rounded to fp32; exp from ops.portable)."""
     b, L, conv_dim = xBC.shape
