@@ -53,3 +53,14 @@ def test_every_analysis_runs_on_it(tmp_path, capsys):
     assert "L1.block.out" not in cap.tensors("fp32")  # --layers 0 -1: layers 0 and 2 only
     e2e = stats["end_to_end"]
     assert e2e["fp32"]["kl"]["mean"] == 0 and 0 < e2e["1"]["kl"]["mean"] < 1e-2
+
+
+def test_resume_adds_a_mode_and_keeps_the_file_s_modes(tmp_path, capsys):
+    out = tmp_path / "r.npz"
+    base = ["--model", TINY2, "--seq_len", "64", "--taps", "ssd.y", "gnorm.out", "--output_file", out]
+    assert run_cli(capture_main, [*base, "--modes", "fp32"]) == 0, capsys.readouterr().err
+    before = load_capture(out).array("fp32", "L0.ssd.y").copy()
+    assert run_cli(capture_main, [*base, "--modes", "fp32", "1", "--resume"]) == 0, capsys.readouterr().err
+    cap = load_capture(out)
+    assert cap.modes() == ["fp32", "1"] and np.array_equal(cap.array("fp32", "L0.ssd.y"), before)
+    assert cap.array("1", "L0.gnorm.out").shape == (1, 64, 384)
