@@ -6,6 +6,7 @@
 #   ./capture_first_layer.sh quant_only       # 0 2-0 2-1 2-2 2-3 2-4 3
 #   ./capture_first_layer.sh fp32 0 2-1 2-4   # any list of modes
 #   ./capture_first_layer.sh essential -- --seq_len 256 --taps all   # options after --
+#   ./capture_first_layer.sh essential -- --quiet   # no progress, no tables: errors and the file name
 #   ./capture_first_layer.sh --help           # the usage and the presets
 #
 # Environment: MODEL (model directory, or a name inside PRETRAINED_DIR), PRETRAINED_DIR, MAMBA_MODEL_PATH
@@ -64,5 +65,7 @@ args=(--modes "${modes[@]}")
 [[ -n "${OUTPUT_FILE:-}" ]] && args+=(--output_file "$OUTPUT_FILE")
 [[ -n "${SEQ_LEN:-}" ]] && args+=(--seq_len "$SEQ_LEN")
 
-echo "modes: ${modes[*]}"
+quiet=0
+for a in "$@"; do [[ "$a" == "--quiet" ]] && quiet=1; done
+[[ $quiet -eq 0 ]] && echo "modes: ${modes[*]}"  # --quiet: only errors and the file name
 exec "$python" "$here/save_first_layer_io.py" "${args[@]}" "$@"

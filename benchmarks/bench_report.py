@@ -11,6 +11,10 @@ mamba-130m-shaped, 24-layer, 8-mode, --taps all file; the `make run` report unde
                every capture point x 8 modes, with stats (scales, saturation, comparison) as the
                pipeline writes them; seq --seq tokens (default 64: 24 x 15 points x 8 modes at 512
                tokens would be a 7 GB file). The report uses its default tensor selection.
+(c) many modes (--many N, default 2000): a research-layout file of N modes x (input, output,
+               residual) of [1, 8, 16] (every 7th mode equal to fp32): the CPU time of report and of
+               compare, which must grow about linearly with N (issue 21 15d: 2000 modes took over
+               10 minutes). `--many 200` and `--many 2000` side by side show the slope.
 Results go to benchmarks/report_results.json.
 """
 from __future__ import annotations
@@ -89,12 +93,46 @@ def _time_report(npz: Path, repeat: int) -> dict:
             "runs": [round(t, 2) for t in times], "bytes": out.stat().st_size, "images": out.read_text().count("<img")}
 
 
+def write_many_modes_file(path: Path, n_modes: int) -> None:
+    from harness.store.format import write_npz
+
+    rng = np.random.default_rng(0)
+    ref = {t: rng.standard_normal((1, 8, 16), dtype=np.float32) for t in ("input", "output", "residual")}
+    arrays = {}
+    for i in range(n_modes):
+        mode = "fp32" if i == 0 else f"m{i}"
+        for t, r in ref.items():
+            same = i == 0 or t == "input" or i % 7 == 1
+            arrays[f"mode_{mode}_{t}"] = r if same else r + np.float32(1e-3 * i)
+    write_npz(path, arrays)
+
+
+def _time_many_modes(npz: Path, n_modes: int) -> dict:
+    from contextlib import redirect_stdout
+    import io
+
+    from harness.cli import compare_main
+    from harness.report.build import write_report
+
+    write_many_modes_file(npz, n_modes)
+    start = time.process_time()
+    write_report(npz)
+    report_cpu = time.process_time() - start
+    start = time.process_time()
+    with redirect_stdout(io.StringIO()):
+        compare_main([str(npz)])
+    return {"modes": n_modes, "report_cpu_seconds": round(report_cpu, 2),
+            "compare_cpu_seconds": round(time.process_time() - start, 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="4 layers instead of 24 for the big file")
     p.add_argument("--seq", type=int, default=64, help="tokens of the 130m-shaped file (default 64)")
     p.add_argument("--repeat", type=int, default=3, help="report runs per file (median)")
     p.add_argument("--skip", choices=("make-run", "130m"), default=None, help="leave one measurement out")
+    p.add_argument("--many", type=int, default=0, metavar="N",
+                   help="also time report and compare of an N-mode research-layout file (e.g. 2000)")
     p.add_argument("--keep", type=Path, default=None, help="write the 130m-shaped file here and keep it")
     args = p.parse_args(argv)
     results: dict = {}
@@ -119,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                                "npz_bytes": big.stat().st_size, "setup_seconds": round(made, 1),
                                **_time_report(big, 1 if args.repeat < 2 else 2)}
             print(f"130m-shaped file: {results['130m']}")
+        if args.many:
+            results["many_modes"] = _time_many_modes(work / "many.npz", args.many)
+            print(f"{args.many}-mode research file: {results['many_modes']}")
     out = Path(__file__).resolve().parent / "report_results.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")

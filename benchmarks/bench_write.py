@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.store.format import load_capture, write_json, write_npz, write_pair
+from harness.store.format import write_json, write_npz, write_pair
+from harness.store.reader import load_capture
 
 
 def main() -> None:

@@ -146,9 +146,14 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "rerun", nargs="+", default=[], metavar="MODE", help="with --resume: run these modes again although "
                                                                 "the file holds them")
     _opt(g, "compress", action="store_true", help="deflate the .npz (smaller, slower)")
-    _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
+    _opt(g, "dedup", action="store_true", help="store a tap array identical to an earlier one once, as an alias "
+                                               "in the stats (smaller; plain np.load then misses those keys)")
+    _opt(g, "no-dedup", action="store_true", help=argparse.SUPPRESS)  # the default since schema 3
+    _opt(g, "no-logits", action="store_true", help="with --end-to-end: every metric, not the logits arrays")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
+    _opt(g, "decode", type=_positive_int, default=0, help="N teacher-forced one-token steps after the prompt (docs/decode.md)")
+    _opt(g, "generate", type=_positive_int, default=0, help="N greedy tokens per mode after the prompt (docs/decode.md)")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -176,10 +181,11 @@ def _config_from_args(args: argparse.Namespace):
                                   args.calib_batch_size, args.seed),
         calib_file=args.calib_file, cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
         layers=args.layers, taps=args.taps, basis=args.basis, stats_only=args.stats_only, resume=args.resume,
-        compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
+        compress=args.compress, dedup=args.dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
-        device=args.device, keep_arrays=False, report=args.report)
+        device=args.device, keep_arrays=False, report=args.report, decode=args.decode,
+        generate=args.generate, store_logits=not args.no_logits)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
@@ -187,7 +193,7 @@ def _guarded(command, argv: list[str] | None, prog: str | None) -> int:
     saying what the command was doing and what is on disk, no traceback)."""
     from .runtime.guard import Interrupted, Progress, handle_signals
 
-    progress = Progress()
+    progress = Progress.on_stderr()  # the long phases shown while they run (capture, export; not with --quiet)
     try:
         with handle_signals():
             return command(argv, prog, progress)
@@ -205,7 +211,8 @@ def _capture(argv: list[str] | None, prog: str | None, progress) -> int:
     from .runner.pipeline import InputError, run
 
     try:
-        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print, progress=progress)
+        outcome = run(_config_from_args(args), emit=(lambda _s: None) if args.quiet else print,
+                      progress=progress.silenced(args.quiet))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -242,6 +249,8 @@ def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
     _opt(p, "tensors", nargs="+", default=None, help="compare only these tensors (e.g. output L0.ssm.u)")
     _opt(p, "fail-if", default=None, metavar="EXPR",
          help="exit 1 if EXPR holds for any mode and tensor, e.g. \"tensor == 'output' and sqnr_db < 20\"")
+    _opt(p, "against", type=Path, default=None, help="compare the same modes of FILE against this run (docs/decode.md)")
+    for tol in ("atol", "rtol"): _opt(p, tol, type=float, default=0.0, help=f"with --against: {tol} (default: 0)")
     return p
 
 
@@ -252,17 +261,12 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
+    if args.against is not None:  # two runs of the same modes (runner.crossrun, docs/decode.md)
+        return importlib.import_module("harness.runner.crossrun").command(args, print)
     from .metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
-    from .report.text import comparison_tables, sensitivity_tables
-    from .store.format import (
-        StorageError,
-        check_output,
-        check_writable,
-        load_capture,
-        pending_path,
-        stats_path,
-        write_json,
-    )
+    from .report.compare_text import compare_output, gate_line
+    from .store.format import StorageError, check_output, check_writable, pending_path, stats_path, write_json
+    from .store.reader import load_capture
 
     out = args.json or args.save_comparison
     try:
@@ -290,12 +294,12 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     except (StorageError, CompareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    titles = {m: e.get("title", "") for m, e in (cf.manifest or {}).get("modes", {}).items()}
-    print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)"))
-    print(comparison_tables(comparison, titles))
-    sensitivity = (cf.manifest or {}).get("sensitivity")
-    if sensitivity or any(t.endswith(".block.isolated") for rows in comparison["modes"].values() for t in rows):
-        print(sensitivity_tables(comparison, sensitivity, args.reference))
+    text, failed_text = compare_output(comparison, cf.manifest or {}, tensors, args.reference, args.modes, args.tensors)
+    print(f"{args.file}: {len(tensors)} modes" + ("" if cf.manifest else " (research-tool file, no manifest)")
+          + ("; logits not stored (--no-logits)" if (cf.manifest or {}).get("logits_stored") is False else ""))
+    print(text)
+    if failed_text:
+        print("\n".join(failed_text), file=sys.stderr)
     if out is not None:
         write_json(out, comparison)
         print(f"\nwrote {out}")
@@ -306,8 +310,9 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     if hits:
         print(f"\n--fail-if {args.fail_if!r} holds (or compares a NaN metric) for: "
               + ", ".join(f"{m} {t}" for m, t in hits), file=sys.stderr)
-        return 1
-    return 0
+    if args.fail_if and comparison["failed_modes"]:  # a mode in error is never a pass
+        print(gate_line(comparison["failed_modes"]), file=sys.stderr)
+    return 1 if hits or (args.fail_if and comparison["failed_modes"]) else 0
 
 
 def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -332,7 +337,7 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return _guarded(_export, argv, prog)
 
 
-def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
+def _export(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_export_parser(prog).parse_args(argv)
     from .runner.calibration import CalibrationSettings, default_cache_dir
     from .runner.export import INPUT_ERRORS, ExportConfig, export
@@ -344,7 +349,7 @@ def _export(argv: list[str] | None, prog: str | None, _progress) -> int:
                        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
                        quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head)
     try:
-        export(cfg, emit=(lambda _s: None) if args.quiet else print)
+        export(cfg, emit=(lambda _s: None) if args.quiet else print, progress=progress.silenced(args.quiet))
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

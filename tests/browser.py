@@ -1,7 +1,7 @@
 """Open an HTML file in headless Chromium (Debian's package, driven by playwright) and report what happened.
 
     python tests/browser.py REPORT.html SCREENSHOT.png [WIDTH HEIGHT]
-    python tests/browser.py first_layer_io_all_modes_report.html docs/report.png 1100 1700   # docs/report.png
+    python tests/browser.py first_layer_io_all_modes_report.html docs/report.png 1100 900   # docs/report.png
 
 playwright's own browser downloads are never used: the system's /usr/bin/chromium is launched
 with everything that would reach the network (updates, sync, background requests) turned off,
@@ -53,11 +53,15 @@ def inspect(html: Path, screenshot: Path, width: int = 1280, height: int = 1000)
             images = page.evaluate("""() => Array.from(document.images).map(i => ({
                 complete: i.complete, width: i.naturalWidth, height: i.naturalHeight, alt: i.alt}))""")
             scroll_width = page.evaluate("() => document.documentElement.scrollWidth")
+            scroll_height = page.evaluate("() => document.documentElement.scrollHeight")
+            sections = page.evaluate("""() => Object.fromEntries(Array.from(document.querySelectorAll('section')).map(
+                s => [s.id, {top: s.getBoundingClientRect().top, height: s.getBoundingClientRect().height}]))""")
             png = page.screenshot(path=str(screenshot), full_page=False)
         finally:
             browser.close()
     return {"images": images, "network": sorted(set(network)), "console_errors": console_errors,
-            "page_errors": page_errors, "screenshot": png, "scroll_width": scroll_width}
+            "page_errors": page_errors, "screenshot": png, "scroll_width": scroll_width,
+            "scroll_height": scroll_height, "sections": sections}
 
 
 if __name__ == "__main__":

@@ -96,10 +96,22 @@ def test_end_to_end_stats_recompute_from_the_arrays(big_run):
     ref = big_run.by_mode["fp32"]["logits"]
     for mode in ("fp32", "1", "2-4", "w16"):
         per = [end_to_end_metrics(ref[k], big_run.by_mode[mode]["logits"][k], ids[k:k + 1]) for k in range(3)]
-        for metric in ("kl", "top1_agreement", "cross_entropy", "perplexity"):
+        for metric in ("kl", "top1_agreement", "cross_entropy"):
             want = mean_ci([p[metric] for p in per])
             assert e2e[mode][metric]["mean"] == pytest.approx(want["mean"], rel=1e-12)
             assert e2e[mode][metric]["ci95"] == pytest.approx(want["ci95"], rel=1e-12)
+        # perplexity: exp(mean NLL over all 3 x 31 predicted tokens), the windows' own beside it (issue 21)
+        ppl, windows = e2e[mode]["perplexity"], mean_ci([p["perplexity"] for p in per])
+        assert ppl["pooled"] == pytest.approx(math.exp(np.mean([p["cross_entropy"] for p in per])), rel=1e-12)
+        assert ppl["pooled"] != pytest.approx(windows["mean"], rel=1e-9)
+        assert ppl["per_window"]["mean"] == pytest.approx(windows["mean"], rel=1e-12)
+        assert ppl["per_window"]["ci95"] == pytest.approx(windows["ci95"], rel=1e-12)
+        assert ppl["per_window"]["max"] == max(windows["per_sample"])
+        if mode != "fp32":   # paired: window by window against fp32's perplexity of the same window
+            ref_ppl = [end_to_end_metrics(ref[k], ref[k], ids[k:k + 1])["perplexity"] for k in range(3)]
+            want = paired_difference([p["perplexity"] for p in per], ref_ppl)
+            assert e2e[mode]["perplexity_diff"]["mean_diff"] == pytest.approx(want["mean_diff"], rel=1e-12)
+            assert e2e[mode]["perplexity_diff"]["ci95"] == pytest.approx(want["ci95"], rel=1e-12)
     assert e2e["fp32"]["kl"]["mean"] == 0 and e2e["fp32"]["top1_agreement"]["mean"] == 1
     assert e2e["2-4"]["kl"]["mean"] > e2e["1"]["kl"]["mean"] > 0
 
@@ -200,7 +212,7 @@ def test_device_plumbing(hf_dir, tmp_path, capsys):
 
 
 def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, monkeypatch):
-    from harness.store.format import dedup_arrays, load_capture, write_pair
+    from harness.store.format import load_capture, write_pair
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     kw = dict(layers=["all"], taps=["ssm.u"], seq_len=32, samples=2, isolated=True, end_to_end=True)
@@ -216,10 +228,9 @@ def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, mon
     for mode, by_tensor in held.by_mode.items():
         arrays.update({f"mode_{mode}_{t}" if t in ("input", "output", "residual") else f"mode_{mode}__{t}": v
                        for t, v in by_tensor.items()})
-    arrays, aliases = dedup_arrays(arrays)
-    stats = write_pair(tmp_path / "mem.npz", arrays, {"x": 1})
+    stats = write_pair(tmp_path / "mem.npz", arrays, {"x": 1})  # every key: no dedup unless asked (schema 3)
     assert (tmp_path / "mem.npz").read_bytes() == streamed[0]
-    assert aliases == held.stats["aliases"] and stats["npz"]["sha256"] == held.stats["npz"]["sha256"]
+    assert held.stats["aliases"] == {} and stats["npz"]["sha256"] == held.stats["npz"]["sha256"]
     assert held.stats["comparison"] == lean.stats["comparison"]
 
 

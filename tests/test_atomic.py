@@ -67,7 +67,7 @@ def test_successful_write_replaces_the_file_completely(tmp_path):
     with np.load(path) as z:
         assert z.files == ["mode_1_input"] and z["mode_1_input"].tolist() == [7, 7, 7]
     write_json(tmp_path / "s.json", {"x": float("nan"), "y": [float("inf"), -float("inf")]})
-    assert json.loads((tmp_path / "s.json").read_text()) == {"x": "nan", "y": ["inf", "-inf"]}
+    assert json.loads((tmp_path / "s.json").read_text()) == {"x": None, "y": [float("inf"), -float("inf")]}
     assert _leftovers(tmp_path, {"cap.npz", "s.json"}) == []
 
 

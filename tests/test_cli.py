@@ -28,7 +28,7 @@ def test_capture_then_compare(hf_dir, tmp_path):
         assert z["mode_0_output"].shape == (1, 32, 24) and z["token_ids"].shape == (1, 32)
         assert int(z["seq_len"]) == 32 and str(z["model"]) == "tiny-hf"
     stats = json.loads((tmp_path / "first_layer_io_all_modes_stats.json").read_text())
-    assert stats["schema_version"] == 2 and stats["modes"]["0"]["recipe"]["ssm_impl"] == "kernel"
+    assert stats["schema_version"] == 3 and stats["modes"]["0"]["recipe"]["ssm_impl"] == "kernel"
     assert stats["provenance"]["calibration"]["source"] == "computed"
 
     c = _run([npz, "--json", tmp_path / "cmp.json"], tmp_path, script="compare_with_fp.py")
@@ -133,7 +133,7 @@ def test_comparator_reads_research_files_and_rejects_corrupted_ones(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "research-tool file, no manifest" in r.stdout
     out = json.loads((tmp_path / "o.json").read_text())
-    assert out["modes"]["2-1"]["input"]["sqnr_db"] == "inf"
+    assert out["modes"]["2-1"]["input"]["sqnr_db"] == float("inf")  # written as 1e999 (schema 3)
     assert out["modes"]["2-1"]["output"]["rel_l2"] == pytest.approx(0.01, rel=1e-4)
     assert out["modes"]["2-1"]["output"]["input_differs"] is False
     (tmp_path / "bad.npz").write_bytes(b"garbage")

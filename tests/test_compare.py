@@ -122,3 +122,49 @@ def test_known_rows_are_keyed_by_each_modes_own_digest(monkeypatch):
     out = compare_modes({m: ["t"] for m in arrays}, lambda m, t: arrays[m][t], "r", known=known, digest=digest)
     assert asked == ["a", "b", "c"] and len(computed) == 2 and len(known) == 2
     assert out["modes"]["b"]["t"] == out["modes"]["a"]["t"] != out["modes"]["c"]["t"]
+
+
+def _brute_force_groups(tensors, get):
+    """The former quadratic rule, written out: each mode against the first mode of every group so far."""
+    groups = []
+    for mode in tensors:
+        for group in groups:
+            shared = [t for t in tensors[mode] if t in tensors[group[0]]]
+            if shared and all(np.array_equal(get(group[0], t), get(mode, t), equal_nan=True) for t in shared):
+                group.append(mode)
+                break
+        else:
+            groups.append([mode])
+    return [g for g in groups if len(g) > 1]
+
+
+def test_identical_groups_of_many_modes_compare_each_mode_about_once(monkeypatch):
+    """Issue 21 15d: 2000 modes took over 10 minutes (every mode against every group). Now each array is hashed
+    once and a mode is compared only with groups whose hashes match: 300 modes with 3 tensors take at most
+    one `_equal` per shared tensor of each mode that joins a group, where the former rule made 43,382."""
+    import harness.metrics.compare as compare
+
+    rng = np.random.default_rng(21)
+    base = {t: rng.standard_normal((2, 5)).astype(np.float32) for t in ("input", "output", "residual")}
+    arrays, tensors = {}, {}
+    for i in range(300):
+        mode = f"m{i}"
+        arrays[mode] = {t: (a if i % 50 == 0 or t == "input" else a + np.float32(1e-3 * (i % 150 + 1)))
+                        for t, a in base.items()}                       # m0 = m50 = ... ; m1 = m151 ; ...
+        tensors[mode] = list(base)
+    arrays["m7"]["output"] = -0.0 * arrays["m7"]["output"]              # -0.0 equals 0.0 ...
+    arrays["m8"] = {**arrays["m7"], "output": 0.0 * arrays["m7"]["output"]}
+    arrays["m9"] = {"input": base["input"], "extra": base["output"]}     # ... and another tensor set
+    tensors["m9"] = list(arrays["m9"])
+    arrays["m10"] = {"input": np.asarray(base["input"], np.float64), "output": base["output"]}  # other dtype, values equal
+    tensors["m10"] = list(arrays["m10"])
+    get = lambda m, t: arrays[m][t]  # noqa: E731
+    calls = []
+    real = compare._equal
+    monkeypatch.setattr(compare, "_equal", lambda a, b: calls.append(1) or real(a, b))
+    groups = identical_groups(tensors, get)
+    expected = _brute_force_groups(tensors, get)
+    assert groups == expected
+    assert groups[0][:3] == ["m0", "m9", "m10"] and ["m7", "m8"] in groups and len(groups) == 145
+    joined = sum(len(g) - 1 for g in groups)
+    assert len(calls) <= 3 * joined < 3 * 300                            # the quadratic rule: 43,382 calls here

@@ -139,7 +139,7 @@ def test_fp16_overflow_is_reported_kept_and_exit_1(overflowing, tmp_path, capsys
     assert meta["overflow_upper"] > 0 and meta["overflow_lower"] > 0
     assert cf.manifest["modes"]["fp32"]["tensors"]["input"]["overflow_upper"] == 0.0
     row = cf.manifest["comparison"]["modes"]["1"]["input"]
-    assert row["sqnr_db"] == "nan" and "Inf values (first at (0, 0, 0))" in row["undefined"]["sqnr_db"]
+    assert row["sqnr_db"] is None and "Inf values (first at (0, 0, 0))" in row["undefined"]["sqnr_db"]
     rc, stdout, err = _cli(compare_main, [out, "--fail-if", "sqnr_db < -1000"], capsys)
     assert rc == 1 and "nan = undefined: 1 input" in stdout and "1 input" in err  # NaN is never a pass
 
@@ -178,10 +178,10 @@ def test_comparator_never_crashes_on_bad_numbers(tmp_path, capsys):
     rc, stdout, err = _cli(compare_main, [f, "--json", tmp_path / "o.json"], capsys)
     assert rc == 0, err
     out = json.loads((tmp_path / "o.json").read_text())["modes"]
-    assert out["a"]["output"]["mse"] == "nan" and out["a"]["output"]["max_abs_index"] == [0, 2, 3]
+    assert out["a"]["output"]["mse"] is None and out["a"]["output"]["max_abs_index"] == [0, 2, 3]
     assert "1 NaN and 0 Inf values (first at (0, 2, 3))" in out["a"]["output"]["undefined"]["mse"]
-    assert out["b"]["output"]["sqnr_db"] == "nan" and out["a"]["input"]["undefined"]["mse"] == "both arrays are empty"
-    assert out["d"]["output"]["sqnr_db"] == 0.0 and out["d"]["output"]["cosine"] == "nan"
+    assert out["b"]["output"]["sqnr_db"] is None and out["a"]["input"]["undefined"]["mse"] == "both arrays are empty"
+    assert out["d"]["output"]["sqnr_db"] == 0.0 and out["d"]["output"]["cosine"] is None
     assert "an array is all zeros" in out["d"]["output"]["undefined"]["cosine"]
     assert "not compared: c output: shape [1, 2, 6] differs" in stdout and "nan = undefined: a output" in stdout
     assert _cli(compare_main, [f, "--fail-if", "sqnr_db < -1000"], capsys)[0] == 1  # NaN metrics fail

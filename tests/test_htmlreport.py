@@ -127,9 +127,56 @@ def test_end_to_end_and_samples_figures_show_means_and_intervals():
     segments = kl.collections[0].get_segments()      # the error bar of mode 0 spans its interval
     assert segments[1][:, 1] == pytest.approx([0.1, 0.35])
     assert F.end_to_end_figure({"0": {"other": 1}}, COLORS) is None
-    s = F.samples_figure("output", "sqnr_db", {"0": {"mean": 20.0, "ci95": [19.0, 21.0]}}, COLORS, 4)
-    assert "over 4 samples" in s.axes[0].get_title() and s.axes[0].patches[0].get_height() == 20.0
-    assert F.samples_figure("output", "sqnr_db", {}, COLORS) is None
+
+
+def _outside(fig, ax, legend) -> bool:
+    """The legend's box lies right of the axes' box (drawn off the data)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    return legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+
+
+def test_layer_sqnr_figure_draws_coinciding_modes_once_named_together_legend_off_the_data():
+    """Issue 21 19: 14 lines of which five coincided, unnamed, under a 14-entry legend inside the axes."""
+    acc = {"0": [30.0, 25.0, 20.0], "2-0": [30.0, 25.0, 20.0], "2-4": [31.0, 28.0, 26.0]}
+    iso = {"0": [30.0, 29.0, 28.0], "2-0": [30.0, 29.0, 28.0], "2-4": [31.0, 30.0, 29.0]}
+    colors = F.mode_colors(["fp32", "0", "2-0", "2-4"])
+    fig = F.layer_sqnr_figure([0, 1, 2], acc, iso, colors)
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.lines] == ["0 = 2-0 accumulated", "0 = 2-0 isolated", "2-4 accumulated",
+                                                      "2-4 isolated"]
+    assert _outside(fig, ax, ax.get_legend())
+    many = {f"m{i}": [30.0 - i, 25.0 - i, 20.0 - i] for i in range(40)}       # 40 modes: the 12 lowest are drawn
+    fig = F.layer_sqnr_figure([0, 1, 2], many, {}, F.mode_colors(list(many)))
+    ax = fig.axes[0]
+    assert len(ax.lines) == 12 and ax.lines[0].get_label() == "m28 accumulated"
+    assert ax.get_legend().get_title().get_text() == "28 more modes not drawn"
+
+
+def test_tensor_figure_draws_equal_arrays_once_and_says_a_float_tensor_has_no_clip_lines():
+    ref = np.random.default_rng(19).standard_normal((1, 12, 6)).astype(np.float32)  # own RNG: later tests' draws stay
+    colors = F.mode_colors(["fp32", "0", "2-0", "2-4"])
+    fig = F.tensor_figure("t", ref, {"0": ref + 0.1, "2-0": ref + 0.1, "2-4": ref * 1.5}, colors)
+    assert [t.get_text() for t in fig.axes[4].get_yticklabels()] == ["0 = 2-0", "2-4"]
+    assert [line.get_label() for line in fig.axes[3].lines] == ["0 = 2-0", "2-4"]
+    assert fig.axes[1].get_title() == "values (float in every mode shown: no int8 grid, no clip lines)"
+    assert _vlines(fig.axes[1]) == []
+    assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1   # one legend, beside the panels
+    assert all(_outside(fig, ax, fig.legends[0]) for ax in fig.axes[:4])
+
+
+def test_the_worst_value_is_highlighted_in_every_row_that_shows_it_and_in_none_when_all_show_the_same():
+    from harness.report.html import comparison_table
+
+    rows = {"a": {"sqnr_db": 20.000001, "mse": 0.5}, "b": {"sqnr_db": 20.000002, "mse": 0.5000001},
+            "c": {"sqnr_db": 30.0, "mse": 0.5}}
+    html = comparison_table("t", rows, "fp32", {})
+    cells = re.findall(r"<tr>(.*?)</tr>", html)[1:]
+    sqnr = [re.findall(r"<td[^>]*>", row)[7] for row in cells]           # mode, MSE, ..., SQNR dB
+    assert sqnr == ['<td class="worst">', '<td class="worst">', "<td>"]   # both show 20: both highlighted
+    mse = [re.findall(r"<td[^>]*>", row)[1] for row in cells]
+    assert mse == ["<td>"] * 3                                           # all show 0.5: nothing stands out
 
 
 def test_render_is_deterministic_without_dates_or_versions():
@@ -215,14 +262,56 @@ def test_report_draws_layers_isolated_end_to_end_and_samples_when_present(tmp_pa
     assert iso["0"][1] == pytest.approx(sqnr_db(ref[1], arrays["mode_0__L1.block.isolated"]))
     assert acc["0"][2] == pytest.approx(sqnr_db(ref[2], arrays["mode_0__L2.block.out"]))
     ranking = d.sensitivity()["0"]
-    assert [r["layer"] for r in ranking] == sorted(range(3), key=lambda i: iso["0"][i])
+    # issue 21 item 1: where the KL of each layer alone is measured it ranks (most harmful first; layer 1,
+    # without it, last), not isolated SQNR (which orders these layers 2, 1, 0)
+    assert [r["layer"] for r in ranking] == [2, 0, 1] != sorted(range(3), key=lambda i: iso["0"][i])
     assert {r["layer"]: r["kl_share"] for r in ranking} == {0: 0.2, 1: None, 2: 0.6}
     html, names = build_report(tmp_path / "s.npz")
     assert_self_contained(html)
-    assert {"layers_sqnr", "end_to_end", "samples_output_sqnr_db", "taps_L1"} <= set(names)
-    for text in ("Sensitivity ranking: mode 0", "share of end-to-end KL", "0.05 [0.04, 0.06]", "Failed modes",
-                 "calibration failed: boom", "over 4 samples" if False else "Across samples", "3.25"):
+    assert {"layers_sqnr", "end_to_end", "taps_L1"} <= set(names)
+    assert not any(n.startswith("samples") for n in names)       # one mode across samples: its table, no chart
+    for text in ("Sensitivity ranking: mode 0 (ranked by the KL of the model with only this layer in the mode, "
+                 "most harmful first)", "share of end-to-end KL", "0.05 [0.04, 0.06]", "Failed modes",
+                 "calibration failed: boom", "Across samples", "31.5 [30.1, 32.9]", "3.25"):
         assert text in html, text
+    # the first screen: worst mode by end-to-end KL, worst layer by KL, the first layer whose SQNR drops 3 dB
+    summary = html[html.index('<section id="summary">'):html.index('<section id="run">')]
+    assert "<b>Worst mode:</b> 0: end-to-end KL 0.05" in summary
+    assert "<b>Worst layer by KL:</b> layer 2 in 0: KL 0.03 with only this layer quantized (60 % of the mode's)" \
+        in summary
+    assert f"<b>Error first jumps</b> in 0 at layer 0: SQNR inf dB in, {acc['0'][0]:.4g} dB out" in summary
+
+
+def test_across_samples_charts_only_tensors_where_modes_differ_and_pairs_once_per_group(tmp_path):
+    """Issue 21 19: ~36 bar charts, one per tensor and metric, an input SQNR of 70 dB in every mode among them."""
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((1, 8, 4)).astype(np.float32)
+    y = x + np.float32(0.1) * rng.standard_normal((1, 8, 4)).astype(np.float32)
+    arrays = {f"mode_{m}_{t}": a for m in ("fp32", "0", "2-0", "2-4") for t, a in (("input", x), ("output", y))}
+    arrays["mode_fp32_output"] = x
+    arrays["mode_2-4_output"] = y * np.float32(1.5)
+    write_npz(tmp_path / "s.npz", arrays)
+    ci = lambda m: {"mean": m, "ci95": [m - 1, m + 1], "per_sample": [m - 1, m + 1]}  # noqa: E731
+    metrics = {m: {"input": {"sqnr_db": ci(70.5), "rel_l2": ci(3e-4)}, "output": {"sqnr_db": ci(out), "mse": ci(1.0)}}
+               for m, out in (("0", 20.0), ("2-0", 20.0), ("2-4", 15.0))}
+    pair = lambda a, b, d: {"a": a, "b": b, "tensor": "output", "metric": "sqnr_db", "mean_diff": d, "ci95": [d, d]}  # noqa: E731
+    write_json(stats_path(tmp_path / "s.npz"), {"schema_version": SCHEMA_VERSION, "modes": {}, "samples": {
+        "count": 2, "metrics": metrics, "pairs": [pair("0", "2-0", 0.0), pair("0", "2-4", 5.0), pair("2-0", "2-4", 5.0)]}})
+    html, names = build_report(tmp_path / "s.npz")
+    assert [n for n in names if n.startswith("samples")] == ["samples_sqnr"]     # one chart, SQNR only
+    section = html[html.index('<section id="samples">'):]
+    section = section[:section.index("</section>")]
+    assert "The same mean SQNR in every mode (no chart): input 70.5 [69.5, 71.5] dB." in section
+    rows = re.findall(r"<tr><td class=\"l\">([^<]*)</td><td class=\"l\">([^<]*)</td>", section)
+    assert rows == [("0 = 2-0", "2-4")]                                           # pairs once per group
+    assert "1 pairs of bit-identical modes (difference 0) are left out" in section
+    from harness.report.samples import samples_figure
+
+    fig = samples_figure(["output"], {"0 = 2-0": [ci(20.0)], "2-4": [ci(15.0)]}, {"0 = 2-0": "red", "2-4": "blue"}, 2)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["output"] and "over 2 samples" in ax.get_title()
+    assert [float(c.lines[0].get_ydata()[0]) for c in ax.containers] == [20.0, 15.0]
+    assert samples_figure([], {}, {}) is None
 
 
 def test_report_of_a_real_run_and_capture_report_flag(hf_dir, tmp_path):

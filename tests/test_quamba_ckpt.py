@@ -148,7 +148,10 @@ def test_round_trip_is_bit_identical(exported, hf_dir, tmp_path):
 def test_handmade_codes_and_scales_are_used_bit_for_bit(handmade, tmp_path):
     sd = handmade_state_dict()
     out = run_modes(handmade, tmp_path, QUANT, taps=["norm.out", "in_proj.out", "x_proj.out"])
-    assert not out.failed, {m: e.get("error") for m, e in out.stats["modes"].items()}
+    # the random codes overflow the fp16 scan output of the reference-scan modes: inf - inf in the Hadamard
+    # gives NaN, which has no int8 code and fails those modes (it was cast to code 0 and passed unseen)
+    nan = {m: e.get("error") for m, e in out.stats["modes"].items() if e["status"] == "error"}
+    assert sorted(nan) == ["2-4", "3"] and all("NaN has no int8 code" in e for e in nan.values()), nan
     p = "backbone.layers.0."
     s_in, s_xz = sd[p + "norm.output_scale"], sd[p + "mixer.conv1d.input_scale"]
     w = sd[p + "mixer.in_proj.weight"].t()[:96].to(torch.float64).numpy()          # [out, in]
@@ -238,7 +241,7 @@ def test_research_command_line_and_shell_variables(exported, hf_dir, tmp_path):
                   "--modes", "fp32", "0", "2-1", *FAST], tmp_path)
     assert r.returncode == 0, r.stderr
     stats = json.loads((tmp_path / "first_layer_io_all_modes_stats.json").read_text())
-    assert stats["schema_version"] == 2
+    assert stats["schema_version"] == 3
     for mode in ("fp32", "0", "2-1"):  # the research tool's post-analysis layout
         for t in ("input", "output"):
             assert set(stats["modes"][mode][t]) == {"shape", "first_10", "mean", "std", "min", "max"}

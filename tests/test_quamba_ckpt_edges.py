@@ -10,7 +10,8 @@ import torch
 from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 
 from harness.checkpoints.loading import ModelDirError
-from harness.checkpoints.quamba import SUPPORTED, _dims, is_quamba_dir, open_quamba
+from harness.checkpoints.quamba import SUPPORTED, is_quamba_dir, open_quamba
+from harness.checkpoints.quamba_checks import config_dims as _dims
 from harness.spec import ModelDims
 
 RAN = []  # what the pickled payload below ran, if anything loaded it

@@ -49,3 +49,22 @@ def test_the_browser_check_catches_network_requests_and_broken_images(tmp_path):
     assert [img["width"] for img in seen["images"]] == [0, 0]
     assert "boom" in seen["console_errors"]
     assert _variance(seen["screenshot"]) < 10.0                       # blank but for two broken-image icons
+
+
+def test_the_summary_fills_the_first_screen_and_the_page_stays_short(hf_dir, tmp_path):
+    """Issue 21 19: the report of a whole-model analysis was 26,000 px tall (about 36 bar charts across samples,
+    every per-tensor figure open) with no summary. The summary is now the first section and fits the first
+    screen; the page of this run (2 layers, isolated, end to end, 2 samples, sensitivity, 5 modes) measured
+    17,058 px before and 5,233 px after at 1280 px wide."""
+    run_modes(hf_dir, tmp_path, ["fp32", "0", "2-0", "2-1", "2-4"], layers=[0, 1], seq_len=32, isolated=True,
+              samples=2, sensitivity=True, end_to_end=True)
+    report = write_report(tmp_path / "capture.npz")
+    seen = inspect(report, tmp_path / "shot.png", width=1280, height=1000)
+    assert seen["page_errors"] == [] and seen["network"] == []
+    first = min(seen["sections"], key=lambda s: seen["sections"][s]["top"])
+    summary = seen["sections"]["summary"]
+    assert first == "summary" and summary["top"] + summary["height"] <= 1000      # one screen, at the top
+    assert _variance(seen["screenshot"]) > 100.0
+    assert seen["scroll_height"] < 8000                                         # 17,058 px before
+    html = report.read_text()
+    assert "<b>Worst mode:</b>" in html and "<b>Worst layer by KL:</b> layer" in html and "Error first jumps" in html

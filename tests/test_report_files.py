@@ -110,3 +110,43 @@ def test_capture_report_refuses_a_foreign_report_path_before_any_work(tmp_path, 
     err = capsys.readouterr().err
     assert rc == 2 and "c_report.html: it exists and is not a file the report wrote" in err, err
     assert not (tmp_path / "c.npz").exists() and (tmp_path / "c_report.html").read_text() == "mine"
+
+
+def research_file_of_many_modes(path, n_modes: int, seed: int = 21):
+    """A research-layout file: fp32 and n_modes - 1 other modes x (input, output, residual) of [1, 4, 8]; every
+    7th mode equals fp32, the input is the same in every mode."""
+    rng = np.random.default_rng(seed)
+    ref = {t: rng.standard_normal((1, 4, 8)).astype(np.float32) for t in ("input", "output", "residual")}
+    arrays = {}
+    for i in range(n_modes):
+        mode = "fp32" if i == 0 else f"m{i}"
+        for t, r in ref.items():
+            same = i == 0 or t == "input" or i % 7 == 1
+            arrays[f"mode_{mode}_{t}"] = r if same else r + np.float32(1e-3 * i)
+    write_npz(path, arrays)
+
+
+def test_a_report_of_300_modes_does_work_linear_in_the_modes(tmp_path, monkeypatch):
+    """Issue 21 15d: 2000 modes made report and compare run past 10 minutes (every mode compared with every
+    group of identical modes, every mode a line and a legend entry in every figure). Counted here: array
+    comparisons (the former code made about n^2/2 = 45,000 for 300 modes) and lines and legend entries."""
+    import harness.metrics.compare as compare
+    import harness.report.sections as sections
+    from harness.report.groups import MAX_SERIES
+
+    research_file_of_many_modes(tmp_path / "many.npz", 300)
+    calls, figures = [], []
+    real = compare._equal
+    monkeypatch.setattr(compare, "_equal", lambda a, b: calls.append(1) or real(a, b))
+    monkeypatch.setattr(sections, "render", lambda fig, fmt="png": figures.append(fig) or b"\x89PNG")
+    out = write_report(tmp_path / "many.npz", tmp_path / "many.html")
+    html = out.read_text()
+    assert len(calls) <= 2 * 3 * 300                         # metrics' identical flags + confirming hash matches
+    assert "fp32 = m1 = m8 = m15" in html                    # the identical group, found by hashing
+    assert len(figures) == 2                                 # output and residual; the input is the same everywhere
+    for fig in figures:
+        entries = [t for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+                   for t in legend.get_texts()]
+        assert len(entries) <= MAX_SERIES + 1                # the worst groups and the reference's histogram
+        assert all(len(ax.lines) <= MAX_SERIES for ax in fig.axes)
+        assert fig.legends[0].get_title().get_text() == "244 more modes not drawn"   # 299 - 43 equal to fp32 - 12

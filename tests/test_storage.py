@@ -79,13 +79,26 @@ def test_corrupted_and_unknown_versions_are_rejected(tmp_path):
         load_capture(bad)
     write_npz(tmp_path / "v.npz", {"mode_0_output": np.zeros(2, np.float32)})
     stats_path(tmp_path / "v.npz").write_text(json.dumps({"schema_version": 99}))
-    with pytest.raises(StorageError, match="schema_version 99 is not supported; supported: 0, 1, 2"):
+    with pytest.raises(StorageError, match="schema_version 99 is not supported; supported: 0, 1, 2, 3"):
         load_capture(tmp_path / "v.npz")
 
 
-def test_json_writes_non_finite_as_strings(tmp_path):
-    write_json(tmp_path / "s.json", {"a": float("inf"), "b": [float("nan"), -float("inf"), 1.5]})
-    assert json.loads((tmp_path / "s.json").read_text()) == {"a": "inf", "b": ["nan", "-inf", 1.5]}
+def _strict(text: str):
+    """Parse as strict JSON: the tokens Infinity, -Infinity and NaN are refused."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_writes_non_finite_as_numbers_that_numpy_users_compare(tmp_path):
+    """Schema 3: infinities are the JSON numbers 1e999 / -1e999 (read back as inf, comparable), NaN is null;
+    the file is strict JSON (no Infinity/NaN tokens, no strings for numbers)."""
+    write_json(tmp_path / "s.json", {"a": float("inf"), "b": [float("nan"), -float("inf"), 1.5], "c": "inf"})
+    text = (tmp_path / "s.json").read_text()
+    data = _strict(text)
+    assert data == {"a": float("inf"), "b": [None, -float("inf"), 1.5], "c": "inf"}
+    assert data["a"] == np.inf and np.isinf(data["b"][1]) and data["b"][1] < 0
+    assert '"a": 1e999' in text and "-1e999" in text and "null" in text
 
 
 def test_write_pair_is_all_or_nothing(tmp_path):

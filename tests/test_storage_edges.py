@@ -34,7 +34,9 @@ def test_names_and_paths():
 
 def test_json_safe_walks_every_container():
     obj = {"a": (1.0, float("inf")), "b": {"c": [float("nan"), -float("inf")]}, "d": "x", "e": 3}
-    assert json_safe(obj) == {"a": [1.0, "inf"], "b": {"c": ["nan", "-inf"]}, "d": "x", "e": 3}
+    inf, neg = json_safe(float("inf")), json_safe(-float("inf"))
+    assert isinstance(inf, str) and inf != neg and "\x00" in inf  # markers json_text turns into 1e999 / -1e999
+    assert json_safe(obj) == {"a": [1.0, inf], "b": {"c": [None, neg]}, "d": "x", "e": 3}
 
 
 def test_check_writable_refuses_a_directory_and_too_little_space(tmp_path):
@@ -59,7 +61,7 @@ def test_loader_errors(tmp_path):
     cf = load_capture(tmp_path / "c.npz")  # no schema_version: read as version 0
     with pytest.raises(StorageError, match=r"cannot read array mode_1__L0.x"):
         cf.array("1", "L0.x")
-    with pytest.raises(StorageError, match="cannot read array mode_9_output"):
+    with pytest.raises(StorageError, match="no mode '9' in the file; modes: 0, 1"):
         cf.array("9", "output")
 
 
@@ -290,8 +292,8 @@ def test_a_manifest_npz_entry_without_a_sha256_string_is_refused(tmp_path, npz):
     manifest (mutants that accepted any dict, or set no problem, survived: _check_manifest mutmut 45, 46)."""
     write_npz(tmp_path / "c.npz", {"mode_0_output": np.zeros(2, np.float32)})
     write_json(stats_path(tmp_path / "c.npz"), {"schema_version": 2, "modes": {}, "npz": npz})
-    with pytest.raises(StorageError, match=r"c_stats\.json is not a valid stats file: 'npz' must be an object with "
-                                           r"the \.npz's sha256$"):
+    with pytest.raises(StorageError, match=r"c_stats\.json is not a valid stats file: field npz(\.sha256)?: expected "
+                                           r"(the field 'sha256'|a string, got an integer|an object, got a string)$"):
         load_capture(tmp_path / "c.npz")
 
 

@@ -35,7 +35,7 @@ from .mamba2 import open_mamba2
 from ..store.files import is_regular, open_regular, read_regular
 
 __all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
-           "LAYER_TENSORS", "MODEL_DIR_CONTENTS"]
+           "LAYER_TENSORS", "MODEL_DIR_CONTENTS", "check_dims"]
 
 MODEL_DIR_CONTENTS = ("a model directory must contain config.json (transformers Mamba keys hidden_size, "
                       "num_hidden_layers, ... or mamba_ssm keys d_model, n_layer, ...) and weights "
@@ -310,7 +310,7 @@ def _dims_from_config(path: Path, cfg: dict, embed: torch.Tensor) -> tuple[str, 
                         f"nor mamba_ssm keys (d_model, n_layer); {MODEL_DIR_CONTENTS}")
 
 
-def _check_dims(path: Path, d: ModelDims) -> None:
+def check_dims(path: Path, d: ModelDims) -> None:
     sizes = {"d_model": d.d_model, "d_inner": d.d_inner, "d_state": d.d_state, "d_conv": d.d_conv,
              "dt_rank": d.dt_rank, "n_layer": d.n_layer, "vocab_size": d.vocab_size}
     bad = [f"{k}={v}" for k, v in sizes.items() if not 0 < v <= 1 << 20]
@@ -376,9 +376,9 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
     except ModelDirError:
         raise
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:  # AttributeError: a table of the wrong type (ssm_cfg: [1])
         raise ModelDirError(f"{cfg_file}: malformed value ({e})") from None
-    _check_dims(path, ckpt.dims)
+    check_dims(path, ckpt.dims)
     _check_shapes(ckpt)
     return ckpt
 

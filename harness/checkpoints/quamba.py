@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError, refuse_in
+from .quamba_checks import SUPPORTED, check_blocks_present, check_values, config_dims
 from ..store.files import is_regular, read_regular
 from ..emulation.ops.quant import f32
 from ..spec import LayerScales, ModelDims, QTensor
@@ -33,8 +33,6 @@ from ..emulation.weights import LayerParams
 __all__ = ["QuambaCheckpoint", "is_quamba_dir", "open_quamba", "layer_spec", "write_quamba", "pad16",
            "SUPPORTED", "LINEARS"]
 
-SUPPORTED = ("Quamba1 W8A8 Mamba-1 checkpoints: ssm_cfg.layer W8A8QMamba, norm_cfg.norm QRMSNorm, "
-             "embedding_cfg.layer Embedding or W8O16Embedding, lm_head_cfg.layer Linear or W8A8B16O16Linear")
 # quamba_mixer_seq.py:82-85 (mixers), 291 (embeddings), 413 (lm_heads)
 _QUAMBA_MIXERS = {"W8A8QMamba", "W4A16QMamba", "W4A8QMamba", "W8A8QMamba2", "W4A16QMamba2", "W4A8QMamba2"}
 # LayerParams field -> module under mixer. (W8A8B8O8Linear, or W8A8B16O16Linear for out_proj)
@@ -110,43 +108,8 @@ def is_quamba_dir(path: Path | str) -> bool:
     if cfg is None:
         return False
     layer = (cfg.get("ssm_cfg") or {}).get("layer") if isinstance(cfg.get("ssm_cfg"), dict) else None
-    return (isinstance(layer, list) or layer in _QUAMBA_MIXERS or "norm_cfg" in cfg or "lm_head_cfg" in cfg
+    return (isinstance(layer, list) or (isinstance(layer, str) and layer in _QUAMBA_MIXERS) or "norm_cfg" in cfg or "lm_head_cfg" in cfg
             or bool(cfg.get("is_hybrid")))
-
-
-def _unsupported(path: Path, what: str) -> ModelDirError:
-    return ModelDirError(f"{path}: {what} is not supported; supported: {SUPPORTED}")
-
-
-def _dims(path: Path, cfg: dict) -> tuple[ModelDims, dict]:
-    ssm = cfg.get("ssm_cfg") or {}
-    if cfg.get("is_hybrid") or isinstance(ssm.get("layer"), list):
-        raise _unsupported(path, "a hybrid (per-layer W4/W8 mix, is_hybrid) checkpoint")
-    layer = ssm.get("layer", "W8A8QMamba2")  # quamba_mixer_seq.py:102 defaults to Mamba-2
-    if layer.endswith("Mamba2"):
-        raise _unsupported(path, f"a Mamba-2 (Quamba2) checkpoint (ssm_cfg.layer {layer!r})")
-    if layer != "W8A8QMamba":
-        raise _unsupported(path, f"ssm_cfg.layer {layer!r} (4-bit weights)")
-    norm = (cfg.get("norm_cfg") or {}).get("norm", "QRMSNorm")
-    if norm != "QRMSNorm":
-        raise _unsupported(path, f"norm_cfg.norm {norm!r}")
-    kinds = {"embedding": (cfg.get("embedding_cfg") or {}).get("layer", "Embedding"),  # quamba_mixer_seq.py:290
-             "lm_head": (cfg.get("lm_head_cfg") or {}).get("layer", "Linear")}  # quamba_mixer_seq.py:412
-    if kinds["embedding"] not in ("Embedding", "W8O16Embedding"):
-        raise _unsupported(path, f"embedding_cfg.layer {kinds['embedding']!r}")
-    if kinds["lm_head"] not in ("Linear", "W8A8B16O16Linear"):
-        raise _unsupported(path, f"lm_head_cfg.layer {kinds['lm_head']!r}")
-    if int(cfg.get("d_intermediate", 0) or 0) != 0 or cfg.get("attn_layer_idx"):
-        raise _unsupported(path, "a checkpoint with MLP (d_intermediate) or attention layers")
-    d_model = int(cfg["d_model"])
-    rank = ssm.get("dt_rank", "auto")  # qMambaLayer.py:761-788 defaults
-    vocab = int(cfg["vocab_size"])
-    mult = int(cfg.get("pad_vocab_size_multiple", 8))
-    vocab += (mult - vocab % mult) % mult  # quamba_mixer_seq.py:371-372
-    dims = ModelDims(d_model=d_model, d_inner=int(ssm.get("expand", 2) * d_model), d_state=int(ssm.get("d_state", 16)),
-                     d_conv=int(ssm.get("d_conv", 4)), dt_rank=math.ceil(d_model / 16) if rank == "auto" else int(rank),
-                     n_layer=int(cfg["n_layer"]), vocab_size=vocab, norm_eps=float(cfg.get("norm_epsilon", 1e-5)))
-    return dims, kinds
 
 
 def _kind_ok(value, kind) -> bool:
@@ -276,7 +239,7 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
     if cfg is None:
         raise ModelDirError(f"{path}: config.json is missing or not a JSON object")
     try:
-        dims, kinds = _dims(path, cfg)
+        dims, kinds = config_dims(path, cfg)
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, ModelDirError):
             raise
@@ -293,6 +256,7 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
         raise ModelDirError(f"{f}: cannot read the state dict ({type(e).__name__}: {e})") from None
     if not isinstance(sd, dict):
         raise ModelDirError(f"{f}: not a state dict")
+    check_blocks_present(f, sd, dims.n_layer)
     conv_bias = "backbone.layers.0.mixer.conv1d.bias" in sd
     expected = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
     for i in range(dims.n_layer):
@@ -302,6 +266,7 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
             raise ModelDirError(f"{f}: {key!r} is missing; it must be {_describe(kind)} ({SUPPORTED})")
         if not _kind_ok(sd[key], kind):
             raise ModelDirError(f"{f}: {key!r} is {_got(sd[key])}, expected {_describe(kind)}")
+    check_values(f, sd, expected)
     for i in range(dims.n_layer):  # scales stored twice must agree (qMambaLayer.py:848-892)
         p = f"backbone.layers.{i}.mixer."
         for a, b in (("conv1d.input_scale", "selective_scan.z_scale"), ("conv1d.output_scale", "selective_scan.u_scale"),

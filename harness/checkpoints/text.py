@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -18,7 +19,7 @@ from ..store.files import file_sha256, open_regular
 from .loading import Tokenizer
 
 __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
-           "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE", "check_token_ids"]
+           "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE", "check_token_ids", "capped", "chars_for"]
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "shakespeare"  # the repository root
 DEFAULT_TEXT_FILE = DATA_DIR / "heldout.jsonl"
@@ -41,6 +42,22 @@ class TokenText:
     ids: torch.Tensor     # (batch, seqlen) int64
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate: JSON can escape one, UTF-8 cannot hold it
+_WORD_END = re.compile(r"\S(?=\s)")
+
+
+def _check_text(path: Path, line: int, doc: str) -> None:
+    if (m := _SURROGATE.search(doc)) is not None:
+        raise DataError(f"{path}:{line}: holds a lone surrogate (U+{ord(m.group()):04X}, from a JSON escape such as "
+                        f"\\ud800), which is not text; give valid Unicode")
+
+
+def _not_utf8(path: Path, raw: bytes, e: UnicodeDecodeError) -> DataError:
+    line = raw.count(b"\n", 0, e.start) + 1
+    return DataError(f"text file {path} is not UTF-8 (line {line}, byte {e.start}: {e.reason}); "
+                     f"give a UTF-8 text or JSON-lines file")
+
+
 def read_documents(path: Path) -> list[str]:
     """The documents of a text file; a regular UTF-8 file of at most MAX_TEXT_BYTES (checked on the opened
     file before reading: a FIFO or a device is refused, never read)."""
@@ -57,8 +74,7 @@ def read_documents(path: Path) -> list[str]:
     try:
         text = raw.decode("utf-8", errors="strict") if raw else ""
     except UnicodeDecodeError as e:
-        raise DataError(f"text file {path} is not UTF-8 (byte {e.start}: {e.reason}); "
-                        f"give a UTF-8 text or JSON-lines file") from None
+        raise _not_utf8(path, raw, e) from None
     if path.suffix.lower() not in (".jsonl", ".json"):
         return [text] if text.strip() else []
     docs = []
@@ -75,8 +91,28 @@ def read_documents(path: Path) -> list[str]:
                     else f"a JSON {type(item).__name__} without a 'text' field")
             raise DataError(f"{path}:{n}: {what}; each line must be a JSON object with a string 'text' field "
                             '(e.g. {"text": "..."}) or a JSON string')
+        _check_text(path, n, doc)
         docs.append(doc)
     return docs
+
+
+def chars_for(tokens: int, tokenizer: Tokenizer) -> int:
+    """Characters that give at least `tokens` tokens: a token covers at most as many bytes as the longest
+    vocabulary entry (the shipped tokenizer's: 25), and a character is at least one byte."""
+    longest = max((len(t.encode("utf-8", "replace")) for t in tokenizer.tok.get_vocab()), default=1)
+    return tokens * max(longest, 1) + 64
+
+
+def capped(doc: str, need: int) -> str:
+    """The start of `doc` that still gives the tokens of its first `need` characters (chars_for), so that a
+    huge line is never tokenized whole (a 50 MB line took 4.7 GB in the tokenizer; 200 MB aborted it). The
+    cut is made where a word ends and whitespace begins (the pre-tokenizer splits there, so the tokens before
+    the cut are those of the whole document), within twice `need` characters, else at twice `need` (a "word"
+    that long: its last tokens may differ)."""
+    if len(doc) <= 2 * need:
+        return doc
+    m = _WORD_END.search(doc, need - 1, 2 * need)
+    return doc[:m.end() if m is not None else 2 * need]
 
 
 def _token_stream(tokenizer: Tokenizer, docs: list[str], batch: int = 2) -> Iterator[list[int]]:
@@ -99,7 +135,8 @@ def read_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
     docs = read_documents(path)
     ids: list[int] = []
     used = 0
-    for doc_ids in _token_stream(tokenizer, docs, batch=1):  # one at a time: a sample rarely needs the next one
+    need = chars_for(seq_len, tokenizer)
+    for doc_ids in _token_stream(tokenizer, [capped(d, need) for d in docs], batch=1):  # one at a time
         ids += doc_ids
         used += 1
         if len(ids) >= seq_len:
@@ -123,7 +160,8 @@ def calibration_windows(tokenizer: Tokenizer, path: Path, num: int, seqlen: int,
     order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
     windows: list[list[int]] = []
     used = 0
-    for doc_ids in _token_stream(tokenizer, [docs[i] for i in order]):
+    need = chars_for(num * seqlen, tokenizer)
+    for doc_ids in _token_stream(tokenizer, [capped(docs[i], need) for i in order]):
         used += 1
         doc_ids = doc_ids[:-1] if tokenizer.eos_id is not None else doc_ids
         windows += [doc_ids[k:k + seqlen] for k in range(0, len(doc_ids) - seqlen + 1, seqlen)]

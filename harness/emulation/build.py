@@ -50,6 +50,7 @@ from .ops.hadamard import quamba_kernel_support
 from .ops.linear import Epilogue
 from .ops.scan import ScanOrder
 from ..spec import FLOAT_DTYPES, FloatOut, LayerScales, Mamba2Dims, ModelDims, OutSpec, QuantOut, Rounding
+from .state import StateRule
 from .weights import LayerParams
 from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD
 from .weights_mamba2 import Mamba2Params
@@ -73,6 +74,13 @@ def _scan_order(recipe: ModeRecipe, calibration: bool) -> ScanOrder:
     if calibration:
         return ScanOrder.MAMBA
     return ScanOrder.KERNEL if recipe.ssm_impl == SsmImpl.KERNEL else ScanOrder.TORCH
+
+
+def _state_rule(recipe: ModeRecipe, scales: LayerScales | None) -> StateRule:
+    """The decode step's SSM state (docs/decode.md): int8 at s_h in the W8A8 step (weights=int8, Quamba's int8
+    cache), Quamba's Triton update with ssm_impl=kernel; a float recipe keeps it in act_dtype."""
+    int8 = recipe.weights == Weights.INT8 and scales is not None
+    return StateRule(scales.s_h if int8 else None, act_dtype(recipe), recipe.ssm_impl == SsmImpl.KERNEL)
 
 
 def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, dims: ModelDims,
@@ -105,7 +113,7 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
         conv1d=EmuConv1d(p.conv_weight, p.conv_bias, conv_input, conv_out, pre_silu),
         x_proj=EmuLinear(p.x_proj, Epilogue.WEIGHT_THEN_RATIO, _out(int8_weights, scales, "s_xp", even, act)),
         dt_proj=EmuLinear(p.dt_proj, Epilogue.RATIO_THEN_WEIGHT, _out(int8_weights, scales, "s_dt", even, act)),
-        ssm=EmuSelectiveScan(p.A_log, p.D, p.dt_bias, _scan_order(recipe, calibration), act),
+        ssm=EmuSelectiveScan(p.A_log, p.D, p.dt_bias, _scan_order(recipe, calibration), act, _state_rule(recipe, scales)),
         had=EmuHadamard(_out(recipe.had_out == Store.INT8, scales, "s_H", away, act), fht=quamba) if rotate else None,
         out_proj=EmuLinear(p.out_proj, Epilogue.WEIGHT_THEN_RATIO, act),
         u_input=UInput(ssm_u=recipe.ssm_u, s_u=s_u, xproj_requant=int8_weights),

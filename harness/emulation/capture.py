@@ -26,7 +26,8 @@ from ..spec import HookPoint, QTensor
 __all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name",
            "parse_point", "point_sort_key", "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE",
            "resolve_layers", "hook_attr", "module_path", "RESEARCH_TENSORS", "tensor_name", "array_key",
-           "parse_array_key", "MAMBA2_POINTS", "SITE_TABLES", "points_of", "tap_points_of"]
+           "parse_array_key", "STATE_POINTS", "DECODE_PREFIX", "decode_tensor", "decode_points", "decode_site",
+           "MAMBA2_POINTS", "SITE_TABLES", "points_of", "tap_points_of"]
 
 # point -> what it holds (docs/file-format.md "Capture points" lists the same words)
 POINTS: dict[str, str] = {
@@ -145,7 +146,7 @@ def module_path(layer: int, site: str) -> str:
 
 # layer 0's block I/O under the research tool's names (its analysis snippets read mode_{m}_input, ...)
 RESEARCH_TENSORS = {"block.in": "input", "block.out": "output", "block.residual": "residual"}
-_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__(L\d+\..+|logits)$")
+_KEY_RE = re.compile(r"^mode_([^_]+)_(input|output|residual)$|^mode_([^_]+)__((?:decode\.)?(?:L\d+\..+|logits)|generated_ids)$")
 
 
 def tensor_name(point: str) -> str:
@@ -255,3 +256,38 @@ def capture(model: nn.Module, names: list[str]) -> Iterator[dict[str, Captured]]
     finally:
         for handle in handles:
             handle.remove()
+
+
+# The decode run (harness.runner.decode): every captured point once per step, the step axis second, under
+# the tensor name decode.{point} (never the research names), plus each captured layer's states after the step.
+DECODE_PREFIX = "decode."
+STATE_POINTS: dict[str, str] = {
+    "state.ssm": "SSM state after the step, dequantized [batch, steps, d_inner, d_state]",
+    "state.conv": "conv window after the step (the last d_conv pre-conv x values), dequantized "
+                  "[batch, steps, d_inner, d_conv]",
+}
+_DECODE_SKIPPED = ("ssm.state", ISOLATED)  # the state after the step is state.ssm; no isolated replay
+
+
+def decode_tensor(name: str) -> str:
+    """A decode array's tensor name: decode.L0.block.in, decode.L0.state.ssm, decode.logits."""
+    return DECODE_PREFIX + name
+
+
+def decode_site(name: str) -> tuple[int, str]:
+    """(layer, site) of a decode point or tensor name (decode.L0.state.ssm -> (0, "state.ssm"))."""
+    m = _NAME_RE.match(name[len(DECODE_PREFIX):] if name.startswith(DECODE_PREFIX) else name)
+    if not m or (m.group(2) not in POINTS and m.group(2) not in STATE_POINTS):
+        raise TapError(f"invalid decode point {name!r}; expected [decode.]L<layer>.<point> with point one of: "
+                       f"{', '.join(list(POINTS) + list(STATE_POINTS))}")
+    return int(m.group(1)), m.group(2)
+
+
+def decode_points(points: list[str]) -> list[str]:
+    """The points a decode step captures, in capture order: the prefill's hooked points but ssm.state and the
+    isolated replay, then each captured layer's state.ssm and state.conv after its block's points."""
+    out: list[str] = []
+    for layer in sorted({parse_point(p)[0] for p in points}):
+        out += [p for p in points if parse_point(p)[0] == layer and parse_point(p)[1] not in _DECODE_SKIPPED]
+        out += [point_name(layer, s) for s in STATE_POINTS]
+    return out

@@ -23,8 +23,11 @@ from .ops import portable
 from .ops.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
 from .ops.hadamard import hadamard_transform, hadamard_transform_fht
 from .ops.linear import Epilogue, float_linear, w8a8_linear
-from .ops.quant import dequantize, f32, quantize, quantize_prescaled, to_output
+from .ops.quant import dequantize, f32, quantize, quantize_prescaled, round_to_dtype, to_output
 from .ops.scan import ScanOrder, selective_scan
+from .ops.state_update import quant_state_update, requantize_state
+from .ops.step import float_conv_update, int8_conv_update, shift_window, w8a8_gemv
+from .state import BlockState, StateRule, conv_window, ssm_handover
 
 __all__ = [
     "EmuRMSNorm", "EmuLinear", "ConvInput", "EmuConv1d", "EmuSelectiveScan", "EmuHadamard",
@@ -72,11 +75,20 @@ class EmuLinear(nn.Module):
     def __init__(self, weight: torch.Tensor | QTensor, order: Epilogue, out: OutSpec) -> None:
         super().__init__()
         self.weight, self.order, self.out = weight, order, out
+        self._codes_f32: torch.Tensor | None = None  # the int8 weight as fp32, made by the first step
 
     def forward(self, x: Act) -> Act:
         """x: (..., in) -> (..., out)."""
         if isinstance(x, QTensor) and isinstance(self.weight, QTensor):
             return w8a8_linear(x, self.weight, self.order, self.out)
+        return float_linear(x, self.weight, self.out)
+
+    def step(self, x: Act) -> Act:
+        """One token, x: (batch, 1, in): Quamba's W8A8 GEMV (one alpha, ops.step) when both are int8."""
+        if isinstance(x, QTensor) and isinstance(self.weight, QTensor):
+            if self._codes_f32 is None:  # converted once, reused by every step
+                self._codes_f32 = self.weight.codes.to(torch.float32)
+            return w8a8_gemv(x, self.weight, self.out, self._codes_f32)
         return float_linear(x, self.weight, self.out)
 
 
@@ -119,19 +131,72 @@ class EmuConv1d(nn.Module):
             return int8_causal_conv1d_silu(x, self.weight, self.bias, self.out)
         return float_causal_conv1d_silu(x, self.weight, self.bias, self.out, self.pre_silu)
 
+    def step_input(self, x: Act) -> Act:
+        """One token's conv input: as ``quantize_input``, except that a dynamic input stays float (its
+        window is quantized as a whole in ``step``)."""
+        return dequantize(x) if self.input_rule.kind == "dynamic" else self.quantize_input(x)
+
+    def window_of(self, x_in: Act, x_conv: Act) -> Act:
+        """The window a prefill hands over (state.conv_window): the conv's own int8 input codes for a static
+        input, the float in_proj output x_in for a dynamic one (re-quantized per step), else floats."""
+        d_conv = self.weight.shape[1]
+        return conv_window(x_conv if self.input_rule.kind == "static" else dequantize(x_in), d_conv)
+
+    def step(self, x: Act, window: Act) -> tuple[Act, Act]:
+        """One token x (batch, 1, d_inner) from ``step_input`` and the window before it -> (output
+        (batch, 1, d_inner), the window after it). Dynamic input: the float window is quantized at
+        max|window| / 127 (the tensor the update kernel sees), then the int8 update."""
+        if self.input_rule.kind == "dynamic":
+            win = shift_window(dequantize(window), dequantize(x)[:, 0])
+            q = self.quantize_input(win)
+            return _seq(int8_conv_update(q, self.weight, self.bias, self.out)), win
+        if isinstance(x, QTensor):
+            win = QTensor(shift_window(window.codes, x.codes[:, 0]), x.scale)
+            return _seq(int8_conv_update(win, self.weight, self.bias, self.out)), win
+        win = shift_window(dequantize(window), x[:, 0])
+        return _seq(float_conv_update(win, self.weight, self.bias, self.out, self.pre_silu)), win
+
 
 class EmuSelectiveScan(nn.Module):
     """The SSM with its (int8 or fp32) parameters A_log, D and dt_bias."""
 
     def __init__(self, A_log: torch.Tensor | QTensor, D: torch.Tensor | QTensor,
-                 dt_bias: torch.Tensor | QTensor, order: ScanOrder, out: FloatOut) -> None:
+                 dt_bias: torch.Tensor | QTensor, order: ScanOrder, out: FloatOut,
+                 state_rule: StateRule = StateRule(None)) -> None:
         super().__init__()
         self.A_log, self.D, self.dt_bias, self.order, self.out = A_log, D, dt_bias, order, out
+        self.state_rule = state_rule
 
     def forward(self, u: Act, delta: Act, B: Act, C: Act, z: Act) -> tuple[torch.Tensor, torch.Tensor]:
         """See ops.scan.selective_scan; returns y (batch, seqlen, d_inner) and the final state."""
         return selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
                               out=self.out)
+
+    def step(self, u: Act, delta: Act, B: Act, C: Act, z: Act, h: Act) -> tuple[torch.Tensor, Act]:
+        """One token (operands with a seqlen of 1) from the state h -> (y (batch, 1, d_inner), the new state).
+
+        int8 state with ssm_impl=kernel: Quamba's Triton update (ops.state_update); otherwise this scan's own
+        order over one token from h (the prefill's arithmetic), the new state re-quantized at s_h like the
+        kernel's, or rounded to the float state's dtype (mamba_ssm stores an fp16 model's state in fp16).
+        """
+        rule = self.state_rule
+        if rule.s_h is not None and rule.kernel:
+            y, q, _ = quant_state_update(h, _token(u), _token(delta), self.A_log, _token(B), _token(C), D=self.D,
+                                         z=_token(z), dt_bias=self.dt_bias, out=self.out)
+            return y[:, None], q
+        y, new = selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
+                                out=self.out, h0=dequantize(h))
+        return y, requantize_state(new, rule.s_h) if rule.s_h is not None else round_to_dtype(new, rule.dtype)
+
+
+def _seq(x: Act) -> Act:
+    """(batch, ...) -> (batch, 1, ...), a QTensor keeping its scale and clip count."""
+    return QTensor(x.codes[:, None], x.scale, x.n_clipped) if isinstance(x, QTensor) else x[:, None]
+
+
+def _token(x: Act) -> Act:
+    """(batch, 1, ...) -> (batch, ...), a QTensor keeping its scale."""
+    return QTensor(x.codes[:, 0], x.scale) if isinstance(x, QTensor) else x[:, 0]
 
 
 class EmuHadamard(nn.Module):
@@ -214,13 +279,22 @@ class EmuMambaBlock(nn.Module):
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """residual: (batch, seqlen, d_model) fp32 -> (mixer output, residual after the block), both fp32."""
+        out, residual, _ = self._forward(residual)
+        return out, residual
+
+    def prefill(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, BlockState]:
+        """``forward``, plus the state it hands to the first decode step (emulation.state)."""
+        out, residual, (x_in, x_conv, h) = self._forward(residual)
+        return out, residual, BlockState(self.conv1d.window_of(x_in, x_conv), ssm_handover(h, self.ssm.state_rule))
+
+    def _forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         dims = self.dims
         # fmt: off
         residual = self._at("block.in", residual)
         normed   = self._at("norm.out", self._op("norm", self.norm, residual))   # (batch, seqlen, d_model)
         xz       = self._at("in_proj.out", self._op("in_proj", self.in_proj, normed))  # (batch, seqlen, 2 * d_inner)
-        x, z     = xz.split([dims.d_inner, dims.d_inner]) if isinstance(xz, QTensor) else xz.split(dims.d_inner, dim=-1)
-        x        = self._at("conv1d.in", self.conv1d.quantize_input(x))
+        x_in, z  = xz.split([dims.d_inner, dims.d_inner]) if isinstance(xz, QTensor) else xz.split(dims.d_inner, dim=-1)
+        x        = self._at("conv1d.in", self.conv1d.quantize_input(x_in))
         conv_out = self._at("conv1d.out", self._op("conv1d", self.conv1d, x))   # (batch, seqlen, d_inner)
         xp_in    = self._at("x_proj.in", self._xproj_input(conv_out))
         dbl      = self._at("x_proj.out", self._op("x_proj", self.x_proj, xp_in))  # (batch, seqlen, dt_rank + 2 * d_state)
@@ -236,7 +310,33 @@ class EmuMambaBlock(nn.Module):
         out      = self._at("out_proj.out", dequantize(self._op("out_proj", self.out_proj, y)))  # (batch, seqlen, d_model)
         # fmt: on
         out = self._at("block.out", out)
-        return out, self._at("block.residual", residual + out)
+        return out, self._at("block.residual", residual + out), (x_in, x, state)
+
+    def step(self, residual: torch.Tensor, state: BlockState) -> tuple[torch.Tensor, torch.Tensor, BlockState]:
+        """One token: residual (batch, 1, d_model) fp32 and the state after the tokens before it -> (mixer output,
+        residual after the block, the state after this token), through the same HookPoints as ``forward``
+        (ssm.state excepted: the state is the returned one). The per-token ops are forward's; the linear
+        layers run the GEMV, the conv its window update, the SSM its state update (docs/decode.md)."""
+        dims = self.dims
+        # fmt: off
+        residual = self._at("block.in", residual)
+        normed   = self._at("norm.out", self.norm(residual))
+        xz       = self._at("in_proj.out", self.in_proj.step(normed))
+        x, z     = xz.split([dims.d_inner, dims.d_inner]) if isinstance(xz, QTensor) else xz.split(dims.d_inner, dim=-1)
+        x        = self._at("conv1d.in", self.conv1d.step_input(x))
+        conv_out, window = self.conv1d.step(x, state.conv)
+        conv_out = self._at("conv1d.out", conv_out)
+        dbl      = self._at("x_proj.out", self.x_proj.step(self._at("x_proj.in", self._xproj_input(conv_out))))
+        sizes    = [dims.dt_rank, dims.d_state, dims.d_state]
+        dt, B, C = dbl.split(sizes) if isinstance(dbl, QTensor) else dbl.split(sizes, dim=-1)
+        delta    = self._at("dt_proj.out", self.dt_proj.step(dt))
+        y, ssm   = self.ssm.step(self._at("ssm.u", self._ssm_u(conv_out)), delta, B, C, z, state.ssm)
+        y        = self._at("ssm.out", y)
+        if self.had is not None:
+            y    = self._at("had.out", self.had(y))
+        out      = self._at("block.out", self._at("out_proj.out", dequantize(self.out_proj.step(y))))
+        # fmt: on
+        return out, self._at("block.residual", residual + out), BlockState(window, ssm)
 
 
 class EmuBackbone(nn.Module):
@@ -254,3 +354,21 @@ class EmuBackbone(nn.Module):
         for block in self.blocks:
             _, residual = block(residual)
         return residual
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, list[BlockState]]:
+        """``forward``, plus every block's state for the first decode step."""
+        residual, states = self.embed(ids), []
+        for block in self.blocks:
+            _, residual, state = block.prefill(residual)
+            states.append(state)
+        return residual, states
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, states: list[BlockState]) -> tuple[torch.Tensor, list[BlockState]]:
+        """One token ids (batch, 1) from the blocks' states -> (residual after the last block, the new states)."""
+        residual, new = self.embed(ids), []
+        for block, state in zip(self.blocks, states):
+            _, residual, state = block.step(residual, state)
+            new.append(state)
+        return residual, new

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import hashlib
 import math
 import re
 from typing import Callable, Mapping
@@ -22,7 +23,7 @@ import numpy as np
 from .errors import METRIC_NAMES, error_metrics
 
 __all__ = ["CompareError", "compare_modes", "same_basis", "identical_groups", "fail_if_violations", "input_tensor_for",
-           "compared_pairs"]
+           "compared_pairs", "failed_modes"]
 
 ArrayGetter = Callable[[str, str], np.ndarray]
 
@@ -115,6 +116,25 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
                for i in range(0, max(fa.size, 1), _EQUAL_CHUNK))
 
 
+def failed_modes(stats: dict, tensors: Mapping[str, list[str]], reference: str,
+                 wanted: Callable[[str], bool]) -> dict[str, dict]:
+    """MODE -> {"error", "missing"} for every wanted mode the capture's stats record as failed (an entry whose
+    status is not "ok", or a name in "failed_modes"): its error, and the tensors the reference has that the
+    failed mode left no array for (a mode that fails at layer i keeps only the blocks before i).
+    A mode in error is never a pass: compare --fail-if fails on it whatever the expression."""
+    entries = stats.get("modes") if isinstance(stats.get("modes"), dict) else {}
+    listed = stats.get("failed_modes") if isinstance(stats.get("failed_modes"), list) else []
+    out: dict[str, dict] = {}
+    for mode in dict.fromkeys([*entries, *(str(m) for m in listed)]):
+        entry = entries.get(mode) if isinstance(entries.get(mode), dict) else {}
+        if not wanted(mode) or (entry.get("status", "ok") == "ok" and mode not in listed):
+            continue
+        have = set(tensors.get(mode, []))
+        out[mode] = {"error": str(entry.get("error") or "failed"),
+                     "missing": [t for t in tensors.get(reference, []) if t not in have]}
+    return out
+
+
 def compared_pairs(comparison: dict) -> int:
     return sum(len(rows) for rows in comparison["modes"].values())
 
@@ -127,20 +147,71 @@ def same_basis(basis_of: Callable[[str, str], str | None], reference: str) -> Ca
     return check
 
 
+def _value_key(arr) -> bytes:
+    """A digest equal for every two arrays `_equal` calls equal (same shape and values; NaN at the same places;
+    -0.0 and 0.0 alike; any dtype of the same values): numbers are hashed as float64 with one NaN and one zero,
+    in chunks (no float64 copy of a large array). Equal keys are only candidates: `_equal` confirms them."""
+    a = np.asarray(arr)
+    h = hashlib.sha256(repr(a.shape).encode())
+    flat = np.ravel(a)
+    if a.dtype.kind not in "fiub":
+        h.update(a.dtype.str.encode())
+        h.update(np.ascontiguousarray(flat).view(np.uint8))
+        return h.digest()
+    for i in range(0, flat.size, _EQUAL_CHUNK):
+        chunk = flat[i:i + _EQUAL_CHUNK].astype(np.float64) + 0.0   # -0.0 + 0.0 is 0.0
+        chunk[np.isnan(chunk)] = np.nan                              # one NaN bit pattern
+        h.update(chunk.view(np.uint8))
+    return h.digest()
+
+
 def identical_groups(tensors: Mapping[str, list[str]], get: ArrayGetter,
-                     equal: Callable[[str, str, str], bool] | None = None) -> list[list[str]]:
-    """Groups (of 2 or more) of modes whose every shared tensor is bit-identical (`equal`: a memo of compare_modes)."""
+                     equal: Callable[[str, str, str], bool] | None = None,
+                     key: Callable[[str, str], bytes] | None = None) -> list[list[str]]:
+    """Groups (of 2 or more) of modes whose every shared tensor is bit-identical (`equal`: a memo of compare_modes).
+
+    A mode joins the first group (in the modes' order) whose first mode shares at least one tensor with it
+    and equals it in every shared one. Near linear in modes x tensors: each array is hashed once
+    (`key(mode, tensor)`, default ``_value_key``), and a mode is checked (with `equal`) only against groups
+    whose first mode has the same hashes on the shared tensors, found through an index per pair of
+    (group's tensor set, shared set); a file's modes have a handful of distinct tensor sets.
+    """
     equal = equal or (lambda a, b, t: _equal(get(a, t), get(b, t)))
+    key = key or (lambda m, t: _value_key(get(m, t)))
+    keys = {m: {t: key(m, t) for t in dict.fromkeys(names)} for m, names in tensors.items()}
     groups: list[list[str]] = []
+    heads_by_set: dict[frozenset, list[int]] = {}            # tensor set of a group's first mode -> group ids
+    index: dict[tuple[frozenset, frozenset], dict[tuple, list[int]]] = {}
+
+    def candidates(head_set: frozenset, shared: frozenset) -> dict[tuple, list[int]]:
+        if (head_set, shared) not in index:
+            table: dict[tuple, list[int]] = {}
+            order = sorted(shared)
+            for g in heads_by_set[head_set]:
+                table.setdefault(tuple(keys[groups[g][0]][t] for t in order), []).append(g)
+            index[(head_set, shared)] = table
+        return index[(head_set, shared)]
+
     for mode in tensors:
-        for group in groups:
-            head = group[0]
-            shared = [t for t in tensors[mode] if t in tensors[head]]
-            if shared and all(equal(head, mode, t) for t in shared):
-                group.append(mode)
+        mine = frozenset(keys[mode])
+        found = []
+        for head_set in heads_by_set:
+            shared = mine & head_set
+            if shared:
+                sig = tuple(keys[mode][t] for t in sorted(shared))
+                found += candidates(head_set, shared).get(sig, [])
+        for g in sorted(found):
+            head = groups[g][0]
+            if all(equal(head, mode, t) for t in keys[mode] if t in keys[head]):
+                groups[g].append(mode)
                 break
         else:
             groups.append([mode])
+            g = len(groups) - 1
+            heads_by_set.setdefault(mine, []).append(g)
+            for (head_set, shared), table in index.items():
+                if head_set == mine:
+                    table.setdefault(tuple(keys[mode][t] for t in sorted(shared)), []).append(g)
     return [g for g in groups if len(g) > 1]
 
 

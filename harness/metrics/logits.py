@@ -7,6 +7,8 @@ All sums in float64 over log_softmax of the logits, 64 positions at a time (READ
     top-1 agreement    fraction of positions t where argmax_v ref = argmax_v mode
     cross-entropy      mean over t = 0..seq-2 of  -log p(ids[t+1] | t)   (nats; the last position has no next token)
     perplexity         exp(cross-entropy)
+    over several windows: exp(sum_k n_k * cross-entropy_k / sum_k n_k), n_k the window's predicted tokens
+    (the mean NLL over every predicted token of every window: the perplexity papers report)
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import math
 
 import torch
 
-__all__ = ["log_probs", "kl_divergence", "top1_agreement", "cross_entropy", "end_to_end_metrics"]
+__all__ = ["log_probs", "kl_divergence", "top1_agreement", "cross_entropy", "end_to_end_metrics", "pooled_perplexity"]
 
 
 _CHUNK = 64  # positions per float64 log_softmax: [64, vocab] buffers instead of [seq, vocab]
@@ -61,3 +63,13 @@ def end_to_end_metrics(ref_logits, logits, ids) -> dict[str, float]:
     ce = cross_entropy(logits, ids)
     return {"kl": kl_divergence(ref_logits, logits), "top1_agreement": top1_agreement(ref_logits, logits),
             "cross_entropy": ce, "perplexity": math.exp(ce) if math.isfinite(ce) else math.nan}
+
+
+def pooled_perplexity(cross_entropies: list[float], predicted: list[int]) -> float:
+    """exp of the mean NLL over every predicted token of every window: cross-entropies weighted by the
+    number of tokens each window predicts (not the mean of the windows' perplexities)."""
+    total = sum(predicted)
+    if total == 0:
+        return math.nan
+    ce = sum(c * n for c, n in zip(cross_entropies, predicted)) / total
+    return math.exp(ce) if math.isfinite(ce) else math.nan

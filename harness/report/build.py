@@ -17,14 +17,16 @@ from ..store.format import StorageError, check_writable
 from .figures import mode_colors, render, style
 from .target import check_target, report_path
 from .data import load_report_data
+from .decoding import decode_section, generate_section
 from .html import esc, page
+from .samples import samples_section
+from .summary import summary_section
 from .sections import (
     Figures,
     comparison_section,
     end_to_end_section,
     header_section,
     layers_section,
-    samples_section,
     select_tensors,
     taps_section,
     tensor_section,
@@ -55,11 +57,14 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
     colors = mode_colors(list(dict.fromkeys([d.reference, *d.modes])))
     chosen = select_tensors(d, tensors) if d.has_arrays() else []
     sections = [
+        ("summary", "Summary", summary_section(d)),
         ("run", "Run", header_section(d)),
         ("comparison", "Comparison", comparison_section(d)),
         ("layers", "Error per layer", layers_section(d, figs, colors)),
         ("end-to-end", "End to end", end_to_end_section(d, figs, colors)),
         ("samples", "Across samples", samples_section(d, figs, colors)),
+        ("decode", "Decode steps", decode_section(d)),
+        ("generate", "Generation", generate_section(d)),
         ("taps", "Saturation and scales", taps_section(d, figs, colors)),
         ("tensors", "Per tensor", tensor_section(d, figs, colors, chosen)),
     ]

@@ -26,7 +26,8 @@ import numpy as np
 
 from ..metrics.compare import CompareError, compare_modes, same_basis
 from ..metrics.errors import sqnr_db
-from ..store.format import CaptureFile, load_capture
+from ..metrics.ranking import ORDER_TEXT, rank_layers
+from ..store.reader import CaptureFile, load_capture
 
 __all__ = ["ReportData", "load_report_data", "layer_and_site", "block_out_name", "as_float"]
 
@@ -48,7 +49,7 @@ def block_out_name(layer: int) -> str:
 
 
 def as_float(value) -> float | None:
-    """A JSON number or the strings "inf", "-inf", "nan" (how storage writes non-finite floats)."""
+    """A JSON number (1e999 is inf, schema 3) or, as schema 1-2 wrote them, the strings "inf", "-inf", "nan"."""
     if isinstance(value, bool) or value is None:
         return None
     try:
@@ -84,13 +85,13 @@ class ReportData:
 
     def tensors(self) -> list[str]:
         """Tensor names in capture order: the reference's first, then any only other modes have."""
-        names = list(self.capture.tensors(self.reference))
+        names = dict.fromkeys(self.capture.tensors(self.reference))   # a dict: linear in modes x tensors
         for mode in self.modes:
-            names += [t for t in self.capture.tensors(mode) if t not in names]
+            names.update(dict.fromkeys(self.capture.tensors(mode)))
         if not names and self.comparison:
             for rows in self.comparison["modes"].values():
-                names += [t for t in rows if t not in names]
-        return names
+                names.update(dict.fromkeys(rows))
+        return list(names)
 
     def array(self, mode: str, tensor: str) -> np.ndarray | None:
         if tensor not in self.capture.index.get(mode, {}):
@@ -160,8 +161,8 @@ class ReportData:
         return sqnr_db(ref, test)
 
     def sensitivity(self) -> dict[str, list[dict]]:
-        """mode -> layers ranked from most to least harmful: isolated SQNR where present, else the SQNR
-        the layer loses against the one before it (accumulated); plus the KL share of stats["sensitivity"]."""
+        """mode -> layers ranked from most to least harmful (metrics.ranking): by the KL of each layer alone
+        where stats["sensitivity"] has it, else isolated SQNR, else accumulated SQNR."""
         layers, acc, iso = self.layer_sqnr()
         extra = self.stats.get("sensitivity") if isinstance(self.stats.get("sensitivity"), dict) else {}
         out = {}
@@ -177,10 +178,14 @@ class ReportData:
                              "accumulated_sqnr_db": a,
                              "sqnr_drop_db": None if a is None or before is None or not math.isfinite(before) else before - a,
                              "kl": as_float(kl.get("kl")), "kl_share": as_float(kl.get("kl_share"))})
-            key = "isolated_sqnr_db" if mode in iso else "accumulated_sqnr_db"
-            rows.sort(key=lambda r: (r[key] is None, r[key] if r[key] is not None else 0.0, r["layer"]))
-            out[mode] = rows
+            out[mode] = rank_layers(rows)[1]
         return out
+
+    @staticmethod
+    def sensitivity_order(rows: list[dict]) -> str:
+        """The heading's words for the order of ``sensitivity()``'s rows (metrics.ranking)."""
+        key = rank_layers(rows)[0]
+        return ORDER_TEXT[key] if key else "by layer"
 
     def end_to_end(self) -> dict[str, dict]:
         e2e = self.stats.get("end_to_end")

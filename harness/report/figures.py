@@ -25,11 +25,12 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, MaxNLocator, NullLocator
 
+from .groups import array_key, equal_groups, group_label, keep_worst, series_key
 from .html import MARK
 
 __all__ = ["INT8_CLIP", "RC", "style", "render", "tensor_figure", "overflow_per_layer_figure", "error_histogram", "value_distribution",
            "error_vs_magnitude", "error_per_token", "error_per_channel", "taps_figure", "layer_sqnr_figure",
-           "end_to_end_figure", "samples_figure", "channel_profile", "mode_colors"]
+           "end_to_end_figure", "channel_profile", "mode_colors", "legend_outside"]
 
 # Symmetric int8 with round-to-nearest: values beyond ±127.5·scale leave the grid
 # (they round to ±128 and saturate at -128/127), so the clip lines sit there.
@@ -37,10 +38,11 @@ INT8_CLIP = 127.5
 MAX_HEATMAP_COLUMNS = 512
 
 # Fixed rendering settings: DejaVu Sans ships with matplotlib (no system font lookup,
-# no web font), the SVG id salt makes ids reproducible, Agg draws without a display.
+# no web font), the SVG id salt makes ids reproducible, Agg draws without a display; no mathtext, no TeX.
 RC = {"font.family": "DejaVu Sans", "font.size": 8.5, "axes.titlesize": 9, "svg.hashsalt": "quamba-harness",
       "svg.fonttype": "path", "figure.dpi": 80, "savefig.dpi": 80, "axes.grid": True, "grid.alpha": 0.3,
-      "legend.fontsize": 7, "axes.prop_cycle": matplotlib.rcParamsDefault["axes.prop_cycle"]}
+      "legend.fontsize": 7, "axes.prop_cycle": matplotlib.rcParamsDefault["axes.prop_cycle"],
+      "text.parse_math": False, "text.usetex": False}  # names (modes, tensors) are drawn as text: $...$ is no math
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#7f7f7f", "#bcbd22")
 _METADATA = {"png": {"Software": MARK}, "svg": {"Date": None, "Creator": MARK}}  # no date, no version; the mark
@@ -162,7 +164,8 @@ def value_distribution(ax, reference: np.ndarray, values: Mapping[str, np.ndarra
                 parts.append(f"{word} {100 * g[key]:.3g}%")
         ax.axvline(-clip, color=colors[mode], linestyle="--", linewidth=1)
         ax.axvline(clip, color=colors[mode], linestyle="--", linewidth=1, label=f"{mode} grid " + ", ".join(parts))
-    _log_counts(ax, "values and int8 clip lines (±127.5·scale)", "value")
+    _log_counts(ax, "values and int8 clip lines (±127.5·scale)" if clips else
+                "values (float in every mode shown: no int8 grid, no clip lines)", "value")
     return True
 
 
@@ -235,22 +238,32 @@ def error_per_channel(ax, errors: Mapping[str, np.ndarray], axis_name: str = "ch
 def tensor_figure(title: str, reference: np.ndarray, values: Mapping[str, np.ndarray], colors: Mapping[str, str],
                   grids: Mapping[str, dict] | None = None, axes: tuple[str, str] = ("token", "channel")) -> Figure | None:
     """The per-tensor panel: error histogram, values with clip lines, error vs magnitude, error per token
-    and per channel, for every mode in `values` that differs from the reference."""
+    and per channel, for every mode in `values` that differs from the reference. Modes with equal arrays
+    are drawn once, named together; at most MAX_SERIES groups (the largest RMS error); one legend, right
+    of the panels."""
     ref = np.asarray(reference, dtype=np.float64)
-    errors = {m: np.asarray(v, dtype=np.float64) - ref for m, v in values.items()
-              if np.shape(v) == ref.shape and not np.array_equal(v, reference)}
-    if ref.size == 0 or not errors:
+    differing = {m: v for m, v in values.items() if np.shape(v) == ref.shape and not np.array_equal(v, reference)}
+    if ref.size == 0 or not differing:
         return None
-    fig = _figure(12.5, 6.6, left=0.06, top=0.91, bottom=0.08, hspace=0.42, wspace=0.28)
+    groups = equal_groups({m: array_key(np.asarray(v)) for m, v in differing.items()})
+    rms = {h: float(np.sqrt(np.mean((np.asarray(differing[h], dtype=np.float64) - ref) ** 2))) for h in groups}
+    groups, left_out = keep_worst(groups, rms)
+    label = {h: group_label(members) for h, members in groups.items()}
+    errors = {label[h]: np.asarray(differing[h], dtype=np.float64) - ref for h in groups}
+    shown = {label[h]: differing[h] for h in groups}
+    tints = {label[h]: colors[h] for h in groups}
+    fig = _figure(12.5, 6.6, left=0.06, right=0.8, top=0.91, bottom=0.08, hspace=0.42, wspace=0.45)
     grid = fig.add_gridspec(2, 3)
-    error_histogram(fig.add_subplot(grid[0, 0]), errors, colors)
-    value_distribution(fig.add_subplot(grid[0, 1]), ref, {m: values[m] for m in errors}, colors,
-                       {m: g for m, g in (grids or {}).items() if m in errors})
-    error_vs_magnitude(fig.add_subplot(grid[0, 2]), ref, errors, colors)
-    error_per_token(fig.add_subplot(grid[1, 0:2]), errors, colors, axes[0])
+    error_histogram(fig.add_subplot(grid[0, 0]), errors, tints)
+    value_distribution(fig.add_subplot(grid[0, 1]), ref, shown, tints,
+                       {label[h]: g for h, g in (grids or {}).items() if h in label})
+    error_vs_magnitude(fig.add_subplot(grid[0, 2]), ref, errors, tints)
+    error_per_token(fig.add_subplot(grid[1, 0:2]), errors, tints, axes[0])
     error_per_channel(fig.add_subplot(grid[1, 2]), errors, axes[1])
-    fig.axes[0].legend(loc="upper right")
-    fig.axes[1].legend(loc="upper left", fontsize=6.5, framealpha=0.7)
+    handles, names = fig.axes[0].get_legend_handles_labels()
+    more, more_names = fig.axes[1].get_legend_handles_labels()
+    fig.legend(handles + more, names + more_names, loc="upper left", bbox_to_anchor=(0.81, 0.91), fontsize=6.5,
+               title=f"{left_out} more modes not drawn" if left_out else None)
     fig.suptitle(title)
     return fig
 
@@ -312,29 +325,43 @@ def overflow_per_layer_figure(layers: Sequence[int], saturated: Mapping[str, Seq
     return fig
 
 
+def legend_outside(ax, left_out: int = 0, **kw) -> None:
+    """The legend right of the axes, off the data; says how many modes were not drawn."""
+    title = f"{left_out} more modes not drawn" if left_out else None
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, title=title, **kw)
+
+
 def layer_sqnr_figure(layers: Sequence[int], accumulated: Mapping[str, Sequence[float]],
                       isolated: Mapping[str, Sequence[float]], colors: Mapping[str, str]) -> Figure | None:
-    """SQNR (dB) per layer for each mode: accumulated (solid) and isolated (dashed) on one chart."""
+    """SQNR (dB) per layer for each mode: accumulated (solid) and isolated (dashed) on one chart. Modes whose
+    lines would coincide are drawn once, named together ("2-0 = 2-1"); at most MAX_SERIES groups (the lowest
+    SQNR), the legend right of the axes."""
     if len(layers) < 2 or not (accumulated or isolated):
         return None
-    fig = _figure(9.5, 4.2, bottom=0.13, top=0.9)
+    modes = [m for m in colors if m in accumulated or m in isolated]
+    groups = equal_groups({m: (series_key(accumulated.get(m)), series_key(isolated.get(m))) for m in modes})
+    lowest = {h: -min([v for v in (*accumulated.get(h, ()), *isolated.get(h, ())) if v is not None and math.isfinite(v)]
+                      or [math.inf]) for h in groups}
+    groups, left_out = keep_worst(groups, lowest)
+    fig = _figure(12.5, 4.2, bottom=0.13, top=0.9, left=0.06, right=0.74)
     ax = fig.add_subplot()
-    for mode in colors:
+    for head, members in groups.items():
         for series, style, word in ((accumulated, "-", "accumulated"), (isolated, "--", "isolated")):
-            if mode in series:
-                y = [v if v is not None and math.isfinite(v) else np.nan for v in series[mode]]
-                ax.plot(layers, y, style, marker="o", markersize=3, color=colors[mode], label=f"{mode} {word}")
+            if head in series:
+                y = [v if v is not None and math.isfinite(v) else np.nan for v in series[head]]
+                ax.plot(layers, y, style, marker="o", markersize=3, color=colors[head],
+                        label=f"{group_label(members)} {word}")
     if len(layers) <= 32:
         ax.set_xticks(list(layers))
     ax.set_title("SQNR per layer (block output against the reference; higher is better)")
     ax.set_xlabel("layer")
     ax.set_ylabel("SQNR (dB)")
-    ax.legend(loc="best", ncols=2)
+    legend_outside(ax, left_out)
     return fig
 
 
 def _mean_ci(value) -> tuple[float | None, tuple[float, float] | None]:
-    """A number, or {"mean": m, "ci95": [lo, hi]}; strings "inf"/"nan" as JSON writes them."""
+    """A number, or {"mean" (or "mean_diff"): m, "ci95": [lo, hi]}; strings "inf"/"nan" as JSON writes them."""
     def num(v):
         try:
             return float(v)
@@ -342,7 +369,8 @@ def _mean_ci(value) -> tuple[float | None, tuple[float, float] | None]:
             return None
     if isinstance(value, dict):
         ci = value.get("ci95")
-        return num(value.get("mean")), (num(ci[0]), num(ci[1])) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None
+        return (num(value.get("mean", value.get("mean_diff"))),
+                (num(ci[0]), num(ci[1])) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None)
     return num(value), None
 
 
@@ -357,11 +385,14 @@ def _bars_with_ci(ax, modes: Sequence[str], values: Sequence, colors: Mapping[st
     ax.set_xticks(range(len(modes)), modes, rotation=30, ha="right")
 
 
-_E2E = (("kl", "mean KL(reference ‖ mode)"), ("top1_agreement", "top-1 agreement"), ("perplexity", "perplexity"))
+# perplexity itself is not drawn: bars from 0 hide differences of a fraction of a percent; its paired
+# difference to the reference is (docs/analysis.md)
+_E2E = (("kl", "mean KL(reference ‖ mode)"), ("top1_agreement", "top-1 agreement"),
+        ("perplexity_diff", "perplexity − reference (paired)"))
 
 
 def end_to_end_figure(end_to_end: Mapping[str, Mapping], colors: Mapping[str, str]) -> Figure | None:
-    """KL, top-1 agreement and perplexity per mode (bars; 95 % intervals where given)."""
+    """KL, top-1 agreement and the paired perplexity difference per mode (bars; 95 % intervals where given)."""
     panels = [(k, name) for k, name in _E2E if any(k in e for e in end_to_end.values())]
     if not panels:
         return None
@@ -370,20 +401,8 @@ def end_to_end_figure(end_to_end: Mapping[str, Mapping], colors: Mapping[str, st
     for ax, (key, name) in zip(axs, panels):
         modes = [m for m in colors if key in end_to_end.get(m, {})]
         _bars_with_ci(ax, modes, [end_to_end[m][key] for m in modes], colors)
+        if key == "perplexity_diff":
+            ax.axhline(0.0, color="#444444", linewidth=0.8)
         ax.set_title(name)
     fig.suptitle("end to end (final norm and lm_head included)")
-    return fig
-
-
-def samples_figure(tensor: str, metric: str, by_mode: Mapping[str, object], colors: Mapping[str, str],
-                   n_samples: int | None = None) -> Figure | None:
-    """One metric of one tensor per mode: mean over samples with its 95 % confidence interval."""
-    modes = [m for m in colors if m in by_mode]
-    if not modes:
-        return None
-    fig = _figure(6.2, 3.6, left=0.13, bottom=0.2, top=0.88)
-    ax = fig.add_subplot()
-    _bars_with_ci(ax, modes, [by_mode[m] for m in modes], colors)
-    ax.set_title(f"{tensor}: {metric}, mean and 95 % CI" + (f" over {n_samples} samples" if n_samples else ""))
-    ax.set_ylabel(metric)
     return fig

@@ -97,11 +97,13 @@ def section(title: str, body: str, anchor: str, note: str = "") -> str:
     return f'<section id="{esc(anchor)}"><h2>{esc(title)}</h2>{text}{body}</section>'
 
 
-def _worst(values: list[float | None], higher: bool) -> float | None:
+def _worst(values: list[float | None], higher: bool) -> str | None:
+    """The worst value as the table shows it (4 significant digits), None when every value shows the same:
+    rows that show equal values are highlighted alike, and none when nothing stands out."""
     finite = [v for v in values if isinstance(v, float) and not math.isnan(v)]
-    if len(finite) < 2 or max(finite) == min(finite):  # nothing stands out
+    if len(finite) < 2 or len({fmt_value(v) for v in finite}) == 1:
         return None
-    return max(finite) if higher else min(finite)
+    return fmt_value(max(finite) if higher else min(finite))
 
 
 def comparison_table(tensor: str, rows: dict[str, dict], reference: str, titles: dict[str, str]) -> str:
@@ -116,7 +118,8 @@ def comparison_table(tensor: str, rows: dict[str, dict], reference: str, titles:
         row = rows[mode]
         label = f"{mode} ({titles[mode]})" if titles.get(mode) else mode
         body.append([label] + [row.get(k) for k, _ in _COLUMNS])
-        classes.append([""] + ["worst" if worst.get(k) is not None and row.get(k) == worst[k] else "" for k, _ in _COLUMNS])
+        classes.append([""] + ["worst" if worst.get(k) is not None and isinstance(row.get(k), float)
+                               and fmt_value(row[k]) == worst[k] else "" for k, _ in _COLUMNS])
     headers = [f"mode vs {reference}"] + [h for _, h in _COLUMNS]
     return table(headers, body, classes=classes)
 

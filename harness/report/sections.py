@@ -13,15 +13,15 @@ from .figures import (
     layer_sqnr_figure,
     overflow_per_layer_figure,
     render,
-    samples_figure,
     taps_figure,
     tensor_figure,
 )
-from .data import BLOCK_SITES, ReportData, as_float, layer_and_site
+from .data import ReportData, as_float, block_out_name, layer_and_site
+from .groups import array_key
 from .html import comparison_table, esc, facts, fmt_value, image, section, table
 
 __all__ = ["Figures", "focus_layers", "header_section", "comparison_section", "layers_section", "end_to_end_section",
-           "samples_section", "taps_section", "tensor_section", "select_tensors", "AUTO_ALL_LIMIT"]
+           "taps_section", "tensor_section", "select_tensors", "AUTO_ALL_LIMIT"]
 
 # With up to this many tensors every one gets its figure; beyond it (e.g. 24 layers x all taps) every
 # tensor of the first captured layer and the block outputs of the focus layers do (--tensors chooses others).
@@ -99,16 +99,17 @@ def comparison_section(d: ReportData) -> str:
     groups = c.get("identical_groups") or []
     parts.append("<p><b>Bit-identical modes</b> (every shared tensor equal bit for bit): "
                  + (esc("; ".join(" = ".join(g) for g in groups)) if groups else "none") + "</p>")
+    unfolded = _open_tensors(d, list(by_tensor))
     for tensor, rows in by_tensor.items():
-        block = layer_and_site(tensor)[1] in BLOCK_SITES
         body = comparison_table(tensor, rows, d.reference, titles)
         summary = f"{esc(tensor)}"
-        parts.append(f"<details{' open' if block else ''}><summary>{summary}</summary>{body}</details>")
+        parts.append(f"<details{' open' if tensor in unfolded else ''}><summary>{summary}</summary>{body}</details>")
     skipped = [[m, t, r] for m, by in (c.get("skipped") or {}).items() for t, r in by.items()]
     if skipped:
         parts.append("<h3>Not compared</h3>" + table(["mode", "tensor", "reason"], skipped, left=3))
     note = (f"Every metric of every mode against {esc(d.reference)} (d = mode &minus; reference); the worst value "
-            "of each column is highlighted. Internal taps are folded; click to open.")
+            "of each column is highlighted. The last block output and the logits are open; click a tensor's name "
+            "for the others.")
     return section("Comparison", "".join(parts), "comparison", note)
 
 
@@ -125,7 +126,7 @@ def layers_section(d: ReportData, figs: Figures, colors: dict) -> str:
                 ("sqnr_drop_db", "SQNR lost at this layer dB"), ("kl", "KL with only this layer in the mode"),
                 ("kl_share", "share of end-to-end KL")]
         cols = [c for c in cols if any(r[c[0]] is not None for r in rows)]
-        parts.append(f"<h3>Sensitivity ranking: mode {esc(mode)} (most harmful first)</h3>"
+        parts.append(f"<h3>Sensitivity ranking: mode {esc(mode)} ({esc(d.sensitivity_order(rows))})</h3>"
                      + table([h for _, h in cols], [[r[k] for k, _ in cols] for r in rows]))
     return section("Error per layer", "".join(parts), "layers")
 
@@ -134,46 +135,30 @@ def end_to_end_section(d: ReportData, figs: Figures, colors: dict) -> str:
     e2e = d.end_to_end()
     if not e2e:
         return ""
-    cols = [k for k in ("kl", "top1_agreement", "cross_entropy", "perplexity") if any(k in e for e in e2e.values())]
+    cols = [k for k in ("kl", "top1_agreement", "cross_entropy", "perplexity", "perplexity_diff")
+            if any(k in e for e in e2e.values())]
 
     def cell(v):
+        if isinstance(v, dict) and "pooled" in v:  # several windows: exp(mean NLL of all tokens), windows' range
+            w = v.get("per_window") if isinstance(v.get("per_window"), dict) else {}
+            return (f"{fmt_value(as_float(v.get('pooled')))} (windows {fmt_value(as_float(w.get('min')))} to "
+                    f"{fmt_value(as_float(w.get('max')))})")
         if isinstance(v, dict):
-            ci = v.get("ci95") or [None, None]
-            return f"{fmt_value(as_float(v.get('mean')))} [{fmt_value(as_float(ci[0]))}, {fmt_value(as_float(ci[1]))}]"
+            ci = v.get("ci95") if isinstance(v.get("ci95"), list) and len(v.get("ci95")) == 2 else [None, None]
+            m = v.get("mean", v.get("mean_diff"))
+            return f"{fmt_value(as_float(m))} [{fmt_value(as_float(ci[0]))}, {fmt_value(as_float(ci[1]))}]"
         return as_float(v)
     rows = [[m, *[cell(e2e[m].get(k)) for k in cols]] for m in e2e]
     fig = end_to_end_figure(e2e, {m: colors.get(m, "#777777") for m in e2e})
-    body = figs.embed("end_to_end", fig, "end-to-end metrics per mode") + table(["mode", *cols], rows)
+    heads = {"perplexity_diff": f"perplexity − {d.reference} (paired)"}
+    body = figs.embed("end_to_end", fig, "end-to-end metrics per mode") + table(["mode", *[heads.get(c, c) for c in cols]],
+                                                                               rows)
     return section("End to end", body, "end-to-end",
                    "Next-token distributions of the whole model against the reference: mean KL(reference &#8214; mode), "
                    "top-1 agreement, cross-entropy and perplexity of the sample's actual next tokens "
-                   "(values with [95 % interval] when several samples ran).")
-
-
-def samples_section(d: ReportData, figs: Figures, colors: dict) -> str:
-    s = d.samples()
-    metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
-    if not metrics:
-        return ""
-    n = s.get("count")
-    parts = []
-    tensors = list(dict.fromkeys(t for by in metrics.values() if isinstance(by, dict) for t in by))
-    for tensor in tensors:
-        if layer_and_site(tensor)[1] not in BLOCK_SITES:
-            continue
-        names = list(dict.fromkeys(k for by in metrics.values() for k in (by.get(tensor) or {})))
-        for metric in [k for k in ("sqnr_db", "rel_l2", "mse") if k in names]:
-            by_mode = {m: by[tensor][metric] for m, by in metrics.items() if metric in (by.get(tensor) or {})}
-            fig = samples_figure(tensor, metric, by_mode, {m: colors.get(m, "#777777") for m in by_mode}, n)
-            parts.append(figs.embed(f"samples_{tensor}_{metric}", fig, f"{tensor} {metric} with 95 % CI"))
-    pairs = [p for p in s.get("pairs") or [] if isinstance(p, dict)]
-    if pairs:
-        rows = [[p.get("a"), p.get("b"), p.get("tensor", ""), p.get("metric"), as_float(p.get("mean_diff")),
-                 *[as_float(x) for x in (p.get("ci95") or [None, None])]] for p in pairs]
-        parts.append("<h3>Pairs of modes: mean difference (a &minus; b) with 95 % CI</h3>"
-                     + table(["a", "b", "tensor", "metric", "mean diff", "CI low", "CI high"], rows, left=4))
-    return section("Across samples", "".join(parts), "samples",
-                   f"Mean over {esc(n) if n else 'the'} samples with 95 % confidence intervals.")
+                   "(values with [95 % interval] when several samples ran). Perplexity over several windows is "
+                   "exp(mean NLL over every predicted token), with the windows' range; the mode's difference to "
+                   "the reference is paired (window by window), so text difficulty cancels.")
 
 
 def focus_layers(d: ReportData) -> list[int]:
@@ -227,14 +212,26 @@ def select_tensors(d: ReportData, wanted: list[str] | None) -> list[str]:
             or (layer_and_site(t)[0] in focus and layer_and_site(t)[1] in ("block.out", "block.isolated"))]
 
 
+def _open_tensors(d: ReportData, tensors: list[str]) -> set[str]:
+    """Tensors whose figures show unfolded: the last layer's block output and the logits."""
+    last = max(d.layers(), default=None)
+    return {t for t in tensors if t == "logits" or (last is not None and t == block_out_name(last))}
+
+
 def tensor_section(d: ReportData, figs: Figures, colors: dict, tensors: list[str]) -> str:
-    parts, same = [], []
+    parts, same, repeated, seen = [], [], [], {}
+    unfolded = _open_tensors(d, tensors)
     for tensor in tensors:
         ref = d.array(d.reference, tensor)
         if ref is None:
             continue
         values = {m: d.array(m, tensor) for m in d.modes if m != d.reference}
         values = {m: v for m, v in values.items() if v is not None}
+        signature = (array_key(ref), *[(m, array_key(v)) for m, v in values.items()])
+        if signature in seen:                       # e.g. layer 0's isolated output is its output
+            repeated.append(f"{tensor} (= {seen[signature]})")
+            continue
+        seen[signature] = tensor
         identical = [m for m, v in values.items() if np.array_equal(v, ref)]
         grids = {m: g for m in values if (g := d.grid(m, tensor))}
         site = layer_and_site(tensor)[1]
@@ -245,16 +242,23 @@ def tensor_section(d: ReportData, figs: Figures, colors: dict, tensors: list[str
             continue
         caption = (f"{esc(tensor)} {esc(list(ref.shape))}." + (f" Bit-identical to the reference: {esc(', '.join(identical))}."
                                                                if identical else ""))
-        parts.append(f"<h3>{esc(tensor)}</h3>" + figs.embed(f"tensor_{tensor}", fig, f"figures of {tensor}", caption))
+        parts.append(f"<details{' open' if tensor in unfolded else ''}><summary>{esc(tensor)}</summary>"
+                     + figs.embed(f"tensor_{tensor}", fig, f"figures of {tensor}", caption) + "</details>")
     if same:
         parts.append(f'<p class="note">Every mode equals the reference bit for bit in: {esc(", ".join(same))}.</p>')
-    left_out = [t for t in d.tensors() if t not in tensors]
+    if repeated:
+        parts.append(f'<p class="note">The same arrays in every mode as a tensor above (no second figure): '
+                     f'{esc(", ".join(repeated))}.</p>')
+    chosen = set(tensors)
+    left_out = [t for t in d.tensors() if t not in chosen]
     if left_out:
         parts.append(f'<p class="note">{len(left_out)} tensors have no figures here (draw them with --tensors): '
                      f'{esc(", ".join(left_out))}.</p>')
     if not parts:
         return ""
     return section("Per tensor", "".join(parts), "tensors",
-                   "Per tensor, every mode that differs from the reference: histogram of the error (log count); "
-                   "values with each int8 mode's clip lines at &plusmn;127.5&middot;scale; mean |error| against the "
-                   "reference's magnitude; RMS error per token (line) and per channel (heatmap).")
+                   "Per tensor, every mode that differs from the reference (modes with equal arrays drawn once, "
+                   "named together): histogram of the error (log count); values with each int8 mode's clip lines "
+                   "at &plusmn;127.5&middot;scale; mean |error| against the reference's magnitude; RMS error per "
+                   "token (line) and per channel (heatmap). The last block output and the logits are open; "
+                   "click a tensor's name for the others.")

@@ -5,8 +5,11 @@ import math
 
 from tabulate import tabulate
 
+from ..metrics.ranking import ORDER_TEXT, rank_layers
+
 __all__ = ["mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes", "end_to_end_table",
-           "sensitivity_tables"]
+           "sensitivity_tables", "sensitivity_rankings",
+           "at_header", "pooled_note", "failed_lines", "sample_mean_table"]
 
 _RULE = "=" * 98
 _TABLE_COLUMNS = ("mse", "mae", "rmse", "max_abs", "rel_l2", "sqnr_db", "cosine", "pearson", "p50", "p90", "p99")
@@ -50,6 +53,24 @@ def mode_summary(mode: str, entry: dict, tensors: list[str]) -> str:
     return "\n".join(lines)
 
 
+def at_header(tensor: str, ndim: int) -> str:
+    """The `at` column's heading: what each index of max|err|'s position is (b batch, t token, c channel;
+    with several samples a leading sample index; the SSM state is [batch, channel, state])."""
+    axes = ("b", "c", "state") if tensor.endswith("ssm.state") else ("b", "t", "vocab") if tensor == "logits" \
+        else ("b", "t", "c")
+    if ndim == len(axes) + 1:
+        axes = ("sample", *axes)
+    return f"at ({', '.join(axes)})" if ndim == len(axes) else "at (index)"
+
+
+def pooled_note(samples: int | None) -> str:
+    """The line that says a table's metrics pool every sample (one array of all windows)."""
+    if not samples or samples < 2:
+        return ""
+    return (f"\nPooled over the {samples} samples: each metric takes the {samples} windows together as one array "
+            "(per-sample means with 95 % intervals: the samples section of the stats; SQNR below)")
+
+
 def _rows(comparison: dict, tensor: str, titles: dict[str, str]) -> list[list[str]]:
     rows = []
     for mode, by_tensor in comparison["modes"].items():
@@ -64,20 +85,24 @@ def _rows(comparison: dict, tensor: str, titles: dict[str, str]) -> list[list[st
 
 
 def _tensor_order(comparison: dict) -> list[str]:
-    names: list[str] = []
+    names: dict[str, None] = {}       # a dict, not a list: linear in modes x tensors
     for by_tensor in comparison["modes"].values():
-        names += [t for t in by_tensor if t not in names]
-    return names
+        names.update(dict.fromkeys(by_tensor))
+    return list(names)
 
 
-def comparison_tables(comparison: dict, titles: dict[str, str] | None = None) -> str:
-    """One table per tensor: every mode against the reference, MSE and MAE first."""
+def comparison_tables(comparison: dict, titles: dict[str, str] | None = None, samples: int | None = None) -> str:
+    """One table per tensor: every mode against the reference, MSE and MAE first (samples > 1: said pooled)."""
     titles = titles or {}
     ref = comparison["reference"]
-    out = []
+    out = [pooled_note(samples)] if pooled_note(samples) else []
     for tensor in _tensor_order(comparison):
-        out.append(f"\n{tensor} vs {ref} (d = mode - {ref})")
-        out.append(tabulate(_rows(comparison, tensor, titles), headers=_HEADERS, disable_numparse=True))
+        rows = _rows(comparison, tensor, titles)
+        ndim = next((len(r["max_abs_index"]) for r in (by.get(tensor) for by in comparison["modes"].values())
+                     if r is not None), 3)
+        out.append(f"\n{tensor} vs {ref} (d = mode - {ref}{', pooled over the samples' if pooled_note(samples) else ''})")
+        out.append(tabulate(rows, headers=[at_header(tensor, ndim) if h == _HEADERS[5] else h for h in _HEADERS],
+                            disable_numparse=True))
     out.append(identical_text(comparison))
     for mode, skipped in comparison.get("skipped", {}).items():
         for tensor, reason in skipped.items():
@@ -107,8 +132,33 @@ def identical_text(comparison: dict) -> str:
         " = ".join(g) for g in groups)
 
 
-def short_comparison(comparison: dict, tensors: list[str]) -> str:
-    """Compact table for the capture run: MSE, MAE, SQNR and max|err| per mode and tensor."""
+def failed_lines(failed: dict[str, dict], reference: str) -> list[str]:
+    """compare's lines for the modes the capture recorded as failed: the error and the tensors missing."""
+    return [f"mode {mode} FAILED in the capture ({entry['error']}); tensors of {reference} it has no array for: "
+            f"{', '.join(entry['missing']) or 'none'}" for mode, entry in failed.items()]
+
+
+def sample_mean_table(samples: dict, modes: list[str], tensors: list[str] | None = None,
+                      metric: str = "sqnr_db") -> str:
+    """stats["samples"]: the per-sample mean of `metric` with its 95 % interval, per mode and tensor
+    (block tensors and logits only unless `tensors` names others)."""
+    metrics = samples.get("metrics") if isinstance(samples.get("metrics"), dict) else {}
+    rows = []
+    for mode in modes:
+        for tensor, by_metric in (metrics.get(mode) or {}).items():
+            keep = tensor in tensors if tensors else (tensor in ("input", "output", "residual")
+                                                      or ".block." in tensor)
+            if keep and isinstance(by_metric, dict) and isinstance(by_metric.get(metric), dict):
+                rows.append([mode, tensor, _value(by_metric[metric])])
+    if not rows:
+        return ""
+    return (f"\n{metric} per sample: mean [95 % CI] over the {samples.get('count')} samples (Student t)\n"
+            + tabulate(rows, headers=["mode", "tensor", f"{metric} mean [95 % CI]"], disable_numparse=True))
+
+
+def short_comparison(comparison: dict, tensors: list[str], samples: int | None = None) -> str:
+    """Compact table for the capture run: MSE, MAE, SQNR and max|err| per mode and tensor (pooled over the
+    samples when several ran: the table says so)."""
     rows = []
     for mode, by_tensor in comparison["modes"].items():
         for tensor in tensors:
@@ -119,49 +169,83 @@ def short_comparison(comparison: dict, tensors: list[str]) -> str:
     table = tabulate(rows, headers=("mode", "tensor", "MSE", "MAE", "SQNR dB", "max|err|", "identical"),
                      disable_numparse=True)
     notes = "".join(f"\n{line}" for line in undefined_notes(comparison))
-    return f"\ncomparison against {comparison['reference']}:\n{table}{identical_text(comparison)}{notes}"
+    pooled = ", pooled over the samples" if pooled_note(samples) else ""
+    return (f"{pooled_note(samples)}\ncomparison against {comparison['reference']}{pooled}:\n{table}"
+            f"{identical_text(comparison)}{notes}")
 
 
 def _value(v) -> str:
-    if isinstance(v, dict) and "mean" in v:
-        lo, hi = v.get("ci95", [None, None])
-        return f"{fmt(v['mean'])} [{fmt(lo)}, {fmt(hi)}]"
+    if isinstance(v, dict) and ("mean" in v or "mean_diff" in v):
+        lo, hi = (v.get("ci95") or [None, None])[:2]
+        return f"{fmt(v.get('mean', v.get('mean_diff')))} [{fmt(lo)}, {fmt(hi)}]"
+    if isinstance(v, dict) and "pooled" in v:
+        w = v.get("per_window") or {}
+        return f"{fmt(v['pooled'])} (windows {fmt(w.get('min'))} to {fmt(w.get('max'))})"
     return fmt(v)
 
 
 def end_to_end_table(e2e: dict, reference: str) -> str:
-    """stats["end_to_end"] as a table: KL(ref || mode), top-1 agreement, cross-entropy, perplexity."""
+    """stats["end_to_end"] as a table: KL(ref || mode), top-1 agreement, cross-entropy, perplexity and the
+    paired perplexity difference to the reference (docs/analysis.md)."""
     rows = [[m, _value(v.get("kl")), _value(v.get("top1_agreement")), _value(v.get("cross_entropy")),
-             _value(v.get("perplexity"))] for m, v in e2e.items()]
-    return (f"\nEnd to end against {reference} (mean [95 % CI] over samples where several ran):\n"
+             _value(v.get("perplexity")), _value(v.get("perplexity_diff"))] for m, v in e2e.items()]
+    several = any(isinstance(v.get("perplexity"), dict) for v in e2e.values())
+    note = ("\n(mean [95 % CI] over samples; perplexity = exp(mean NLL over every predicted token of every window), "
+            f"with the range of the windows' own; perplexity - {reference}: mean of the per-window differences "
+            "[paired 95 % CI])") if several else ""
+    return (f"\nEnd to end against {reference}:{note}\n"
             + tabulate(rows, headers=["mode", "KL(ref||mode)", "top-1 agreement", "cross-entropy (nats)",
-                                      "perplexity"], disable_numparse=True))
+                                      "perplexity", f"perplexity - {reference}"], disable_numparse=True))
 
 
-def sensitivity_tables(comparison: dict | None, sensitivity: dict | None, reference: str) -> str:
-    """Per mode, the captured layers ranked by isolated SQNR (lowest first; accumulated SQNR where the file
-    has no isolated outputs) with the share of the end-to-end KL each explains alone (--sensitivity)."""
+_SENS_COLUMNS = (("layer", "layer"), ("kl", "KL alone"), ("kl_share", "share of mode's KL"),
+                 ("isolated_sqnr_db", "isolated SQNR dB"), ("accumulated_sqnr_db", "accumulated SQNR dB"))
+
+
+def _block_layer(tensor: str) -> int | None:
+    if tensor == "output":
+        return 0
+    if tensor.startswith("L") and tensor.endswith((".block.isolated", ".block.out")):
+        head = tensor.split(".")[0][1:]
+        return int(head) if head.isdigit() else None
+    return None
+
+
+def sensitivity_rankings(comparison: dict | None, sensitivity: dict | None,
+                         layers: set[int] | None = None) -> dict[str, dict]:
+    """MODE -> {"ranked_by", "order", "layers": rows most harmful first} (metrics.ranking), from the compared
+    block outputs and stats["sensitivity"]; `layers` keeps only those layers (compare --tensors)."""
     modes = dict((comparison or {}).get("modes", {}))
-    parts = []
+    out = {}
     for mode in list(dict.fromkeys(list(modes) + list(sensitivity or {}))):
+        by_layer = (sensitivity or {}).get(mode) or {}
+        rows_of = modes.get(mode, {})
+        found = {_block_layer(t) for t in rows_of} | {int(k) for k in by_layer if str(k).isdigit()}
+        found = sorted(i for i in found if i is not None and (layers is None or i in layers))
         rows = []
-        by_layer = (sensitivity or {}).get(mode, {})
-        layers = sorted({int(t.split(".")[0][1:]) for t in modes.get(mode, {}) if t.startswith("L") and
-                         t.endswith((".block.isolated", ".block.out"))} | ({0} if "output" in modes.get(mode, {}) else set())
-                        | {int(k) for k in by_layer})
-        for layer in layers:
-            rows_of = modes.get(mode, {})
-            iso = rows_of.get(f"L{layer}.block.isolated", {}).get("sqnr_db")
-            acc = rows_of.get("output" if layer == 0 else f"L{layer}.block.out", {}).get("sqnr_db")
-            kl = by_layer.get(str(layer), {})
-            rows.append([layer, iso, acc, kl.get("kl"), kl.get("kl_share")])
+        for layer in found:
+            kl = by_layer.get(str(layer)) or {}
+            rows.append({"layer": layer, "kl": kl.get("kl"), "kl_share": kl.get("kl_share"),
+                         "isolated_sqnr_db": rows_of.get(f"L{layer}.block.isolated", {}).get("sqnr_db"),
+                         "accumulated_sqnr_db": rows_of.get("output" if layer == 0 else f"L{layer}.block.out",
+                                                            {}).get("sqnr_db")})
         if not rows or len(rows) < 2 and not by_layer:
             continue
-        key = 1 if any(r[1] is not None for r in rows) else 2
-        rows.sort(key=lambda r: (r[key] is None, r[key] if isinstance(r[key], (int, float)) else 0.0, r[0]))
-        parts.append(f"\nSensitivity of mode {mode} against {reference} (layers ranked by "
-                     f"{'isolated' if key == 1 else 'accumulated'} SQNR, worst first):\n"
-                     + tabulate([[fmt(c) if not isinstance(c, int) else c for c in r] for r in rows],
-                                headers=["layer", "isolated SQNR dB", "accumulated SQNR dB", "KL alone",
-                                         "share of mode's KL"], disable_numparse=True))
+        key, ranked = rank_layers(rows)
+        if key is not None:
+            out[mode] = {"ranked_by": key, "order": ORDER_TEXT[key], "layers": ranked}
+    return out
+
+
+def sensitivity_tables(comparison: dict | None, sensitivity: dict | None, reference: str,
+                       layers: set[int] | None = None) -> str:
+    """Per mode, the captured layers most harmful first: by the KL of each layer alone where --sensitivity
+    measured it, else by isolated SQNR, else by accumulated SQNR; the heading says which."""
+    parts = []
+    for mode, ranking in sensitivity_rankings(comparison, sensitivity, layers).items():
+        rows = ranking["layers"]
+        cols = [(k, h) for k, h in _SENS_COLUMNS if k == "layer" or any(r[k] is not None for r in rows)]
+        parts.append(f"\nSensitivity of mode {mode} against {reference} ({ranking['order']}):\n"
+                     + tabulate([[r[k] if k == "layer" else fmt(r[k]) for k, _ in cols] for r in rows],
+                                headers=[h for _, h in cols], disable_numparse=True))
     return "".join(parts)

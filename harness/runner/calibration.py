@@ -21,16 +21,18 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..runtime.log import warn
 from ..emulation.build import build_backbone
-from ..runtime.guard import fault_point
+from ..runtime.guard import Progress, fault_point
 from ..modes import CALIBRATION_RECIPES
 from ..emulation.observers import MinMaxObserver, PercentileObserver
 from ..spec import SCALE_NAMES, HookPoint, LayerScales
 from ..store.files import read_regular
+from .calibcost import estimate_seconds
 from .weightbank import WeightBank
 
 __all__ = ["CalibrationSettings", "CalibrationResult", "calibrate", "run_observers", "default_cache_dir",
@@ -84,8 +86,10 @@ class CalibrationResult:
 
 
 def run_observers(bank: WeightBank, windows: torch.Tensor, depth: int, alpha: float,
-                  batch_size: int, prep: str = "quamba") -> tuple[list[LayerScales], list[dict]]:
-    """Forward the windows (num, seqlen) through the calibration model of `prep` in batches; scales of layers 0..depth."""
+                  batch_size: int, prep: str = "quamba", *,
+                  step: Callable[[], None] | None = None) -> tuple[list[LayerScales], list[dict]]:
+    """Forward the windows (num, seqlen) through the calibration model of `prep` in batches; scales of layers
+    0..depth. step: called after each batch (progress)."""
     model = build_backbone(CALIBRATION_RECIPES[prep], bank, None, depth, calibration=True)
     observers = [{name: (PercentileObserver(alpha) if kind == "percentile" else MinMaxObserver())
                   for name, (_, kind) in OBSERVED_AT.items()} for _ in range(depth + 1)]
@@ -100,6 +104,8 @@ def run_observers(bank: WeightBank, windows: torch.Tensor, depth: int, alpha: fl
         for batch in windows.split(batch_size):
             model(batch)
             fault_point("calibration")
+            if step is not None:
+                step()
     finally:
         for handle in handles:
             handle.remove()
@@ -121,7 +127,15 @@ def _layer_keys(prefix_hashes: list[str], windows: torch.Tensor, settings: Calib
 
 
 def _read_cached(path: Path, key: str) -> LayerScales:
-    """Raises ValueError (with the reason) for anything but a valid entry for `key`."""
+    """Raises ValueError (with the reason) for anything but a valid entry for `key`; an entry nested too deep
+    to parse or to checksum (RecursionError) is one of those, reported and recomputed like any other."""
+    try:
+        return _parse_cached(path, key)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a calibration cache entry (RecursionError)") from None
+
+
+def _parse_cached(path: Path, key: str) -> LayerScales:
     try:
         data = json.loads(read_regular(path, _MAX_CACHE_BYTES, lambda what: ValueError(f"it is {what}")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -162,8 +176,10 @@ def _write_cached(path: Path, key: str, layer: int, scales: LayerScales, state: 
 
 
 def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int,
-              prefix_hashes: list[str], cache_dir: Path | None, prep: str = "quamba") -> CalibrationResult:
-    """Scales of layers 0..depth for modes of `prep`, from the cache when every layer's entry is valid, else computed."""
+              prefix_hashes: list[str], cache_dir: Path | None, prep: str = "quamba", *,
+              progress: Progress | None = None) -> CalibrationResult:
+    """Scales of layers 0..depth for modes of `prep`, from the cache when every layer's entry is valid, else computed.
+    progress: shown the computation (batches, an estimate of its time: ``calibcost``)."""
     keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings, prep)
     info: dict = {"prep": prep, "settings": asdict(settings), "keys": keys, "tokens": int(windows.numel())}
     problems = []
@@ -184,7 +200,13 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
     for problem in problems:
         warn(f"{problem}; recomputing the calibration")
     start = time.perf_counter()
-    scales, states = run_observers(bank, windows, depth, settings.alpha, settings.batch_size, prep)
+    progress = Progress() if progress is None else progress
+    batches = -(-windows.shape[0] // settings.batch_size)
+    estimate = estimate_seconds(int(windows.numel()), depth + 1, bank.dims)
+    with progress.stage(f"calibrating (prep={prep}, {windows.shape[0]} x {windows.shape[1]} tokens, "
+                        f"layers 0..{depth})", batches, "batches", estimate):
+        scales, states = run_observers(bank, windows, depth, settings.alpha, settings.batch_size, prep,
+                                       step=progress.advance)
     for layer, layer_scales in enumerate(scales):
         bad = _bad_scales(layer_scales)
         if bad:  # never cached, never used

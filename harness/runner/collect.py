@@ -58,8 +58,9 @@ class _Spill:
 
 class Collector:
     def __init__(self, writer: PairWriter | None, reference: str, modes: dict[str, dict], recipes: list,
-                 keep: bool = True, spill_dir: Path | None = None) -> None:
+                 keep: bool = True, spill_dir: Path | None = None, *, unstored: frozenset[str] = frozenset()) -> None:
         self.writer, self.reference, self.modes, self.keep = writer, reference, modes, keep
+        self.unstored = unstored                # tensors compared but never written (--no-logits: logits)
         self.ref_names: list[str] = []          # the reference's tensors, in order
         self.ref_done = False
         self._ref_mem: dict[str, np.ndarray] = {}
@@ -126,6 +127,10 @@ class Collector:
             for chunk in held:
                 self._compare_and_store(mode, chunk)
 
+    def store_only(self, mode: str, arrays: dict[str, np.ndarray]) -> None:
+        """Arrays that are written but take no part in the comparison (generated token ids)."""
+        self._store(mode, arrays)
+
     def failed(self, mode: str) -> None:
         """The mode failed part way: its held chunks are dropped and it leaves the comparison."""
         for table in (self._held, self.rows, self.skipped, self.digests, self.pending):
@@ -175,7 +180,8 @@ class Collector:
         self.digests.setdefault(mode, {}).update({t: np.frombuffer(d, dtype=np.uint8) for t, d in digests.items()})
         if self.writer is not None:
             for tensor, arr in arrays.items():
-                self.writer.add(array_key(mode, tensor), arr, digests[tensor])
+                if tensor not in self.unstored:
+                    self.writer.add(array_key(mode, tensor), arr, digests[tensor])
         if self.keep:
             self.by_mode.setdefault(mode, {}).update(arrays)
 

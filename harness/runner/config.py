@@ -43,7 +43,7 @@ class RunConfig:
     stats_only: bool = False
     resume: bool = False
     compress: bool = False
-    dedup: bool = True
+    dedup: bool = False  # --dedup: a tap array equal to an earlier one is stored once (an alias)
     reference: str = "fp32"
     argv: list[str] = field(default_factory=list)
     rerun: list[str] = field(default_factory=list)  # with resume: modes run again although the file holds them
@@ -55,6 +55,9 @@ class RunConfig:
     device: str = "cpu"
     keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
     report: bool = False              # the caller writes the HTML report next to the output: its path is checked
+    decode: int = 0                   # teacher-forced decode steps after the --seq_len prompt (runner.decode)
+    generate: int = 0                 # greedy tokens each mode generates after the prompt (runner.generate)
+    store_logits: bool = True         # with end_to_end: the logits arrays go to the .npz (False: metrics only)
 
 
 @dataclass

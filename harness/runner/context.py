@@ -40,6 +40,7 @@ class RunContext:
     depth: int
     progress: Progress
     emit: Callable[[str], None]
+    decode_ids: torch.Tensor | None = None  # --decode N: (1, L + N), the prompt and the teacher-forced tokens
 
     def scales(self, recipe: ModeRecipe) -> list[LayerScales] | None:
         """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
@@ -63,3 +64,4 @@ class ModeLoopResult:
     ref_logits: list[np.ndarray] | None = None
     ref_inputs: RefInputs | None = None
     shared_ops: dict | None = None
+    ref_generated: np.ndarray | None = None  # --generate: the reference's greedy ids (1, N)

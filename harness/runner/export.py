@@ -20,6 +20,7 @@ from .calibration import CalibrationSettings, calibrate
 from ..checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows
 from ..checkpoints.loading import ModelDirError, load_tokenizer, open_checkpoint, refuse_in
 from ..emulation.build import build_backbone
+from ..runtime.guard import Progress
 from ..modes import CALIBRATION_RECIPES
 from ..emulation.modules import EmuRMSNorm
 from ..emulation.observers import MinMaxObserver
@@ -55,7 +56,8 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0])) if t.shape[0] < rows else t
 
 
-def _lm_head_input_scale(bank: WeightBank, windows: torch.Tensor, batch_size: int, depth: int) -> float:
+def _lm_head_input_scale(bank: WeightBank, windows: torch.Tensor, batch_size: int, depth: int,
+                         step: Callable[[], None] = lambda: None) -> float:
     """Min-max scale of lm_head's input (modelutils_mamba.py:182-189): the final norm's fp16 output of the
     calibration model (weight 1: folded into lm_head) over the calibration windows."""
     model = build_backbone(CALIBRATION_RECIPES["quamba"], bank, None, depth, calibration=True)
@@ -63,6 +65,7 @@ def _lm_head_input_scale(bank: WeightBank, windows: torch.Tensor, batch_size: in
     observer = MinMaxObserver()
     for batch in windows.split(batch_size):
         observer.observe(norm(model(batch)))
+        step()
     return observer.compute_scale()
 
 
@@ -79,8 +82,23 @@ def _config(dims, vocab: int, embedding_layer: str, lm_head_layer: str) -> dict:
             "lm_head_cfg": {"layer": lm_head_layer}}
 
 
-def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
+def _check_output_dir(out: Path) -> None:
+    """Before any work: the output must be a new path or an empty real directory (a link, even to an empty
+    directory or to nothing, cannot be replaced by the finished directory: it failed after the calibration)."""
+    if out.is_symlink():
+        raise ExportError(f"--output_dir {out} is a symbolic link (to {os.readlink(out)}); nothing is written "
+                          f"through links, name a new directory")
+    parent = next((p for p in out.parents if p.exists() or p.is_symlink()), Path.cwd())
+    if not parent.is_dir():
+        raise ExportError(f"--output_dir {out}: {parent} is not a directory; name a new directory")
+
+
+def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Progress | None = None) -> Path:
+    """Calibrate and write the checkpoint; progress: shown the long phases (a new, silent one if None)."""
+    progress = Progress() if progress is None else progress
+    progress.phase = "checking the inputs"
     out = Path(cfg.output_dir)
+    _check_output_dir(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--output_dir {out} exists and is not an empty directory; nothing is overwritten, "
                           f"name a new directory")
@@ -96,16 +114,24 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
     tok_files = [tok_dir / n for n in TOKENIZER_FILES if is_regular(tok_dir / n, refuse_in(tok_dir / n))]  # copied
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
-    windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+    with progress.stage("reading the calibration text"):
+        windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
     bank = WeightBank(ckpt)
-    result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir, "quamba")
+    result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir, "quamba",
+                       progress=progress)
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
-    lm_scale = _lm_head_input_scale(bank, windows.ids, cfg.calib.batch_size, depth) if cfg.quantize_lm_head else None
+    lm_scale = None
+    if cfg.quantize_lm_head:
+        with progress.stage("calibrating lm_head's input", -(-windows.ids.shape[0] // cfg.calib.batch_size),
+                            "batches"):
+            lm_scale = _lm_head_input_scale(bank, windows.ids, cfg.calib.batch_size, depth, progress.advance)
     layers = []
-    for i in range(dims.n_layer):
-        layers.append(bank.layer(i, "int8", True, "quamba"))
-        bank.release(i)  # keep only the int8 codes of the blocks already done
+    with progress.stage("quantizing the weights", dims.n_layer, "layers"):
+        for i in range(dims.n_layer):
+            layers.append(bank.layer(i, "int8", True, "quamba"))
+            bank.release(i)  # keep only the int8 codes of the blocks already done
+            progress.advance()
     vocab = dims.vocab_size
     rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
     # the rotated fp16 rows the int8 modes embed with (Quamba1: fp16, not quantized)
@@ -122,6 +148,7 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print) -> Path:
     config = _config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding",
                      "W8A8B16O16Linear" if cfg.quantize_lm_head else "Linear")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    progress.phase = f"writing {out}"
     try:
         tmp.mkdir(parents=True)
         write_quamba(tmp, dims, config, layers, result.scales, embedding=embedding, lm_head=lm_head,

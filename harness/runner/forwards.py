@@ -18,6 +18,7 @@ import contextlib
 
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -213,7 +214,7 @@ class Forward:
 
 
 def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None, on_layer=None,
-             shared: SharedOps | None = None) -> ModeRun:
+             shared: SharedOps | None = None, *, step: Callable[[], None] | None = None) -> ModeRun:
     """Run one mode on every sample; the points L{i}.block.isolated in `fwd.points` are replayed on
     ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference itself).
     The result's ``block_inputs`` are the mode's own inputs of the isolated layers and `fwd.keep_inputs`
@@ -225,6 +226,7 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
     device "cuda": the modules' tensors move there and every op runs under torch.device("cuda");
     arrays come back to the CPU (untested: docs/analysis.md "Device").
     shared: the run's ops shared across modes (harness.runner.sharedops); None computes every op.
+    step: called when a block has run on every sample (progress).
     """
     recipe, device = fwd.recipe, fwd.device
     model = to_device(build_backbone(recipe, bank, fwd.scales, bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth),
@@ -241,7 +243,7 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
             run.per_sample[name] = per_sample_of(arr, len(fwd.samples))
 
     with on_device(device):
-        _run_blocks(fwd, model, ref_inputs, run, on_layer or collect)
+        _run_blocks(fwd, model, ref_inputs, run, on_layer or collect, step=step)
         if head is not None:
             run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
     run.residuals = []
@@ -253,7 +255,8 @@ def per_sample_of(arr: np.ndarray, n: int) -> list[np.ndarray]:
     return [arr] if n == 1 else list(arr)
 
 
-def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, run: ModeRun, deliver) -> None:
+def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, run: ModeRun, deliver, *,
+                step: Callable[[], None] | None = None) -> None:
     recipe, samples, points, basis, device = fwd.recipe, fwd.samples, fwd.points, fwd.basis, fwd.device
     rotate = recipe.rotate == Rotate.YES
     iso_layers = {parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED}
@@ -302,6 +305,8 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
             deliver(*_layer_arrays(recipe, basis, per_sample, codes, meta))
             del per_sample, codes
             release_freed()  # the block's activations, gone to the file, leave the process too
+        if step is not None:
+            step()
 
 
 def _original_basis(shared: SharedOps | None, layer: int, site: str, values: torch.Tensor) -> torch.Tensor:
@@ -326,7 +331,8 @@ def _layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.
 
 @torch.no_grad()
 def sensitivity_kl(mode: Forward, ref: Forward, bank: WeightBank, ref_inputs: RefInputs,
-                   ref_logits: list[np.ndarray], layers: list[int], kl) -> dict[int, list[float]]:
+                   ref_logits: list[np.ndarray], layers: list[int], kl, *,
+                   step: Callable[[], None] | None = None) -> dict[int, list[float]]:
     """layer -> per-sample KL(reference || model with only that block in `mode.recipe`).
 
     The reference's residual entering block i (its captured block input) plus the mode's block i
@@ -349,4 +355,6 @@ def sensitivity_kl(mode: Forward, ref: Forward, bank: WeightBank, ref_inputs: Re
                 for block in ref_model.blocks[layer + 1:]:
                     _, residual = block(residual)
                 out[layer].append(kl(ref_logits[k], ref_head(residual).to(torch.float32).cpu().numpy()))
+                if step is not None:
+                    step()  # one forward of one sample (progress)
     return out

@@ -17,6 +17,8 @@ from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, st
 from ..runtime.log import error
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
+from .decode import decode_mode
+from .generate import GENERATED, divergence, greedy_ids
 from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
 from ..modes import ModeRecipe, Rotate
@@ -40,7 +42,8 @@ def run_todo(ctx: RunContext, todo: list[ModeRecipe], modes: dict, collector: Co
     ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
     keep_only(ctx.bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
     for n, recipe in enumerate(ordered):
-        _run_one(ctx, recipe, _ModeRun(modes, collector, loop, shared, bool(iso_layers), wanted))
+        with ctx.progress.stage(f"mode {recipe.name}", ctx.depth + 1, "layers"):
+            _run_one(ctx, recipe, _ModeRun(modes, collector, loop, shared, bool(iso_layers), wanted))
         ctx.emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in ctx.points if "block." in p]))
         keep_only(ctx.bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
         if n == 0:
@@ -60,6 +63,18 @@ class _ModeRun:
     shared: SharedOps
     isolated: bool
     wanted: tuple[int, ...]
+
+
+def _generate(ctx: RunContext, forward: Forward, entry: dict, collector: Collector, loop: ModeLoopResult,
+              is_ref: bool) -> None:
+    """--generate N: the mode's greedy ids (stored, not compared as numbers) and where they leave the reference's."""
+    ids = greedy_ids(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank)
+    collector.store_only(forward.recipe.name, {GENERATED: ids})
+    entry["generate"] = {"ids": ids[0].tolist()}
+    if is_ref:
+        loop.ref_generated = ids
+    elif loop.ref_generated is not None:
+        entry["generate"].update(divergence(loop.ref_generated, ids))
 
 
 def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
@@ -94,10 +109,16 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
         forward = Forward(recipe, ctx.scales(recipe), samples, ctx.points, ctx.depth, cfg.basis,
                           end_to_end=cfg.end_to_end or cfg.sensitivity, keep_inputs=run_.wanted if is_ref else (),
                           device=cfg.device)
-        run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared)
+        run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared,
+                       step=progress.advance)
         if run.logits:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
+        if ctx.decode_ids is not None:
+            decode_mode(ctx, forward, on_layer, entry,
+                        None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names))
+        if cfg.generate:
+            _generate(ctx, forward, entry, collector, loop, is_ref)
         if is_ref:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))

@@ -39,7 +39,7 @@ from ..checkpoints.loading import ModelDirError
 from ..modes import ModeError, ModeRecipe, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
 from ..report.target import check_target, report_path
-from ..report.text import sensitivity_tables, short_comparison
+from ..report.text import sample_mean_table, sensitivity_tables, short_comparison
 from .studies import run_studies
 from .modeloop import run_todo
 from .resume import ResumeError, previous_modes, recorded_recipe
@@ -141,6 +141,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        "yet; write a new --output_file instead")
     if cfg.samples < 1:
         raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
+    _check_decode(cfg)
     select_points([0], cfg.taps, {**POINTS, **MAMBA2_POINTS})  # an unknown tap: an input error before anything is opened
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
@@ -153,6 +154,9 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
     if ckpt.dims.architecture != "mamba1":  # presets mean other modes there, and Mamba-1-only modes are refused
         recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
+        if cfg.decode or cfg.generate:
+            raise RunError(f"--decode and --generate run Mamba-1 blocks only; {cfg.model} is a "
+                           f"{ckpt.dims.architecture} model (its decode step is not implemented)")
     n_layer = ckpt.dims.n_layer
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
@@ -162,7 +166,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        f"(valid: 0..{n_layer - 1})")
     if cfg.isolated:
         points += [point_name(i, ISOLATED) for i in sorted({parse_point(p)[0] for p in points})]
-    if cfg.end_to_end or cfg.sensitivity:  # the whole model runs: every block is read and calibrated
+    if cfg.end_to_end or cfg.sensitivity or cfg.generate:  # the whole model runs: every block is read and calibrated
         depth = n_layer - 1
     float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
     if float_less:
@@ -184,19 +188,19 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
 def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, models, tok, *,
                 emit: Callable[[str], None], progress: Progress) -> RunOutcome:
     ckpt = models.primary
-    progress.phase = "reading the text"
-    with ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
+    with progress.stage("reading the text"), ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
-        text = read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)  # N disjoint windows, in order
+        text = _read_text(tok, cfg)  # N disjoint windows, in order (with --decode: one, plus the steps' tokens)
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
             if models.needs_calibration(recipes) else None
         prefix = hashing.result()
-    ids = text.ids.reshape(cfg.samples, cfg.seq_len)
-    check_token_ids(ids, ckpt.dims.vocab_size, tok.path)
+    all_ids = text.ids.reshape(cfg.samples, -1)  # (1, L + N) with --decode
+    ids = all_ids[:, :cfg.seq_len]
+    check_token_ids(all_ids, ckpt.dims.vocab_size, tok.path)
     if calib_text is not None:
         check_token_ids(calib_text.ids, ckpt.dims.vocab_size, tok.path)
-    provenance = _provenance(cfg, ckpt, tok, text, ids, prefix=prefix, depth=depth, points=points)
+    provenance = _provenance(cfg, ckpt, tok, text, all_ids, prefix=prefix, depth=depth, points=points)
     kept = previous_modes(cfg, provenance, calib_text) if cfg.resume else {}
     requested = {r.name for r in recipes}
     if cfg.reference_required and cfg.reference not in requested | set(kept):
@@ -238,23 +242,29 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     calibs = {}
     for prep in dict.fromkeys(r.prep for r in todo if r.needs_calibration):
         calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
-            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep)
+            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep, progress=progress)
     infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
              for prep, c in calibs.items()}
     provenance["calibration"] = next(iter(infos.values()), None)
     provenance["calibration_by_prep"] = infos
+    if cfg.decode:  # the SSM state scale the W8A8 step re-quantizes at, per layer
+        for prep, c in calibs.items():
+            if isinstance(c, CalibrationResult):
+                infos[prep]["s_h"] = [s.s_h for s in c.scales]
 
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}
     timestamp, model_path = _timestamp(), Path(cfg.model)
-    meta = {"token_ids": ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
+    meta = {"token_ids": all_ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
             "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
-    ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit)
+    ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit,
+                     decode_ids=all_ids if cfg.decode else None)
     with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup, progress) as writer:  # streamed as modes finish
         for key, arr in meta.items():
             writer.add(key, arr)
         collector = Collector(None if cfg.stats_only else writer, cfg.reference, modes, recipes, cfg.keep_arrays,
-                              Path(cfg.output_file).parent)
+                              Path(cfg.output_file).parent,
+                              unstored=frozenset() if cfg.store_logits else frozenset({"logits"}))
         for mode, k in kept.items():  # file order first; modes run again take their place
             if mode not in todo_names:
                 modes[mode] = {**k.entry, "resumed": True}
@@ -266,6 +276,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                     collector.end(mode)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
         loop = run_todo(ctx, todo, modes, collector)
+        _generated_text(modes, tok, cfg.reference)
         provenance["shared_ops"] = loop.shared_ops
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
@@ -278,8 +289,42 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                                                   "format": models.float_ckpt.format,
                                                   "tensors_read": models.float_ckpt.read_summary()}
         studies = run_studies(ctx, recipes, modes, loop)
-        return _finish(ctx, writer, collector, ids, modes=modes, comparison=comparison, provenance=provenance,
+        return _finish(ctx, writer, collector, all_ids, modes=modes, comparison=comparison, provenance=provenance,
                        studies=studies, timestamp=timestamp)
+
+
+def _check_decode(cfg: RunConfig) -> None:
+    """--decode N: one sample, a fresh file, on the CPU (runner.decode)."""
+    if cfg.decode < 0:
+        raise RunError(f"--decode must be a positive number of steps, got {cfg.decode}")
+    if cfg.generate < 0:
+        raise RunError(f"--generate must be a positive number of tokens, got {cfg.generate}")
+    if (cfg.decode or cfg.generate) and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
+        raise RunError("--decode and --generate run one sample (--samples 1) on the CPU into a new file: they do "
+                       "not combine with --samples > 1, --resume or --device cuda yet")
+
+
+def _generated_text(modes: dict, tok, reference: str) -> None:
+    """--generate: each mode's generated ids as text, beside the reference's (the report shows both)."""
+    ref = modes.get(reference, {}).get("generate")
+    for entry in modes.values():
+        gen = entry.get("generate")
+        if gen is not None:
+            gen["text"] = tok.tok.decode(gen["ids"])
+            gen["tokens"] = [tok.tok.decode([i]) for i in gen["ids"]]
+            if ref is not None:
+                gen["reference_text"] = tok.tok.decode(ref["ids"])
+
+
+def _read_text(tok, cfg: RunConfig):
+    """The sample: seq_len * samples tokens, or with --decode N the prompt and the N tokens the steps are fed."""
+    if not cfg.decode:
+        return read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)
+    try:
+        return read_sample(tok, cfg.text_file, cfg.seq_len + cfg.decode)
+    except DataError as e:
+        raise DataError(f"--decode {cfg.decode} needs --seq_len {cfg.seq_len} + {cfg.decode} = "
+                        f"{cfg.seq_len + cfg.decode} tokens of {cfg.text_file}: {e}") from None
 
 
 def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:
@@ -294,9 +339,10 @@ def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None
                  f"this width ({reason}); the harness rotates it anyway")
 
 
-def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str):
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str, *,
+               progress: Progress | None = None):
     try:
-        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep)
+        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep, progress=progress)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
         error(f"calibration failed: {type(e).__name__}: {e}")
         return e
@@ -326,7 +372,10 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
     if comparison is None:
         _no_comparison(cfg, [m for m, e in modes.items() if e.get("status") == "ok"])
     elif "error" not in comparison:
-        emit(short_comparison(comparison, block_io_names(collector.ref_names)))
+        names = block_io_names(collector.ref_names)
+        emit(short_comparison(comparison, names, cfg.samples))
+        if studies.get("samples"):
+            emit(sample_mean_table(studies["samples"], list(comparison["modes"]), names))
         if cfg.isolated or cfg.sensitivity:
             emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
     model_path = Path(cfg.model)
@@ -334,8 +383,11 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
              "stats_only": cfg.stats_only, "provenance": provenance, "modes": modes, "aliases": writer.aliases,
              "comparison": comparison, "failed_modes": failed, **studies}
+    if cfg.end_to_end:  # --no-logits: the end-to-end metrics are there, the logits arrays are not
+        stats["logits_stored"] = cfg.store_logits and not cfg.stats_only
     ctx.progress.phase = "writing the files"
     stats = writer.commit(stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
+         + ("; the logits were not stored (--no-logits)" if cfg.end_to_end and not cfg.store_logits else "")
          + (f"; failed modes: {', '.join(failed)}" if failed else ""))
     return RunOutcome(stats, collector.by_mode, failed, ids.numpy())

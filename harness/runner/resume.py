@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..modes import KNOBS, ModeError, ModeRecipe
-from ..store.format import StorageError, load_capture, stats_path
+from ..store.format import StorageError, stats_path
+from ..store.reader import load_capture
 
 __all__ = ["ResumeError", "Kept", "previous_modes", "recorded_recipe"]
 

@@ -3,8 +3,10 @@
 Input is what ``analysis.run_mode`` gives per mode: arrays per sample and logits per
 sample. Output (docs/analysis.md):
 
-    end_to_end  = {MODE: {"kl", "top1_agreement", "cross_entropy", "perplexity"}}
-                  numbers for one sample, {"mean", "ci95"} for several (the reference included)
+    end_to_end  = {MODE: {"kl", "top1_agreement", "cross_entropy", "perplexity", "perplexity_diff"}}
+                  numbers for one sample, {"mean", "ci95"} for several (the reference included); perplexity
+                  over several samples {"pooled", "per_window"}, "perplexity_diff" (not for the reference)
+                  the paired per-window difference mode - reference {"mean_diff", "ci95"}
     samples     = {"count": N, "windows": [[start, end], ...],
                    "metrics": {MODE: {TENSOR: {METRIC: {"mean", "ci95", "per_sample"}}}},
                    "pairs": [{"a", "b", "tensor", "metric", "mean_diff", "ci95"}]}
@@ -27,7 +29,7 @@ from .context import ModeLoopResult, RunContext
 from .forwards import Forward, sensitivity_kl
 from ..emulation.capture import point_name
 from ..metrics.compare import same_basis
-from ..metrics.logits import end_to_end_metrics, kl_divergence
+from ..metrics.logits import end_to_end_metrics, kl_divergence, pooled_perplexity
 from ..metrics.intervals import mean_ci, paired_difference
 from ..metrics.errors import error_metrics
 from ..report.text import end_to_end_table
@@ -42,8 +44,10 @@ LOGITS = "logits"
 
 
 def end_to_end_rows(ref_logits: list[np.ndarray], logits: list[np.ndarray], samples) -> list[dict[str, float]]:
-    """Per sample {"kl", "top1_agreement", "cross_entropy", "perplexity"} of one mode against the reference."""
-    return [end_to_end_metrics(ref_logits[k], logits[k], np.asarray(samples[k])) for k in range(len(samples))]
+    """Per sample {"kl", "top1_agreement", "cross_entropy", "perplexity", "predicted"} of one mode against the
+    reference ("predicted": the window's tokens that have a next token, the weight of its cross-entropy)."""
+    return [{**end_to_end_metrics(ref_logits[k], logits[k], np.asarray(samples[k])),
+             "predicted": int(np.asarray(samples[k])[..., 1:].size)} for k in range(len(samples))]
 
 
 def _summary(values: list[float]) -> float | dict:
@@ -53,9 +57,36 @@ def _summary(values: list[float]) -> float | dict:
     return {"mean": s["mean"], "ci95": s["ci95"]}
 
 
-def end_to_end_stats(per_sample: dict[str, list[dict[str, float]]]) -> dict:
-    return {mode: {m: _summary([row[m] for row in rows]) for m in END_TO_END_METRICS}
-            for mode, rows in per_sample.items()}
+def _perplexity(rows: list[dict]) -> float | dict:
+    """One window: its perplexity. Several: {"pooled": exp(mean NLL over every predicted token of every window)
+    (what papers report), "per_window": {"mean", "ci95", "min", "max"} of the windows' own perplexities}."""
+    if len(rows) == 1:
+        return rows[0]["perplexity"]
+    per = [r["perplexity"] for r in rows]
+    s = mean_ci(per)
+    return {"pooled": pooled_perplexity([r["cross_entropy"] for r in rows], [r["predicted"] for r in rows]),
+            "per_window": {"mean": s["mean"], "ci95": s["ci95"], "min": min(per), "max": max(per)}}
+
+
+def _perplexity_diff(rows: list[dict], ref_rows: list[dict]) -> float | dict:
+    """Paired: d_k = perplexity of window k under the mode minus under the reference; one window: d_0;
+    several: {"mean_diff", "ci95"} (intervals.paired_difference)."""
+    mine, ref = [r["perplexity"] for r in rows], [r["perplexity"] for r in ref_rows]
+    if len(rows) == 1:
+        return mine[0] - ref[0]
+    return paired_difference(mine, ref)
+
+
+def end_to_end_stats(per_sample: dict[str, list[dict[str, float]]], reference: str | None = None) -> dict:
+    """MODE -> KL, top-1 agreement, cross-entropy (a number, or mean with CI), perplexity (``_perplexity``)
+    and, for every mode but `reference`, "perplexity_diff" (``_perplexity_diff``)."""
+    out = {}
+    for mode, rows in per_sample.items():
+        out[mode] = {m: _summary([row[m] for row in rows]) for m in END_TO_END_METRICS if m != "perplexity"}
+        out[mode]["perplexity"] = _perplexity(rows)
+        if reference in per_sample and mode != reference:
+            out[mode]["perplexity_diff"] = _perplexity_diff(rows, per_sample[reference])
+    return out
 
 
 def mode_sample_rows(ref: dict[str, list[np.ndarray]], mine: dict[str, list[np.ndarray]], mode: str,
@@ -113,7 +144,7 @@ def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dic
     out: dict = {}
     e2e = {m: loop.e2e[m] for m in ok if m in loop.e2e}
     if e2e and cfg.end_to_end:
-        out["end_to_end"] = end_to_end_stats(e2e)
+        out["end_to_end"] = end_to_end_stats(e2e, cfg.reference)
         emit(end_to_end_table(out["end_to_end"], cfg.reference))
     if cfg.samples > 1:
         out["samples"] = sample_section({m: loop.rows.get(m, {}) for m in ok}, e2e if cfg.end_to_end else None,
@@ -126,9 +157,10 @@ def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dic
         for mode in ok:
             if mode == cfg.reference:
                 continue
-            ctx.progress.phase = f"sensitivity of mode {mode}"
             mode_fwd, ref_fwd = (Forward(r, ctx.scales(r), ctx.samples, ctx.points, ctx.depth, device=cfg.device)
                                  for r in (by_name[mode], ref))
-            kl = sensitivity_kl(mode_fwd, ref_fwd, ctx.bank, loop.ref_inputs, loop.ref_logits, cfg.layers, kl_divergence)
+            with ctx.progress.stage(f"sensitivity of mode {mode}", len(cfg.layers) * len(ctx.samples), "forwards"):
+                kl = sensitivity_kl(mode_fwd, ref_fwd, ctx.bank, loop.ref_inputs, loop.ref_logits, cfg.layers,
+                                    kl_divergence, step=ctx.progress.advance)
             out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])
     return out

@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .progress import PhaseDisplay
+
 __all__ = ["Interrupted", "LockError", "OutputLock", "handle_signals", "deferred_signals", "fault_point",
            "Progress", "FAULT_ENV"]
 
@@ -50,10 +52,49 @@ class LockError(ValueError):
 
 
 class Progress:
-    """What the run is doing and what is on disk, for the one line printed on interruption."""
+    """What the run is doing and what is on disk, for the one line printed on interruption; with a
+    `display` (``progress.PhaseDisplay``, given by the command lines unless --quiet) the long phases
+    are also shown while they run: ``begin``/``advance``/``end``, or ``stage`` around a phase."""
 
-    def __init__(self) -> None:
+    def __init__(self, display: "PhaseDisplay | None" = None) -> None:
+        self.display = display
         self.reset()
+
+    @classmethod
+    def on_stderr(cls) -> "Progress":
+        """A Progress that shows the long phases on stderr (the command lines')."""
+        return cls(PhaseDisplay())
+
+    def silenced(self, quiet: bool = True) -> "Progress":
+        """This Progress, showing nothing from now on when `quiet` (--quiet)."""
+        if quiet:
+            self.display = None
+        return self
+
+    def begin(self, phase: str, total: int = 0, unit: str = "", estimate: float | None = None) -> None:
+        """A phase starts: `total` steps of `unit` (0: unknown), `estimate` seconds if known."""
+        self.phase = phase
+        if self.display is not None:
+            self.display.begin(phase, total, unit, estimate)
+
+    def advance(self, n: int = 1) -> None:
+        if self.display is not None:
+            self.display.advance(n)
+
+    def end(self, status: str = "done") -> None:
+        if self.display is not None:
+            self.display.end(status)
+
+    @contextmanager
+    def stage(self, phase: str, total: int = 0, unit: str = "", estimate: float | None = None) -> Iterator[None]:
+        """begin ... end around a block; a block left by an exception (or an interruption) ends it as stopped."""
+        self.begin(phase, total, unit, estimate)
+        try:
+            yield
+        except BaseException:
+            self.end("stopped")
+            raise
+        self.end()
 
     def reset(self, output: Path | None = None) -> None:
         self.phase = "starting"

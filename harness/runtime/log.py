@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import sys
 
+from .progress import before_message
+
 __all__ = ["logger", "warn", "error"]
 
 
 class _Stderr(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            before_message()  # a progress line drawn in place on a terminal is wiped first
             print(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
         except Exception:  # noqa: BLE001 - logging's contract: a failing handler never raises
             self.handleError(record)

@@ -9,7 +9,7 @@ Array keys (all float32 unless noted):
     token_ids                                 int64 [1, seq_len]
     timestamp, model, pretrained_dir (str), seq_len (int)   scalar metadata of the research tool
 
-Mode names never contain "_", so keys parse unambiguously. A tap array that is
+Mode names never contain "_", so keys parse unambiguously. With ``--dedup`` a tap array that is
 bit-identical to one written before it is stored once; the manifest's "aliases"
 maps the missing key to the stored one and ``load_capture`` resolves it.
 
@@ -18,6 +18,8 @@ Schema versions of the manifest (``schema_version``):
     2  adds ``npz`` = {"file", "sha256", "bytes"}: the content hash of the .npz it belongs to;
        modes.{mode} also holds the research tool's layout: "input" and "output" (layer 0), each with
        shape, first_10, mean, std, min, max (``research_stats``), beside "tensors".
+    3  non-finite numbers as JSON numbers (1e999, -1e999) and null for NaN instead of strings; tap
+       arrays deduplicated only when asked (``--dedup``), so every key ``np.load`` users expect exists.
 Files without a manifest (the research tool's) are read as version 0.
 
 The pair is one unit (``write_pair``): the .npz goes to a temporary file, is fsynced and hashed;
@@ -34,25 +36,23 @@ import json
 import math
 import os
 import zipfile
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .files import (StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_kind, file_sha256,
+from .files import (StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_sha256,
     fsync_dir, open_regular, remove_files, temp_file, write_file)
 from ..emulation.capture import array_key, parse_array_key, tensor_name  # the one naming authority
 from ..runtime.guard import Progress, deferred_signals, fault_point
 
 __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array_key", "parse_array_key",
-           "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays", "load_capture",
-           "CaptureFile", "check_writable", "json_safe", "METADATA_KEYS", "write_pair", "check_output",
+           "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays",
+           "check_writable", "json_safe", "json_text", "METADATA_KEYS", "write_pair", "check_output",
            "pending_path", "file_sha256", "MAX_MANIFEST_BYTES", "RESEARCH_STAT_KEYS",
            "research_stats", "PairWriter", "array_digest"]
 
-SCHEMA_VERSION = 2
-SUPPORTED_SCHEMA_VERSIONS = (0, 1, 2)
+SCHEMA_VERSION = 3
+SUPPORTED_SCHEMA_VERSIONS = (0, 1, 2, 3)
 MAX_MANIFEST_BYTES = 1 << 30
 # stats["modes"][mode]["input" | "output"] of the research tool's _stats.json (save_first_layer_io.py:322-341)
 RESEARCH_STAT_KEYS = ("shape", "first_10", "mean", "std", "min", "max")
@@ -69,15 +69,31 @@ def stats_path(npz_path: Path) -> Path:
     return npz_path.with_name(f"{stem}_stats.json")
 
 
+# Strict JSON has no Infinity or NaN. Since schema 3 an infinity is written as the JSON number 1e999
+# (-1e999), which every JSON parser reads as a number and Python, numpy and JavaScript read as +-inf
+# (so `stats[...]["sqnr_db"] == float("inf")` and `np.isinf` work), and a NaN as null. Schema 1-2
+# wrote the strings "inf", "-inf", "nan"; readers accept both (report.data restores them).
+_INF_MARK = "\x00inf\x00"  # a string no stats value can hold (paths and argv cannot contain NUL)
+_NEG_INF_MARK = "\x00-inf\x00"
+
+
 def json_safe(obj):
-    """Replace non-finite floats by the strings "inf", "-inf", "nan" (strict JSON has no such numbers)."""
+    """Non-finite floats in the on-disk convention: +-inf as markers that ``json_text`` writes as the
+    numbers 1e999 / -1e999, NaN as None (null)."""
     if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+        return None if math.isnan(obj) else (_INF_MARK if obj > 0 else _NEG_INF_MARK)
     if isinstance(obj, dict):
         return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
     return obj
+
+
+def json_text(obj, indent: int | None = 2) -> str:
+    """Strict JSON of `obj` with non-finite numbers as 1e999, -1e999 and null (see ``json_safe``)."""
+    text = json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+    mark = json.dumps(_INF_MARK)
+    return text.replace(json.dumps(_NEG_INF_MARK), "-1e999").replace(mark, "1e999")
 
 
 def _npz_writer(arrays: dict[str, np.ndarray], compress: bool):
@@ -106,7 +122,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool = False)
 
 
 def _json_bytes(obj: dict) -> bytes:
-    return (json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n").encode("utf-8")
+    return (json_text(obj) + "\n").encode("utf-8")
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -270,125 +286,9 @@ def dedup_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], 
     return kept, aliases
 
 
-@dataclass
-class CaptureFile:
-    """A loaded capture: arrays by mode and tensor, the manifest (None for research-tool files)."""
-
-    path: Path
-    npz: "np.lib.npyio.NpzFile"
-    manifest: dict | None
-    aliases: dict[str, str] = field(default_factory=dict)
-    index: dict[str, dict[str, str]] = field(default_factory=dict)  # mode -> tensor -> stored key
-
-    def modes(self) -> list[str]:
-        return list(self.index)
-
-    def tensors(self, mode: str) -> list[str]:
-        return list(self.index.get(mode, {}))
-
-    def array(self, mode: str, tensor: str) -> np.ndarray:
-        """The stored array; a member that is not a numeric array of at least one axis (object, string, a 0-d
-        scalar, corrupted bytes or compressed stream) is a StorageError naming the member: a bad file."""
-        key = self.index.get(mode, {}).get(tensor)
-        try:
-            arr = self.npz[key]
-        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError, TypeError, zlib.error) as e:
-            raise StorageError(f"{self.path}: cannot read array {array_key(mode, tensor)} (member {key}.npy, "
-                               f"{type(e).__name__}: {e})") from None
-        if not isinstance(arr, np.ndarray):
-            raise StorageError(f"{self.path}: cannot read array {key}: member {key}.npy is not a .npy array")
-        if arr.dtype.kind not in "fiub":
-            raise StorageError(f"{self.path}: array {key} has dtype {arr.dtype}; capture arrays are numeric "
-                               f"(float, int or bool)")
-        if arr.ndim == 0:
-            raise StorageError(f"{self.path}: member {key}.npy holds a 0-d value ({arr.dtype} scalar), not a "
-                               f"tensor; capture arrays have at least one axis ([batch, tokens, channels])")
-        return arr
-
-    def tensor_meta(self, mode: str, tensor: str) -> dict:
-        if not self.manifest:
-            return {}
-        return self.manifest.get("modes", {}).get(mode, {}).get("tensors", {}).get(tensor, {})
-
-
-def _check_manifest(spath: Path, manifest: dict) -> None:
-    """The fields a reader relies on have the types it expects."""
-    version = manifest.get("schema_version", 0)
-    if version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise StorageError(f"{spath}: schema_version {version!r} is not supported; "
-                           f"supported: {', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}")
-    modes, aliases = manifest.get("modes", {}), manifest.get("aliases", {})
-    problem = None
-    if not isinstance(modes, dict) or not all(isinstance(e, dict) for e in modes.values()):
-        problem = "'modes' must map mode names to objects"
-    elif not all(isinstance(e.get("tensors", {}), dict) for e in modes.values()):
-        problem = "each mode's 'tensors' must be an object"
-    elif not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
-        problem = "'aliases' must map array keys to array keys"
-    elif "npz" in manifest and not (isinstance(manifest["npz"], dict) and isinstance(manifest["npz"].get("sha256"), str)):
-        problem = "'npz' must be an object with the .npz's sha256"
-    if problem:
-        raise StorageError(f"{spath} is not a valid stats file: {problem}")
-
-
-def _matching_manifest(path: Path) -> dict | None:
-    """The manifest that belongs to the .npz at `path` (checked by sha256), None if it has none."""
-    spath, pending = stats_path(path), pending_path(path)
-    manifest = read_json(spath) if os.path.lexists(spath) else None
-    if manifest is not None:
-        _check_manifest(spath, manifest)
-    recorded = (manifest or {}).get("npz", {}).get("sha256")
-    if manifest is not None and recorded is None:
-        return manifest  # schema 1: no hash recorded
-    actual = file_sha256(path) if (recorded is not None or os.path.lexists(pending)) else None
-    if recorded is not None and recorded == actual:
-        return manifest
-    if os.path.lexists(pending):  # killed between the two renames: the pending manifest is the new pair's
-        try:
-            candidate = read_json(pending)
-            _check_manifest(pending, candidate)
-        except StorageError:
-            candidate = None
-        if candidate is not None and candidate.get("npz", {}).get("sha256") == actual:
-            return candidate
-    if manifest is None:
-        return None
-    raise StorageError(f"{path} does not match {spath}: the stats file records an .npz with sha256 "
-                       f"{recorded[:16]}..., the file has {actual[:16]}... (one of the two was replaced or "
-                       f"modified outside the harness); re-run the capture, or move {spath.name} away to read "
-                       f"the arrays without statistics")
-
-
-def load_capture(path: Path) -> CaptureFile:
-    """Open a capture .npz (never unpickling) and its _stats.json manifest if there is one.
-
-    The manifest must belong to this .npz (its recorded sha256, schema 2); see ``write_pair``.
-    """
-    path = Path(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise StorageError(f"capture file {path} does not exist") from None
-    except OSError as e:
-        raise StorageError(f"cannot read capture file {path}: {e.strerror}") from None
-    kind = file_kind(st.st_mode)
-    if kind is not None:
-        raise StorageError(f"capture file {path} is {kind}; give a .npz file")
-    try:
-        npz = np.load(path, allow_pickle=False)
-        if not isinstance(npz, np.lib.npyio.NpzFile):
-            raise ValueError("it holds a single array, not a .npz archive")
-        keys = list(npz.keys())
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise StorageError(f"{path} is not a readable .npz file ({type(e).__name__}: {e})") from None
-    manifest = _matching_manifest(path)
-    aliases = dict((manifest or {}).get("aliases", {}))
-    index: dict[str, dict[str, str]] = {}
-    for key in keys + [k for k in aliases if k not in keys]:
-        parsed = parse_array_key(key)
-        if parsed is not None:
-            index.setdefault(parsed[0], {})[parsed[1]] = aliases.get(key, key)
-    if manifest and manifest.get("modes"):  # manifest order (the run's order) first
-        ordered = {m: index[m] for m in manifest["modes"] if m in index}
-        index = {**ordered, **{m: v for m, v in index.items() if m not in ordered}}
-    return CaptureFile(path, npz, manifest, aliases, index)
+def __getattr__(name: str):
+    """The reader moved to ``store.reader``; ``from harness.store.format import load_capture`` still works."""
+    if name in ("CaptureFile", "load_capture"):
+        from . import reader
+        return getattr(reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

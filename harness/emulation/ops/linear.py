@@ -55,11 +55,14 @@ def int8_gemm(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
     return int8_gemm_float(x2, w_codes).reshape(*x_codes.shape[:-1], w_codes.shape[0])
 
 
-def int8_gemm_float(x_codes: torch.Tensor, w_codes: torch.Tensor) -> torch.Tensor:
-    """``int8_gemm`` by exact float matmuls (module docstring): x (..., k) int8, w (n, k) int8 -> (..., n) int32."""
+def int8_gemm_float(x_codes: torch.Tensor, w_codes: torch.Tensor, w_float: torch.Tensor | None = None) -> torch.Tensor:
+    """``int8_gemm`` by exact float matmuls (module docstring): x (..., k) int8, w (n, k) int8 -> (..., n) int32.
+
+    w_float: w_codes already as fp32 (a decode step's GEMV reuses it: converting the weight is most of its cost).
+    """
     if torch.get_float32_matmul_precision() != "highest":  # reduced-precision fp32 GEMMs would not be exact
         return (x_codes.to(torch.float64) @ w_codes.to(torch.float64).t()).to(torch.int32)
-    xf, wf = x_codes.to(torch.float32), w_codes.to(torch.float32)
+    xf, wf = x_codes.to(torch.float32), w_codes.to(torch.float32) if w_float is None else w_float
     acc = None
     for start in range(0, xf.shape[-1], _EXACT_K):
         block = (xf[..., start:start + _EXACT_K] @ wf[:, start:start + _EXACT_K].t()).to(torch.float64)

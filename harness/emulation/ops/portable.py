@@ -27,7 +27,7 @@ import torch
 
 from .quant import round_half_even
 
-__all__ = ["exp", "exp_", "log1p", "sigmoid", "silu", "softplus", "sqrt", "sum_last"]
+__all__ = ["exp", "exp_", "log", "log1p", "sigmoid", "silu", "softplus", "sqrt", "sum_last"]
 
 # exp(x) = 2^m * 2^(j/256) * exp(r) with k = round(x * 256 / ln 2) = 256 m + j and r = x - k ln2 / 256,
 # |r| <= ln2 / 512. ln 2 is split Cody-Waite style (fdlibm e_exp.c): _LN2_HI has its low 21 bits zero,
@@ -132,6 +132,14 @@ def log1p(y: torch.Tensor) -> torch.Tensor:
         res = torch.where(u == 1.0, yd, res)
         flat_out[start:start + _CHUNK] = torch.where(finite, res, yd)
     return out
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    """Natural log of fp32 x > 0 (finite, normal), the same bits on every CPU: float64 ``_log64``, one rounding.
+
+    Triton's softplus ``log(exp(x) + 1)`` (the decode step's state update) takes the log of an fp32 sum.
+    """
+    return _log64(x.to(torch.float64)).to(torch.float32)
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:

@@ -69,10 +69,17 @@ def round_with(x: torch.Tensor, rounding: Rounding) -> torch.Tensor:
 
 
 def saturate_int8(r: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Clamp already-rounded values to [-128, 127]; returns (int8 codes, how many were clipped)."""
+    """Clamp already-rounded values to [-128, 127]; returns (int8 codes, how many were clipped).
+
+    A NaN has no code (the cast would make it 0 and hide it from every later check): it raises
+    FloatingPointError, which fails the mode that computed it. +-Inf saturates like any large value.
+    """
     lo, hi = torch.aminmax(r)
     if lo >= _QMIN and hi <= _QMAX:  # the usual case: one pass to check, nothing to clip
         return r.to(torch.int8), 0
+    if bool(torch.isnan(lo) | torch.isnan(hi)):  # aminmax propagates NaN: free on the usual path
+        raise FloatingPointError(f"non-finite values: {int(torch.isnan(r).sum())} NaN of {r.numel()} values "
+                                 f"reach an int8 quantization (NaN has no int8 code)")
     n_clipped = int(((r < _QMIN) | (r > _QMAX)).sum())
     return r.clamp(_QMIN, _QMAX).to(torch.int8), n_clipped
 

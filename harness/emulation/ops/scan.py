@@ -112,13 +112,15 @@ def _gate(y: torch.Tensor, z: torch.Tensor, order: ScanOrder) -> torch.Tensor:
 def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_log: QTensor | torch.Tensor,
                    B: QTensor | torch.Tensor, C: QTensor | torch.Tensor, D: QTensor | torch.Tensor,
                    z: QTensor | torch.Tensor, *, delta_bias: QTensor | torch.Tensor, order: ScanOrder,
-                   out: FloatOut) -> tuple[torch.Tensor, torch.Tensor]:
+                   out: FloatOut, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the scan; every operand may be int8 (dequantized here) or fp32.
 
     u, delta, z: (batch, seqlen, d_inner); B, C: (batch, seqlen, d_state);
     A_log: (d_inner, d_state); D, delta_bias: (d_inner,).
     Returns y: (batch, seqlen, d_inner) fp32 holding out.dtype values, and the
-    final state h: (batch, d_inner, d_state) fp32.
+    final state h: (batch, d_inner, d_state) fp32. h0: the state before the first token,
+    (batch, d_inner, d_state) fp32 (zero when None): a decode step is this scan over one token from
+    the carried state, so it repeats the prefill's arithmetic at that position bit for bit.
     """
     u, z, Bf, Cf = dequantize(u), dequantize(z), dequantize(B), dequantize(C)
     A = -portable.exp(dequantize(A_log))                                   # (d_inner, d_state)
@@ -128,7 +130,8 @@ def selective_scan(u: QTensor | torch.Tensor, delta: QTensor | torch.Tensor, A_l
     batch, seqlen, d_inner = u.shape
     d_state = At.shape[0]
     chunk = max(1, min(seqlen, _CHUNK_ELEMENTS // max(1, batch * d_state * d_inner)))
-    h = torch.zeros(batch, d_state, d_inner, dtype=torch.float32)
+    h = torch.zeros(batch, d_state, d_inner, dtype=torch.float32) if h0 is None else \
+        h0.to(torch.float32).transpose(1, 2).contiguous()
     y = torch.empty(batch, seqlen, d_inner, dtype=torch.float32)
     # three (chunk, batch, d_state, d_inner) buffers reused by every chunk; in-place ops, same arithmetic
     buffers = torch.empty(3, chunk, batch, d_state, d_inner, dtype=torch.float32)

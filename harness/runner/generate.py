@@ -1,0 +1,43 @@
+"""Free-running greedy generation of one mode (--generate N): where does its text leave the reference's?
+
+Each mode runs the prefill over the prompt (the first --seq_len tokens of the sample), takes the argmax of
+its logits at the last position as the first generated token, and feeds every generated token back through
+its own recurrent step (``EmuBackbone.step``, docs/decode.md), N tokens in all. Stored:
+``mode_{m}__generated_ids`` int64 [1, N]; per mode in the stats: the ids, the first step whose token differs
+from the reference's, the agreement rate, and (added by the pipeline) the decoded text.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..emulation.build import build_backbone
+from .forwards import Forward, build_head
+from .weightbank import WeightBank
+
+__all__ = ["GENERATED", "greedy_ids", "divergence"]
+
+GENERATED = "generated_ids"  # the tensor name (capture.array_key: mode_{m}__generated_ids)
+
+
+@torch.no_grad()
+def greedy_ids(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank) -> np.ndarray:
+    """N greedy tokens of fwd's mode after prompt (1, L): int64 (1, N). Ties go to the lowest id (torch.argmax)."""
+    model = build_backbone(fwd.recipe, bank, fwd.scales, bank.dims.n_layer - 1)
+    head = build_head(fwd.recipe, bank)
+    residual, states = model.prefill(prompt)
+    token = head(residual[:, -1:]).argmax(-1)                     # (1, 1)
+    out = [token]
+    for _ in range(steps - 1):
+        residual, states = model.step(token, states)
+        token = head(residual).argmax(-1)
+        out.append(token)
+    return torch.cat(out, dim=1).to(torch.int64).numpy()
+
+
+def divergence(ref_ids: np.ndarray, ids: np.ndarray) -> dict:
+    """{"first_divergence": the first step whose token differs (None when none), "agreement": the fraction of
+    steps with the reference's token}. ref_ids, ids: (1, N) int64."""
+    same = np.asarray(ref_ids).reshape(-1) == np.asarray(ids).reshape(-1)
+    first = np.flatnonzero(~same)
+    return {"first_divergence": int(first[0]) if first.size else None, "agreement": float(same.mean())}

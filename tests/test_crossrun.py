@@ -1,0 +1,78 @@
+"""compare A.npz --against B.npz: the first tensor in execution order where two runs differ."""
+import json
+
+import numpy as np
+import pytest
+
+from harness.cli import capture_main, compare_main
+from harness.emulation.capture import array_key
+from harness.metrics.crossrun import execution_key
+from harness.runner.crossrun import CrossRunError, compare_files
+from harness.store.format import load_capture
+from helpers import FAST_CLI, run_cli
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """A capture with decode steps, and a copy (no manifest, as a GPU dump) where two tensors of mode 0 differ:
+    decode.L0.block.out at step 3 and decode.L1.ssm.out at step 2 (the earlier one in execution order)."""
+    d = tmp_path_factory.mktemp("cross")
+    a = d / "A.npz"
+    assert run_cli(capture_main, ["--modes", "fp32", "0", *FAST_CLI, "--decode", 4, "--layers", "0", "1",
+                                  "--taps", "ssm.out", "--output_file", a, "--quiet"]) == 0
+    cap = load_capture(a)
+    arrays = {array_key(m, t): np.array(cap.array(m, t)) for m in cap.modes() for t in cap.tensors(m)}
+    arrays["token_ids"] = np.array(cap.npz["token_ids"])
+    arrays[array_key("0", "decode.L0.block.out")][0, 3, 7] += 1e-2
+    arrays[array_key("0", "decode.L1.ssm.out")][0, 2, 5] += 1e-3
+    b = d / "B.npz"
+    np.savez(b, **arrays)
+    return a, b, d
+
+
+def test_the_first_differing_tensor_is_the_earliest_in_execution_order(two_runs):
+    a, b, _ = two_runs
+    result = compare_files(a, b)
+    assert result["modes"]["fp32"]["first_differing"] is None
+    mode0 = result["modes"]["0"]
+    assert mode0["first_differing"] == {"tensor": "decode.L1.ssm.out", "step": 2}
+    row = mode0["tensors"]["decode.L0.block.out"]
+    assert not row["equal"] and row["first_bad_step"] == 3 and row["max_abs"] == pytest.approx(1e-2, rel=1e-3)
+    assert all(r["equal"] for t, r in mode0["tensors"].items() if t not in ("decode.L0.block.out", "decode.L1.ssm.out"))
+
+
+def test_tolerances_decide_what_counts_as_differing(two_runs):
+    a, b, _ = two_runs
+    assert compare_files(a, b, atol=2e-3)["modes"]["0"]["first_differing"] == {"tensor": "decode.L0.block.out",
+                                                                                  "step": 3}
+    assert compare_files(a, b, atol=2e-2)["modes"]["0"]["first_differing"] is None
+
+
+def test_execution_order_is_prefill_then_step_by_step():
+    names = ["decode.L1.ssm.out", "L1.block.out", "input", "decode.logits", "logits", "L0.ssm.out", "decode.L0.block.in"]
+    assert [n for n in sorted(names, key=execution_key)] == ["input", "L0.ssm.out", "L1.block.out", "logits",
+                                                             "decode.L0.block.in", "decode.L1.ssm.out", "decode.logits"]
+    assert execution_key("decode.L1.ssm.out", 0) < execution_key("decode.L0.block.in", 1)
+
+
+def test_files_with_other_token_ids_are_refused(two_runs, capsys):
+    a, b, d = two_runs
+    with np.load(b) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["token_ids"] = arrays["token_ids"].copy()
+    arrays["token_ids"][0, 5] += 1
+    c = d / "C.npz"
+    np.savez(c, **arrays)
+    with pytest.raises(CrossRunError, match="token ids differ .first at position 5"):
+        compare_files(a, c)
+    assert run_cli(compare_main, [a, "--against", c]) == 2
+    assert "token ids differ" in capsys.readouterr().err
+
+
+def test_the_command_prints_and_writes_the_comparison(two_runs, capsys):
+    a, b, d = two_runs
+    out = d / "cmp.json"
+    assert run_cli(compare_main, [a, "--against", b, "--json", out]) == 0
+    text = capsys.readouterr().out
+    assert "mode 0: first differing tensor: decode.L1.ssm.out at decode step 2" in text
+    assert json.loads(out.read_text())["modes"]["0"]["first_differing"]["step"] == 2

@@ -1,0 +1,77 @@
+"""--generate N: greedy ids per mode through its own step, the first divergence and the agreement."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_hf_model, write_hf_dir
+from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.cli import capture_main
+from harness.modes import BUILTIN_MODES
+from harness.runner.forwards import Forward
+from harness.runner.generate import divergence, greedy_ids
+from harness.runner.weightbank import WeightBank
+from harness.store.format import load_capture, stats_path
+from helpers import FAST_CLI, run_cli
+
+
+def test_divergence_is_the_first_differing_step():
+    ref = np.array([[5, 3, 7, 7, 1]])
+    assert divergence(ref, np.array([[5, 3, 2, 7, 9]])) == {"first_divergence": 2, "agreement": 0.6}
+    assert divergence(ref, ref) == {"first_divergence": None, "agreement": 1.0}
+    assert divergence(ref, np.array([[0, 3, 7, 7, 1]]))["first_divergence"] == 0
+
+
+def test_fp32_greedy_is_transformers_greedy_on_a_tiny_vocabulary(tmp_path):
+    model = make_hf_model(vocab=32, d_model=16, n_layer=2, d_state=4, seed=3)
+    bank = WeightBank(open_checkpoint(write_hf_dir(tmp_path / "m", model)))
+    prompt = torch.randint(0, 32, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model.generate(prompt, max_new_tokens=10, do_sample=False, min_new_tokens=10)[:, 7:]
+    got = greedy_ids(Forward(BUILTIN_MODES["fp32"], None, [prompt], [], 1), prompt, 10, bank)
+    assert got.dtype == np.int64 and got.shape == (1, 10)
+    assert np.array_equal(got, want.numpy())
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gen") / "G.npz"
+    assert run_cli(capture_main, ["--modes", "fp32", "1", "0", *FAST_CLI, "--generate", 8, "--output_file", out,
+                                  "--quiet"]) == 0
+    return out, json.loads(stats_path(out).read_text())
+
+
+def test_generated_ids_are_stored_and_compared_per_mode(generated):
+    out, stats = generated
+    cap = load_capture(out)
+    ref = cap.array("fp32", "generated_ids")
+    assert ref.shape == (1, 8) and ref.dtype == np.int64
+    tok = load_tokenizer(open_checkpoint(stats["provenance"]["model"]["path"]).path)
+    for mode in ("1", "0"):
+        gen = stats["modes"][mode]["generate"]
+        ids = cap.array(mode, "generated_ids")
+        assert gen["ids"] == ids[0].tolist()
+        assert {k: gen[k] for k in ("first_divergence", "agreement")} == divergence(ref, ids)
+        assert gen["text"] == tok.tok.decode(gen["ids"]) and gen["reference_text"] == tok.tok.decode(ref[0].tolist())
+    assert "generated_ids" not in stats["comparison"]["modes"]["0"]   # ids are not compared as numbers
+
+
+def test_the_report_marks_the_first_differing_token():
+    from types import SimpleNamespace
+    from harness.report.decoding import generate_section
+    stats = {"modes": {"fp32": {"generate": {"ids": [1, 2, 3], "tokens": ["a", " b", " c"]}},
+                       "0": {"generate": {"ids": [1, 2, 9], "tokens": ["a", " b", " <x>"], "first_divergence": 2,
+                                          "agreement": 2 / 3}}}}
+    html = generate_section(SimpleNamespace(stats=stats, reference="fp32"))
+    assert "<mark> &lt;x&gt;</mark>" in html and "<mark> c</mark>" in html and ">2</td>" in html
+
+
+def test_the_report_shows_the_generation(generated):
+    from harness.report.build import build_report
+    out, stats = generated
+    html, _ = build_report(out)
+    assert 'id="generate"' in html
+    for mode in ("1", "0"):
+        first = stats["modes"][mode]["generate"]["first_divergence"]
+        assert f'<td class="l">{mode}</td><td class="l">{"none" if first is None else first}</td>' in html

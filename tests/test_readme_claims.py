@@ -1,0 +1,38 @@
+"""What the README says about a run, checked against the code (issue 21 item 20)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from helpers import run_modes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_lm_head_runs_only_with_end_to_end_or_sensitivity_as_the_readme_says(hf_dir, tmp_path, monkeypatch):
+    import harness.runner.forwards as forwards
+
+    built = []
+    real = forwards.build_head
+    monkeypatch.setattr(forwards, "build_head", lambda recipe, bank: built.append(1) or real(recipe, bank))
+    for name in ("plain", "e2e"):
+        (tmp_path / name).mkdir()
+    run_modes(hf_dir, tmp_path / "plain", ["fp32", "0"], seq_len=16)
+    assert built == []                                       # a plain capture stops after the deepest block
+    run_modes(hf_dir, tmp_path / "e2e", ["fp32", "0"], seq_len=16, end_to_end=True)
+    assert len(built) == 2                                   # one head per mode
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    # the one README sentence on lm_head's arithmetic says when it runs (it listed lm_head among the GEMMs
+    # every run does, beside the calibration forward)
+    assert "float GEMMs (the float modes, the calibration forward, lm_head, which runs only with `--end-to-end` " \
+           "or `--sensitivity`: a plain capture stops after the deepest captured block)" in readme
+
+
+def test_the_report_screenshot_is_the_summary_screen_the_docs_command_makes():
+    from PIL import Image
+
+    command = re.search(r"docs/report\.png (\d+) (\d+)", (ROOT / "tests" / "browser.py").read_text())
+    assert command, "tests/browser.py documents the command that makes docs/report.png"
+    with Image.open(ROOT / "docs" / "report.png") as img:
+        assert img.size == (int(command.group(1)), int(command.group(2)))
+    assert "the first screen of the `make run` report: the summary" in (ROOT / "docs" / "report.md").read_text()
