@@ -361,20 +361,19 @@ def _export(argv: list[str] | None, prog: str | None, progress) -> int:
 def _modes_main(argv: list[str]) -> int:
     from tabulate import tabulate
 
-    from .modes import BUILTIN_MODES, KNOBS, PRESETS
+    from .modes import BUILTIN_MODES, KNOBS, MAMBA2_PRESETS, PRESETS
 
     rows = [[r.name, r.title, *r.knobs().values()] for r in BUILTIN_MODES.values()]
     print(tabulate(rows, headers=["mode", "name", *KNOBS]))
     print("\npresets: " + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
+    print("on a Mamba-2 model: " + "; ".join(f"{k} = {' '.join(v) or '(none)'}" for k, v in MAMBA2_PRESETS.items()))
     return 0
 
 
 def _points_main(argv: list[str]) -> int:
-    from .emulation.capture import DERIVED_POINTS, POINTS
+    from .runner.points import points_main
 
-    for point, what in {**POINTS, **DERIVED_POINTS}.items():
-        print(f"L<i>.{point:<16} {what}")
-    return 0
+    return points_main(argv, lambda line: print(line), lambda line: print(line, file=sys.stderr))
 
 
 def _report_main(argv: list[str] | None = None, prog: str | None = None) -> int:

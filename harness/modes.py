@@ -38,6 +38,8 @@ __all__ = [
     "NumberFormat",
     "FORMAT_KNOBS",
     "parse_layer_range",
+    "MAMBA2_PRESETS",
+    "architecture_problem",
 ]
 
 
@@ -290,6 +292,23 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "quant_only": ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
 }
 
+# What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
+# Only float recipes run on Mamba-2 blocks so far; Quamba2's recipes (q2-w8a8 ...) are issue 22's next part.
+MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1"), "essential": ("fp32", "1"), "quant_only": ()}
+
+
+def architecture_problem(recipe: "ModeRecipe", architecture: str) -> str | None:
+    """Why `recipe` cannot run on a model of `architecture` ("mamba1", "mamba2"), or None when it can."""
+    if architecture != "mamba2":
+        return None
+    if recipe.needs_calibration:
+        return ("it quantizes (Quamba1's W8A8 recipe of Mamba-1 blocks); on Mamba-2 only float recipes run "
+                "(weights fp32/fp16, every output fp, no int8 activations)")
+    if recipe.prep == Prep.QUAMBA:
+        return "prep=quamba prepares Mamba-1 weights as Quamba1 does; use prep=exact on Mamba-2"
+    return None
+
+
 BUILTIN_MODES: dict[str, ModeRecipe] = {name: _recipe(name, title, row) for name, title, row in _BUILTIN_ROWS}
 
 # The models calibration runs through (not user modes), one per prep: the rotated
@@ -323,16 +342,26 @@ class ModeRegistry:
     def names(self) -> list[str]:
         return list(self._modes)
 
-    def resolve(self, requested: list[str]) -> list[ModeRecipe]:
-        """Expand presets, keep order, drop duplicates, validate every name."""
+    def resolve(self, requested: list[str], architecture: str = "mamba1") -> list[ModeRecipe]:
+        """Expand presets, keep order, drop duplicates, validate every name (and that it runs on `architecture`)."""
         names: list[str] = []
+        presets = MAMBA2_PRESETS if architecture == "mamba2" else PRESETS
         for item in requested:
-            for name in PRESETS.get(item, (item,)):
+            if item in presets and not presets[item]:
+                raise ModeError(f"preset {item!r} has no modes for a {architecture} model; valid there: "
+                                + "; ".join(f"{k} = {' '.join(v)}" for k, v in presets.items() if v))
+            for name in presets.get(item, (item,)):
                 if name not in names:
                     names.append(name)
         if not names:
             raise ModeError(f"no modes given; valid: {', '.join(self._modes)} (presets: {', '.join(PRESETS)})")
-        return [self.get(n) for n in names]
+        recipes = [self.get(n) for n in names]
+        for r in recipes:
+            if (why := architecture_problem(r, architecture)) is not None:
+                runs = [n for n in self._modes if architecture_problem(self._modes[n], architecture) is None]
+                raise ModeError(f"mode {r.name!r} does not run on a {architecture} model: {why}; "
+                                f"valid there: {', '.join(runs)}")
+        return recipes
 
 
 def get_mode(name: str) -> ModeRecipe:
@@ -344,13 +373,14 @@ def list_modes() -> list[str]:
     return list(BUILTIN_MODES)
 
 
-def resolve_modes(requested: list[str], modes_file: Path | None = None) -> list[ModeRecipe]:
-    """Mode names/presets -> recipes, with the user modes of ``modes_file`` (JSON or TOML) added."""
+def resolve_modes(requested: list[str], modes_file: Path | None = None, architecture: str = "mamba1") -> list[ModeRecipe]:
+    """Mode names/presets -> recipes, with the user modes of ``modes_file`` (JSON or TOML) added;
+    a mode that does not run on `architecture` (the model's, spec.ModelDims.architecture) is a ModeError."""
     registry = ModeRegistry()
     if modes_file is not None:
         for recipe in load_modes_file(modes_file):
             registry.register(recipe)
-    return registry.resolve(requested)
+    return registry.resolve(requested, architecture)
 
 
 def load_modes_file(path: Path) -> list[ModeRecipe]:

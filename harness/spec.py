@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
+from typing import ClassVar, Union
 
 import torch
 
@@ -34,6 +34,7 @@ __all__ = [
     "FORMAT_NAMES",
     "OutSpec",
     "ModelDims",
+    "Mamba2Dims",
     "LayerScales",
     "SCALE_NAMES",
     "HookPoint",
@@ -132,6 +133,7 @@ OutSpec = Union[QuantOut, FloatOut, FormatOut]
 class ModelDims:
     """Sizes of a Mamba-1 model, read once from its config and checked against its tensors."""
 
+    architecture: ClassVar[str] = "mamba1"  # what build and the site tables dispatch on (not in asdict)
     d_model: int
     d_inner: int
     d_state: int
@@ -140,6 +142,34 @@ class ModelDims:
     n_layer: int
     vocab_size: int
     norm_eps: float
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    """Sizes of a Mamba-2 model (mamba_ssm's Mamba2 / transformers' Mamba2Mixer).
+
+    d_inner is d_ssm = nheads * headdim (the SSD width); conv_dim = d_inner + 2 * ngroups * d_state;
+    in_proj's output [z | xBC | dt] has 2 * d_inner + 2 * ngroups * d_state + nheads rows.
+    gnorm_eps: the gated RMSNorm's epsilon (mamba_ssm fixes 1e-5; transformers uses layer_norm_epsilon).
+    """
+
+    architecture: ClassVar[str] = "mamba2"
+    d_model: int
+    d_inner: int
+    d_state: int
+    d_conv: int
+    n_layer: int
+    vocab_size: int
+    norm_eps: float
+    ngroups: int
+    headdim: int
+    nheads: int
+    chunk_size: int
+    gnorm_eps: float
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.ngroups * self.d_state
 
 
 # Calibrated activation scales of one block (spec notes §2.4), in the order the data flows.

@@ -31,6 +31,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from ..spec import ModelDims
+from .mamba2 import open_mamba2
 from ..store.files import is_regular, open_regular, read_regular
 
 __all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
@@ -80,9 +81,8 @@ class Checkpoint:
     """A Mamba-1 checkpoint directory whose tensors are read on demand."""
 
     def __init__(self, path: Path, key_file: dict[str, Path], embed_key: str, handles: dict[Path, object]) -> None:
-        self.path = path
-        self.format = "?"
-        self.dims: ModelDims | None = None
+        self.path, self.format, self.dims = path, "?", None  # dims: ModelDims, or Mamba2Dims (checkpoints.mamba2)
+        self.layer_tensors, self.optional = LAYER_TENSORS, _OPTIONAL  # a Mamba-2's own (checkpoints.mamba2)
         self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
         self.tensors_read: dict[str, int] = {}  # key -> bytes, for every tensor read so far
         self._embedding: torch.Tensor | None = None
@@ -134,15 +134,13 @@ class Checkpoint:
                 "keys": sorted(self.tensors_read)}
 
     def layer_key(self, layer: int, name: str) -> str:
-        return f"backbone.layers.{layer}.{LAYER_TENSORS[name]}"
+        return f"backbone.layers.{layer}.{self.layer_tensors[name]}"
 
     def raw_layer(self, layer: int) -> dict[str, torch.Tensor | None]:
         """The float tensors of block `layer` as fp32 (conv weight reshaped to (d_inner, d_conv))."""
-        out: dict[str, torch.Tensor | None] = {}
-        for name in LAYER_TENSORS:
-            key = self.layer_key(layer, name)
-            out[name] = None if (name in _OPTIONAL and not self.has(key)) else self.tensor(key).to(torch.float32)
-        out["conv_weight"] = out["conv_weight"].reshape(self.dims.d_inner, self.dims.d_conv)
+        out = {name: None if (name in self.optional and not self.has(self.layer_key(layer, name)))
+               else self.tensor(self.layer_key(layer, name)).to(torch.float32) for name in self.layer_tensors}
+        out["conv_weight"] = out["conv_weight"].reshape(-1, self.dims.d_conv)  # (channels, d_conv)
         return out
 
     def embedding(self) -> torch.Tensor:
@@ -160,7 +158,7 @@ class Checkpoint:
         _hash_tensor(h, "embedding", self.embedding(), self._raw_bytes(self._embed_key))
         out = []
         for layer in range(depth + 1):
-            for name in LAYER_TENSORS:
+            for name in self.layer_tensors:
                 key = self.layer_key(layer, name)
                 if self.has(key):
                     _hash_tensor(h, f"{layer}.{name}", self.tensor(key), self._raw_bytes(key))
@@ -372,6 +370,8 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         raise ModelDirError(f"{path}: no embedding tensor (backbone.embeddings.weight or backbone.embedding.weight); "
                             f"is this a Mamba checkpoint? {MODEL_DIR_CONTENTS}")
     ckpt = Checkpoint(path, key_file, embed_key, handles)
+    if open_mamba2(ckpt, cfg, ModelDirError):  # a Mamba-2 config: its own tensors, dims and checks
+        return ckpt
     try:
         ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
     except ModelDirError:

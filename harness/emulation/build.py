@@ -50,14 +50,18 @@ from .modules import (
 from .ops.hadamard import quamba_kernel_support
 from .ops.linear import Epilogue
 from .ops.scan import ScanOrder
-from ..spec import FLOAT_DTYPES, FORMAT_NAMES, FloatOut, FormatOut, LayerScales, ModelDims, OutSpec, QuantOut, Rounding
+from ..spec import (FLOAT_DTYPES, FORMAT_NAMES, FloatOut, FormatOut, LayerScales, Mamba2Dims, ModelDims, OutSpec,
+                    QuantOut, Rounding)
 from .ops.formats import FORMATS, fake_quantize
 from .state import StateRule
 from .weights import LayerParams
+from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD
+from .weights_mamba2 import Mamba2Params
 
 assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
 
-__all__ = ["build_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource", "layer_formats"]
+__all__ = ["build_block", "build_mamba2_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource",
+           "layer_formats"]
 
 def act_dtype(recipe: ModeRecipe) -> torch.dtype:
     return FLOAT_DTYPES[recipe.act_dtype]
@@ -180,6 +184,25 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
     )
 
 
+def build_mamba2_block(recipe: ModeRecipe, p: Mamba2Params, dims: Mamba2Dims, layer: int) -> EmuMamba2Block:
+    """One Mamba-2 block of a float recipe (modes.MAMBA2_KNOBS says which knobs apply): every op in fp32
+    arithmetic, each output rounded to act_dtype; ssm_impl=kernel is the chunked SSD (as the kernels and
+    transformers compute it), reference the token-by-token recurrence; rotate=yes rotates the residual
+    stream and adds the online Hadamard after the gated norm (weights_mamba2)."""
+    act = FloatOut(act_dtype(recipe))
+    return EmuMamba2Block(
+        layer, dims,
+        norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, act),
+        in_proj=EmuLinear(p.in_proj, Epilogue.RATIO_THEN_WEIGHT, act),
+        conv1d=EmuConvXBC(p.conv_weight, p.conv_bias, act),
+        dt_bias=p.dt_bias,
+        ssd=EmuSSD(dims, p.A_log, p.D, p.dt_bias, recipe.ssm_impl == SsmImpl.KERNEL, act),
+        gnorm=EmuGatedNorm(p.gnorm_weight, dims.ngroups, dims.gnorm_eps, act),
+        had=EmuHadamard(act) if recipe.rotate == Rotate.YES else None,
+        out_proj=EmuLinear(p.out_proj, Epilogue.WEIGHT_THEN_RATIO, act),
+    )
+
+
 class WeightSource(Protocol):
     """Where build_backbone takes a mode's weights from (harness.runner.weightbank.WeightBank)."""
 
@@ -197,8 +220,13 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
         raise ValueError(f"mode {recipe.name!r} quantizes activations and needs calibrated scales")
     rotate = recipe.rotate == Rotate.YES
     dims = bank.dims
-    blocks = [build_block(recipe.for_layer(i) if recipe.layers else recipe, bank.layer(i, recipe.weights, rotate, recipe.prep),
-                          scales[i] if scales else None, dims, i, calibration) for i in range(depth + 1)]
+    if dims.architecture == "mamba2":
+        blocks = [build_mamba2_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), dims, i)
+                  for i in range(depth + 1)]
+    else:
+        blocks = [build_block(recipe.for_layer(i) if recipe.layers else recipe,
+                              bank.layer(i, recipe.weights, rotate, recipe.prep), scales[i] if scales else None,
+                              dims, i, calibration) for i in range(depth + 1)]
     dtype = act_dtype(recipe)
     return EmuBackbone(lambda ids: bank.embed(ids, rotate, dtype, recipe.prep, recipe.weights), blocks)
 

@@ -26,7 +26,8 @@ from ..spec import HookPoint, QTensor
 __all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name",
            "parse_point", "point_sort_key", "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE",
            "resolve_layers", "hook_attr", "module_path", "RESEARCH_TENSORS", "tensor_name", "array_key",
-           "parse_array_key", "STATE_POINTS", "DECODE_PREFIX", "decode_tensor", "decode_points", "decode_site"]
+           "parse_array_key", "STATE_POINTS", "DECODE_PREFIX", "decode_tensor", "decode_points", "decode_site",
+           "MAMBA2_POINTS", "SITE_TABLES", "points_of", "tap_points_of"]
 
 # point -> what it holds (docs/file-format.md "Capture points" lists the same words)
 POINTS: dict[str, str] = {
@@ -46,6 +47,39 @@ POINTS: dict[str, str] = {
     "block.out": "mixer output before the residual add [batch, seqlen, d_model]",
     "block.residual": "residual stream after the block [batch, seqlen, d_model]",
 }
+# The Mamba-2 block's sites (emulation.mamba2.EmuMamba2Block), named after mamba_ssm's Mamba2 / transformers'
+# Mamba2Mixer; the residual-stream sites and norm.out, out_proj.out, had.out mean what they mean for Mamba-1.
+MAMBA2_POINTS: dict[str, str] = {
+    "block.in": POINTS["block.in"],
+    "norm.out": POINTS["norm.out"],
+    "in_proj.z": "in_proj output, the gate z [batch, seqlen, d_inner]",
+    "in_proj.xBC": "in_proj output, x | B | C before the conv [batch, seqlen, d_inner + 2*ngroups*d_state]",
+    "in_proj.dt": "in_proj output, dt before the bias and softplus [batch, seqlen, nheads]",
+    "conv1d.x": "conv + SiLU output, the SSD's x [batch, seqlen, d_inner]",
+    "conv1d.B": "conv + SiLU output, the SSD's B [batch, seqlen, ngroups*d_state]",
+    "conv1d.C": "conv + SiLU output, the SSD's C [batch, seqlen, ngroups*d_state]",
+    "ssd.dt": "softplus(dt + dt_bias), the SSD's time step [batch, seqlen, nheads]",
+    "ssd.y": "SSD output with the D skip, before the gate [batch, seqlen, d_inner]",
+    "ssd.state": "final SSD state [batch, nheads, headdim, d_state]",
+    "gnorm.out": "gated group-wise RMSNorm output (norm(y * silu(z))) [batch, seqlen, d_inner]",
+    "had.out": "online Hadamard of the gated norm output = out_proj input (rotated modes only) [batch, seqlen, d_inner]",
+    "out_proj.out": POINTS["out_proj.out"],
+    "block.out": POINTS["block.out"],
+    "block.residual": POINTS["block.residual"],
+}
+# architecture (spec.ModelDims.architecture) -> its site table
+SITE_TABLES: dict[str, dict[str, str]] = {"mamba1": POINTS, "mamba2": MAMBA2_POINTS}
+
+
+def points_of(architecture: str) -> dict[str, str]:
+    """The site table of an architecture ("mamba1", "mamba2")."""
+    return SITE_TABLES[architecture]
+
+
+def tap_points_of(architecture: str) -> tuple[str, ...]:
+    return tuple(p for p in SITE_TABLES[architecture] if p not in BLOCK_IO)
+
+
 # Points the harness computes beside the hooks (harness.runner.forwards): not taps, chosen by their own options.
 DERIVED_POINTS: dict[str, str] = {
     "block.isolated": "mixer output of the block run on the reference's block input (--isolated) [batch, seqlen, d_model]",
@@ -57,6 +91,9 @@ TAP_POINTS = tuple(p for p in POINTS if p not in BLOCK_IO)
 RESIDUAL_BASIS = BLOCK_IO
 
 _NAME_RE = re.compile(r"^L(\d+)\.(.+)$")
+# sort order over every table: the Mamba-1 sites, then Mamba-2's own before had.out (each table in data-flow order)
+_ORDER = list(POINTS)
+_ORDER[_ORDER.index("had.out"):_ORDER.index("had.out")] = [p for p in MAMBA2_POINTS if p not in POINTS]
 
 
 class TapError(ValueError):
@@ -134,33 +171,38 @@ def parse_array_key(key: str) -> tuple[str, str] | None:
 
 def parse_point(name: str) -> tuple[int, str]:
     m = _NAME_RE.match(name)
-    if not m or (m.group(2) not in POINTS and m.group(2) not in DERIVED_POINTS):
-        raise TapError(f"invalid capture point {name!r}; expected L<layer>.<point> with point one of: {', '.join(POINTS)}")
+    if not m or (m.group(2) not in _ORDER and m.group(2) not in DERIVED_POINTS):
+        raise TapError(f"invalid capture point {name!r}; expected L<layer>.<point> with point one of: {', '.join(POINTS)} "
+                       f"(Mamba-2: {', '.join(MAMBA2_POINTS)})")
     return int(m.group(1)), m.group(2)
 
 
 def point_sort_key(name: str) -> tuple[int, int]:
     layer, point = parse_point(name)
-    return layer, (list(POINTS) + list(DERIVED_POINTS)).index(point)
+    return layer, (_ORDER + list(DERIVED_POINTS)).index(point)
 
 
-def select_points(layers: list[int], taps: list[str] | None) -> list[str]:
+def select_points(layers: list[int], taps: list[str] | None, table: dict[str, str] = POINTS) -> list[str]:
     """Full point names to capture: block I/O of every layer plus the requested taps.
 
     taps: None/[] for none, ["all"], point names ("ssm.u", applied to every layer) or
-    full names ("L1.ssm.u", which also adds layer 1).
+    full names ("L1.ssm.u", which also adds layer 1). table: the model's site table (points_of).
     """
+    tap_points = tuple(p for p in table if p not in BLOCK_IO)
     chosen = {point_name(layer, p) for layer in layers for p in BLOCK_IO}
     for tap in taps or []:
         if tap == "all":
-            chosen |= {point_name(layer, p) for layer in layers for p in TAP_POINTS}
-        elif tap in POINTS:
+            chosen |= {point_name(layer, p) for layer in layers for p in tap_points}
+        elif tap in table:
             chosen |= {point_name(layer, tap) for layer in layers}
         elif _NAME_RE.match(tap):
             layer, point = parse_point(tap)
+            if point not in table and point not in DERIVED_POINTS:
+                raise TapError(f"tap {tap!r}: {point} is not a point of this model's blocks; valid: "
+                               f"{', '.join(tap_points)}")
             chosen |= {tap} | {point_name(layer, p) for p in BLOCK_IO}
         else:
-            raise TapError(f"unknown tap {tap!r}; valid: all, {', '.join(TAP_POINTS)} (or L<layer>.<point>)")
+            raise TapError(f"unknown tap {tap!r}; valid: all, {', '.join(tap_points)} (or L<layer>.<point>)")
     return sorted(chosen, key=point_sort_key)
 
 

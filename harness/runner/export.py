@@ -107,6 +107,9 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     if is_quamba_dir(cfg.model):
         raise ExportError(f"--model {cfg.model} is already a quantized Quamba checkpoint; export needs the float model")
     ckpt = open_checkpoint(cfg.model)
+    if ckpt.dims.architecture != "mamba1":
+        raise ExportError(f"--model {cfg.model} is a {ckpt.dims.architecture} model; export writes Quamba1 W8A8 "
+                          f"checkpoints of Mamba-1 models (Quamba2 export is not implemented yet)")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
     tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
     tok_files = [tok_dir / n for n in TOKENIZER_FILES if is_regular(tok_dir / n, refuse_in(tok_dir / n))]  # copied

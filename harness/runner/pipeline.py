@@ -27,7 +27,8 @@ from .calibration import CalibrationResult, calibrate
 from .collect import Collector, block_io_names
 from .config import DEFAULT_MODEL, RunConfig, RunError, RunOutcome
 from .context import RunContext
-from ..emulation.capture import ISOLATED, TapError, parse_point, point_name, resolve_layers, select_points
+from ..emulation.capture import (ISOLATED, MAMBA2_POINTS, POINTS, TapError, parse_point, point_name, points_of,
+                                 resolve_layers, select_points)
 from ..checkpoints.text import (
     DataError,
     calibration_windows,
@@ -79,7 +80,8 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, *, prefix: list[str], dept
         "harness_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": _version("transformers"), "numpy": np.__version__, "platform": platform.platform(),
         "device": cfg.device, "torch_threads": torch.get_num_threads(), "cpu": cpu_provenance(),
-        "model": {"path": str(ckpt.path), "format": ckpt.format, "dims": asdict(ckpt.dims),
+        "model": {"path": str(ckpt.path), "format": ckpt.format, "architecture": ckpt.dims.architecture,
+                  "dims": asdict(ckpt.dims),
                   "stored_dtype": ckpt.stored_dtype(), "hash": prefix[depth],
                   "hash_scope": f"sha256 over dims, embedding and blocks 0..{depth} (deeper blocks are never read)"},
         "tokenizer": {"path": str(tok.path), "sha256": file_sha256(tok.path),
@@ -140,7 +142,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     if cfg.samples < 1:
         raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
     _check_decode(cfg)
-    select_points([0], cfg.taps)  # an unknown tap is an input error before anything is opened
+    select_points([0], cfg.taps, {**POINTS, **MAMBA2_POINTS})  # an unknown tap: an input error before anything is opened
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
         check_writable(path)
@@ -150,9 +152,14 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     ckpt = models.primary
     if models.quamba is None and cfg.mamba_model_path is not None:
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
+    if ckpt.dims.architecture != "mamba1":  # presets mean other modes there, and Mamba-1-only modes are refused
+        recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
+        if cfg.decode or cfg.generate:
+            raise RunError(f"--decode and --generate run Mamba-1 blocks only; {cfg.model} is a "
+                           f"{ckpt.dims.architecture} model (its decode step is not implemented)")
     n_layer = ckpt.dims.n_layer
     cfg.layers = resolve_layers(cfg.layers, n_layer)
-    points = select_points(cfg.layers, cfg.taps)
+    points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
     depth = max(parse_point(p)[0] for p in points)
     if depth >= n_layer:
         raise RunError(f"layer {depth} was requested, but {cfg.model} has {n_layer} blocks "

@@ -13,6 +13,7 @@ from ..emulation.weights import (
     PREPS, LayerParams, fht_fp16, float_layer, int8_layer, quamba_fp16_layer,
 )
 from ..emulation.ops.hadamard import hadamard_transform
+from ..emulation.weights_mamba2 import float_layer_mamba2
 from ..emulation.ops.quant import round_to_dtype
 from ..runtime.memory import release_freed
 from ..spec import FLOAT_DTYPES
@@ -68,7 +69,9 @@ class WeightBank:
         key = (layer, weights, rotate, prep)
         if key in self._layers:
             return self._layers[key]
-        if self._uses_given(weights, rotate, prep):
+        if self.dims.architecture == "mamba2":  # float recipes only (modes.check_architecture)
+            params = float_layer_mamba2(self.raw(layer), rotate, FLOAT_DTYPES[weights])
+        elif self._uses_given(weights, rotate, prep):
             params = self.given.int8_layer(layer)
         elif weights == "int8":
             params = int8_layer(self.layer(layer, "fp16", rotate, prep))

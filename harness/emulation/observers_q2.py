@@ -1,0 +1,50 @@
+"""Quamba2's min-max observer of the SSD input x across head groups (enyac-group/Quamba c474646
+quamba/observer.py:173-258, ``CrossHeadMinmaxObserver`` with sym=True, clip_ratio 1).
+
+For each (SSD group, head group, dim group) block of the reordered x (emulation.grouping_q2), the running
+max over calibration batches of max(|x| over the block, 1e-5) (:213-229); the scale is that max / 127,
+in fp32, at least 1e-6 (``_get_minmax_quantization_params``, :16-31). The result is the conv's and the
+chunk scan's ``x_out_scales`` / ``x_scales`` table (ngroups, n_head_groups, n_dim_groups).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["CrossHeadMinmaxObserver"]
+
+
+class CrossHeadMinmaxObserver:
+    """head_groups: (ngroups, n_head_groups) sizes; dim_groups: (ngroups, n_head_groups, n_dim_groups) sizes
+    (grouping_q2.GroupReorder); each head group's dim sizes add up to headdim."""
+
+    def __init__(self, ngroups: int, headdim: int, head_groups: torch.Tensor, dim_groups: torch.Tensor) -> None:
+        if head_groups.shape[0] != ngroups or dim_groups.shape[:2] != head_groups.shape:
+            raise ValueError(f"group tables {list(head_groups.shape)} and {list(dim_groups.shape)} do not fit "
+                             f"ngroups={ngroups}")
+        if not bool((dim_groups.sum(-1) == headdim).all()):
+            raise ValueError(f"every head group's dim groups must add up to headdim={headdim}")
+        self.ngroups, self.headdim = ngroups, headdim
+        self.head_groups, self.dim_groups = head_groups.tolist(), dim_groups.tolist()
+        self.amax: torch.Tensor | None = None  # (ngroups, n_head_groups, n_dim_groups) fp32
+
+    def update(self, x: torch.Tensor) -> None:
+        """x: (batch, seqlen, ngroups * nheads * headdim), reordered as the weights are."""
+        b, L, d = x.shape
+        w = x.to(torch.float32).reshape(b, L, self.ngroups, -1, self.headdim)
+        table = torch.empty(self.ngroups, len(self.head_groups[0]), len(self.dim_groups[0][0]), dtype=torch.float32)
+        for g in range(self.ngroups):
+            h_start = 0
+            for hg, h_size in enumerate(self.head_groups[g]):
+                d_start = 0
+                for dg, d_size in enumerate(self.dim_groups[g][hg]):
+                    block = w[:, :, g, h_start:h_start + h_size, d_start:d_start + d_size]
+                    table[g, hg, dg] = block.abs().amax().clamp(min=1e-5)
+                    d_start += d_size
+                h_start += h_size
+        self.amax = table if self.amax is None else torch.maximum(self.amax, table)
+
+    def scales(self) -> torch.Tensor:
+        """(ngroups, n_head_groups, n_dim_groups) fp32: amax / 127, at least 1e-6."""
+        if self.amax is None:
+            raise ValueError("the observer has seen no data (call update first)")
+        return (self.amax / 127).to(torch.float32).clamp(min=1e-6)

@@ -1,0 +1,201 @@
+"""Quamba2 W8A8 ops of the Mamba-2 block: the int8 in_proj and the grouped int8 conv1d.
+
+Sources: enyac-group/Quamba at c474646.
+
+in_proj (``W8A8B8O8LinearParallel``, quamba/qLinearLayer.py:653-742): the weight is split by rows
+into z | x | B | C | dt, each split quantized per tensor at its own s_w; ``b`` holds, per output column,
+f32(s_w(split) / s_out(split)) (:698, :709-711), ``a`` the input scale (:706-708). The output is int8
+(``y`` has x's dtype, :732). The CUTLASS epilogue (csrc/linear/quant_linear_fwd_kernel.cuh:84-106)
+is ``Compute0 = ScaleB * Accum`` in fp32, then ``Compute1 = ScaleA * Compute0`` converted to int8
+with round_to_nearest (PTX cvt.rni.sat: half to even, saturating):
+
+    q[.., j] = sat8(RNE(f32(a * f32(b[j] * f32(acc[.., j])))))
+
+(batch * seqlen = 1 takes ``w8a8o8_gemv``, :733-736, not emulated here.)
+
+conv1d (``Quamb2Conv1D``, quamba/qConvLayer.py:129-311; kernel csrc/causal_conv1d/
+quamba2_conv1d_fwd_kernel.cuh:163-270), per channel c of x | B | C (conv_dim channels):
+
+    acc  = sum_w float(W[c, w]) * float(xBC[t - (K-1) + w])        exact in fp32 (|acc| <= 4 * 2^14)
+    v    = f32(s_w * s_in) * acc + s_b * float(bias[c])             one fp32 FMA (nvcc contracts it)
+    v    = v / (1 + expf(-v))                                       SiLU (:244)
+    q    = sat8(roundf(v / s_out[c]))                               roundf: half away from zero (:254-270)
+
+with s_w, s_in, s_b the x, B or C split's weight, input and bias scales (:167-218), and s_out[c]: for
+x channels the scale of the channel's (SSD group, head group, dim group), found through the stored
+cumulative ranges (:174-197); for B and C one scale per SSD group (:206-217). The GPU's ``expf`` is
+fast math; here ops.portable's exp (the same bits on every CPU), so rare codes can differ by one.
+
+gated norm (``QRMSNormGated`` with use_float16_output=True, quamba/qMamba2.py:1152-1154, forward
+quamba/qNorm.py:145-166; Triton kernel quamba/triton/quant_normgated.py:35-71), per token and per group
+of d_ssm / ngroups channels (norm_before_gate=False):
+
+    x   = float(y);  z = float(q_z) * z_scale;  x = x * (z * sigmoid(z))     (:47-50)
+    var = sum(x * x) / N;  rstd = 1 / sqrt(var + eps)                       (:56-58)
+    out = f16((x * rstd) * float(w))                                       (:61-71)
+
+The Triton reduction's order is not reproduced: the sum is ops.portable's fixed pairwise order.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...spec import QTensor
+from .conv1d import silu_kernel
+from .linear import int8_gemm
+from . import portable
+from .portable import exp as portable_exp
+from .quant import fma_f32, round_half_away, round_half_even
+
+__all__ = ["q2_in_proj", "q2_in_proj_ref", "x_channel_scales", "conv_out_scales", "q2_conv1d", "q2_conv1d_ref",
+           "q2_gated_norm", "q2_gated_norm_ref"]
+
+
+def q2_in_proj(x: QTensor, w_codes: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x: (..., d_model) int8 at x.scale (``a``); w_codes: (n, d_model) int8; b: (n,) fp32 per-column factors.
+    Returns (..., n) int8 codes (each split at its own output scale)."""
+    acc = int8_gemm(x.codes, w_codes).to(torch.float32)
+    a = torch.tensor(x.scale, dtype=torch.float32)
+    v = a * (b.to(torch.float32) * acc)
+    return round_half_even(v).clamp(-128, 127).to(torch.int8)
+
+
+def q2_in_proj_ref(x: QTensor, w_codes: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Oracle of q2_in_proj: int64 dot products, then the epilogue element by element in numpy float32."""
+    xs = x.codes.reshape(-1, x.codes.shape[-1]).to(torch.int64).numpy()
+    w = w_codes.to(torch.int64).numpy()
+    bs = b.to(torch.float32).numpy()
+    a = np.float32(x.scale)
+    out = np.zeros((xs.shape[0], w.shape[0]), dtype=np.int8)
+    for r in range(xs.shape[0]):
+        for j in range(w.shape[0]):
+            acc = np.float32(int(np.dot(xs[r], w[j])))
+            v = float(a * np.float32(bs[j] * acc))
+            q = float(np.rint(v))  # half to even
+            out[r, j] = int(min(127.0, max(-128.0, q)))
+    return torch.from_numpy(out).reshape(*x.codes.shape[:-1], w.shape[0])
+
+
+def x_channel_scales(x_out_scales: torch.Tensor, head_group_range: torch.Tensor, dim_group_range: torch.Tensor,
+                     x_dim: int, headdim: int) -> torch.Tensor:
+    """The output scale of every x channel, looked up as the kernel does (quamba2_conv1d_fwd_kernel.cuh:174-197).
+
+    x_out_scales: (ngroups, n_head_groups, n_dim_groups) fp32; head_group_range: (ngroups, n_head_groups)
+    int32 cumulative head ends per SSD group; dim_group_range: (ngroups, n_head_groups, n_dim_groups) int32
+    cumulative channel ends within a head. Returns (x_dim,) fp32; a channel outside every range gets 0
+    (the kernel leaves scale_out at 0 there).
+    """
+    ngroups = x_out_scales.shape[0]
+    group_size = x_dim // ngroups
+    out = torch.zeros(x_dim, dtype=torch.float32)
+    for c in range(x_dim):
+        g, head, dim = c // group_size, (c % group_size) // headdim, c % headdim
+        h_start = 0
+        for hg in range(head_group_range.shape[1]):
+            h_end = int(head_group_range[g, hg])
+            if h_start <= head < h_end:
+                d_start = 0
+                for dg in range(dim_group_range.shape[2]):
+                    d_end = int(dim_group_range[g, hg, dg])
+                    if d_start <= dim < d_end:
+                        out[c] = x_out_scales[g, hg, dg]
+                        break
+                    d_start = d_end
+                break
+            h_start = h_end
+    return out
+
+
+def conv_out_scales(x_scales: torch.Tensor, B_scales: torch.Tensor, C_scales: torch.Tensor,
+                    d_state: int) -> torch.Tensor:
+    """Per-channel output scales of x | B | C: x's per channel (x_channel_scales), B's and C's per SSD group
+    (each group's d_state channels). Returns (x_dim + 2 * ngroups * d_state,) fp32."""
+    return torch.cat([x_scales.to(torch.float32), B_scales.to(torch.float32).repeat_interleave(d_state),
+                      C_scales.to(torch.float32).repeat_interleave(d_state)])
+
+
+def _per_channel(values: tuple[float, float, float], x_dim: int, bc: int) -> torch.Tensor:
+    return torch.tensor([values[0]] * x_dim + [values[1]] * bc + [values[2]] * bc, dtype=torch.float32)
+
+
+def q2_conv1d(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,
+              w_scales: tuple[float, float, float], bias: torch.Tensor | None, b_scales: tuple[float, float, float],
+              out_scales: torch.Tensor, *, x_dim: int) -> torch.Tensor:
+    """The grouped int8 conv + SiLU of Quamba2 (module docstring).
+
+    xBC: (batch, seqlen, conv_dim) int8 codes, x | B | C at in_scales (x, B, C); weight: (conv_dim, K) int8 at
+    w_scales; bias: (conv_dim,) int8 at b_scales or None; out_scales: (conv_dim,) fp32 (conv_out_scales).
+    Returns (batch, seqlen, conv_dim) int8 codes.
+    """
+    conv_dim, K = weight.shape
+    bc = (conv_dim - x_dim) // 2
+    xq, wq = xBC.to(torch.float32), weight.to(torch.float32)
+    acc = torch.zeros_like(xq)
+    for w in range(K):  # the kernel's tap order; every partial sum is an exact integer in fp32
+        shift = K - 1 - w
+        shifted = torch.nn.functional.pad(xq, (0, 0, shift, 0))[:, : xq.shape[1]] if shift else xq
+        acc += wq[:, w] * shifted
+    s_in = torch.tensor([float(np.float32(np.float32(sw) * np.float32(sx))) for sw, sx in zip(w_scales, in_scales)])
+    scale_in = _per_channel(tuple(s_in.tolist()), x_dim, bc)
+    bias_term = torch.zeros(conv_dim, dtype=torch.float32) if bias is None else \
+        _per_channel(b_scales, x_dim, bc) * bias.to(torch.float32)
+    v = silu_kernel(fma_f32(scale_in, acc, bias_term))
+    return round_half_away(v / out_scales.to(torch.float32)).clamp(-128, 127).to(torch.int8)
+
+
+def q2_conv1d_ref(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,
+                  w_scales: tuple[float, float, float], bias: torch.Tensor | None, b_scales: tuple[float, float, float],
+                  out_scales: torch.Tensor, *, x_dim: int) -> torch.Tensor:
+    """Oracle of q2_conv1d: the kernel's loops written out per (batch, token, channel) on numpy float32 scalars
+    (the FMA as an exact float64 product plus the addend, rounded to fp32; exp from ops.portable)."""
+    b, L, conv_dim = xBC.shape
+    K = weight.shape[1]
+    bc = (conv_dim - x_dim) // 2
+    x, w = xBC.numpy(), weight.numpy()
+    section = lambda c: 0 if c < x_dim else (1 if c < x_dim + bc else 2)  # noqa: E731
+    out = np.zeros((b, L, conv_dim), dtype=np.int8)
+    for c in range(conv_dim):
+        s = section(c)
+        scale_in = np.float32(np.float32(w_scales[s]) * np.float32(in_scales[s]))
+        bias_val = np.float32(0.0) if bias is None else np.float32(np.float32(b_scales[s]) * np.float32(int(bias[c])))
+        s_out = np.float32(out_scales[c])
+        for n in range(b):
+            for t in range(L):
+                tmp = np.float32(0.0)
+                for k in range(K):
+                    src = t - (K - 1) + k
+                    tmp = np.float32(tmp + np.float32(int(w[c, k])) * np.float32(int(x[n, src, c]) if src >= 0 else 0))
+                v = np.float32(float(scale_in) * float(tmp) + float(bias_val))
+                e = np.float32(portable_exp(torch.tensor([-v], dtype=torch.float32)).item())
+                v = np.float32(v / np.float32(np.float32(1.0) + e))
+                r = float(v / s_out)
+                q = np.sign(r) * np.floor(abs(r) + 0.5)
+                out[n, t, c] = int(min(127.0, max(-128.0, q)))
+    return torch.from_numpy(out)
+
+
+def q2_gated_norm(y: torch.Tensor, z_codes: torch.Tensor, z_scale: float, weight: torch.Tensor, ngroups: int,
+                  eps: float) -> torch.Tensor:
+    """Quamba2's gated RMSNorm (module docstring). y: (..., d_ssm) fp16 values (the SSD's output); z_codes:
+    (..., d_ssm) int8 at z_scale (in_proj's z); weight: (d_ssm,) fp16 values. Returns (..., d_ssm) fp16 values
+    (held in fp32)."""
+    z = z_codes.to(torch.float32) * torch.tensor(z_scale, dtype=torch.float32)
+    x = y.to(torch.float32) * (z * portable.sigmoid(z.contiguous()))
+    *lead, d = x.shape
+    g = x.reshape(*lead, ngroups, d // ngroups)
+    var = portable.sum_last(g * g) / g.shape[-1]
+    rstd = 1.0 / portable.sqrt(var + torch.tensor(eps, dtype=torch.float32))
+    out = (g * rstd).reshape(*lead, d) * weight.to(torch.float32)
+    return out.to(torch.float16).to(torch.float32)
+
+
+def q2_gated_norm_ref(y: torch.Tensor, z_codes: torch.Tensor, z_scale: float, weight: torch.Tensor, ngroups: int,
+                      eps: float) -> torch.Tensor:
+    """Oracle of q2_gated_norm in float64, one (token, group) at a time, rounded to fp16 once."""
+    z = z_codes.double() * float(np.float32(z_scale))
+    x = y.double() * z / (1.0 + torch.exp(-z))
+    size = x.shape[-1] // ngroups
+    parts = [x[..., k * size:(k + 1) * size] for k in range(ngroups)]
+    normed = torch.cat([p / torch.sqrt(p.pow(2).mean(-1, keepdim=True) + float(np.float32(eps))) for p in parts], -1)
+    return (normed * weight.double()).to(torch.float16).to(torch.float32)

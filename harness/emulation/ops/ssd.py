@@ -1,0 +1,115 @@
+"""Mamba-2's SSD (state space duality) scan and its gated, group-wise RMSNorm, in floating point.
+
+Per head h (headdim p, state n, the head's SSD group g = h // (nheads / ngroups)):
+
+    dt_t = softplus(dt_raw_t + dt_bias_h)                      (dt_limit (0, inf): no clamp)
+    a_t  = dt_t * A_h,   A_h = -exp(A_log_h)
+    H_t  = exp(a_t) H_{t-1} + dt_t x_t B_t^T                   H: (p, n), H_0 = 0
+    y_t  = H_t C_t + D_h x_t
+
+(transformers 5.23 models/mamba2/modeling_mamba2.py:257-370 ``mamba2_chunk_scan``, the torch path
+of ``Mamba2Mixer.forward``, :572-598; mamba_ssm's ``ssd_chunk_scan_combined`` computes the same.)
+
+``ssd_chunked`` computes it by chunks of ``chunk_size`` tokens as the kernels and transformers do: within
+a chunk the output is a masked (C B^T * decay) product applied to dt x, across chunks the chunk-end
+states are carried by a recurrence; ``ssd_ref`` runs the recurrence token by token (the oracle and the
+``ssm_impl=reference`` arithmetic). Both compute in fp32 with ops.portable's exp and softplus, so the
+same inputs give the same bits on every CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import portable
+
+__all__ = ["ssd_dt", "ssd_chunked", "ssd_ref", "gated_rmsnorm", "gated_rmsnorm_ref"]
+
+
+def ssd_dt(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """softplus(dt_raw + dt_bias) in fp32: (batch, seqlen, nheads)."""
+    return portable.softplus((dt_raw.to(torch.float32) + dt_bias.to(torch.float32)).contiguous())
+
+
+def _heads(t: torch.Tensor, nheads: int) -> torch.Tensor:
+    """(batch, seqlen, ngroups, n) -> (batch, seqlen, nheads, n): each head takes its group's B or C."""
+    return t.repeat_interleave(nheads // t.shape[2], dim=2)
+
+
+def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                D: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked SSD.
+
+    x: (batch, seqlen, nheads, headdim); dt: (batch, seqlen, nheads) after softplus (ssd_dt);
+    A_log, D: (nheads,); B, C: (batch, seqlen, ngroups, d_state). All fp32 values.
+    Returns y (batch, seqlen, nheads, headdim) with the D skip, and the final state
+    (batch, nheads, headdim, d_state), both fp32.
+    """
+    b, L, h, p = x.shape
+    n = B.shape[-1]
+    A = -portable.exp(A_log.to(torch.float32).contiguous())
+    Bh, Ch = _heads(B.float(), h), _heads(C.float(), h)
+    a = dt * A                                               # (b, L, h)
+    xdt = x * dt[..., None]                                   # (b, L, h, p)
+    y = torch.empty(b, L, h, p, dtype=torch.float32)
+    state = torch.zeros(b, h, p, n, dtype=torch.float32)
+    for start in range(0, L, chunk_size):
+        sl = slice(start, min(start + chunk_size, L))
+        q = sl.stop - sl.start
+        acs = torch.cumsum(a[:, sl], dim=1)                  # (b, q, h): sum of a over the chunk up to l
+        # decay from s to l (s <= l): exp(acs_l - acs_s); zero above the diagonal
+        diff = acs[:, :, None, :] - acs[:, None, :, :]       # (b, l, s, h)
+        causal = torch.ones(q, q, dtype=torch.bool).tril()[None, :, :, None]
+        decay = portable.exp(torch.where(causal, diff, torch.full_like(diff, -torch.inf)).contiguous())
+        scores = torch.einsum("blhn,bshn->blsh", Ch[:, sl], Bh[:, sl]) * decay
+        y_diag = torch.einsum("blsh,bshp->blhp", scores, xdt[:, sl])
+        # the state entering the chunk, seen at l: exp(acs_l) C_l . H
+        into = portable.exp(acs.contiguous())                 # (b, q, h)
+        y_off = torch.einsum("blhn,bhpn->blhp", Ch[:, sl], state) * into[..., None]
+        y[:, sl] = y_diag + y_off
+        # the state at the chunk's end: exp(acs_end) H + sum_s exp(acs_end - acs_s) dt_s x_s B_s^T
+        to_end = portable.exp((acs[:, -1:, :] - acs).contiguous())  # (b, q, h)
+        state = state * into[:, -1, :, None, None] + \
+            torch.einsum("bshn,bshp->bhpn", Bh[:, sl] * to_end[..., None], xdt[:, sl])
+    return y + D.to(torch.float32)[:, None] * x, state
+
+
+def ssd_ref(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+            D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSD recurrence token by token in fp32 (shapes as ssd_chunked; no chunks)."""
+    b, L, h, p = x.shape
+    A = -portable.exp(A_log.to(torch.float32).contiguous())
+    Bh, Ch = _heads(B.float(), h), _heads(C.float(), h)
+    decay = portable.exp((dt * A).contiguous())               # (b, L, h)
+    state = torch.zeros(b, h, p, Bh.shape[-1], dtype=torch.float32)
+    y = torch.empty(b, L, h, p, dtype=torch.float32)
+    for t in range(L):
+        upd = (x[:, t] * dt[:, t, :, None])[..., None] * Bh[:, t, :, None, :]  # (b, h, p, n)
+        state = state * decay[:, t, :, None, None] + upd
+        y[:, t] = (state * Ch[:, t, :, None, :]).sum(-1)
+    return y + D.to(torch.float32)[:, None] * x, state
+
+
+def gated_rmsnorm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, ngroups: int, eps: float) -> torch.Tensor:
+    """Mamba-2's gated RMSNorm (norm_before_gate=False), group-wise: g = y * silu(z); per group of
+    d_inner / ngroups channels, g * 1/sqrt(mean(g^2) + eps); times weight. fp32 in, fp32 out.
+
+    As transformers 5.23 ``MambaRMSNormGated.forward`` (modeling_mamba2.py:112-123, group_size =
+    intermediate_size // n_groups at :430-432) and mamba_ssm's ``RMSNormGated(d_ssm, group_size=d_ssm //
+    ngroups)``; the mean uses ops.portable's fixed-order sum and correctly rounded sqrt (as EmuRMSNorm).
+    y, z: (batch, seqlen, d_inner); weight: (d_inner,).
+    """
+    g = y.to(torch.float32) * portable.silu(z.to(torch.float32).contiguous())
+    *lead, d = g.shape
+    grouped = g.reshape(*lead, ngroups, d // ngroups)
+    var = portable.sum_last(grouped * grouped) / grouped.shape[-1]
+    normed = (grouped * (1.0 / portable.sqrt(var + eps))).reshape(*lead, d)
+    return normed * weight.to(torch.float32)
+
+
+def gated_rmsnorm_ref(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, ngroups: int, eps: float) -> torch.Tensor:
+    """Oracle of gated_rmsnorm in float64, one group at a time."""
+    g = y.double() * z.double() * torch.sigmoid(z.double())
+    size = g.shape[-1] // ngroups
+    parts = [g[..., k * size:(k + 1) * size] for k in range(ngroups)]
+    out = torch.cat([part / torch.sqrt(part.pow(2).mean(-1, keepdim=True) + eps) for part in parts], dim=-1)
+    return out * weight.double()

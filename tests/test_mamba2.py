@@ -1,0 +1,201 @@
+"""Mamba-2 in floating point: both checkpoint layouts, the fp32 mode against transformers' own
+Mamba2ForCausalLM (torch path) per layer and for the logits, the SSD and gated norm ops against
+their references, the site table, and Mamba-1-only modes refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.checkpoints.loading import ModelDirError, open_checkpoint
+from harness.emulation.build import build_backbone
+from harness.emulation.capture import MAMBA2_POINTS, TapError, capture, points_of, select_points
+from harness.emulation.ops.ssd import gated_rmsnorm, gated_rmsnorm_ref, ssd_chunked, ssd_dt, ssd_ref
+from harness.modes import ModeError, get_mode, resolve_modes
+from harness.runner.forwards import _to_original, build_head
+from harness.runner.weightbank import WeightBank
+
+from mamba2_fixtures import make_mamba2, to_mamba_ssm_layout
+
+SEQ = 21  # chunk_size 8: two chunk boundaries inside the sample, and a partial last chunk
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.fixture(scope="module", params=[(1, True), (2, False)], ids=["ngroups1-tied", "ngroups2-untied"])
+def model(request, tmp_path_factory):
+    ngroups, tie = request.param
+    out = tmp_path_factory.mktemp(f"m2g{ngroups}")
+    hf = make_mamba2(out / "tf", ngroups=ngroups, tie=tie, layers=3, seed=ngroups)
+    to_mamba_ssm_layout(out / "tf", out / "ssm")
+    return hf, out
+
+
+def _transformers_run(hf, ids):
+    """Per layer: the mixer output and the residual after the block; and the logits."""
+    mixers, blocks = [], []
+    hooks = [layer.mixer.register_forward_hook(lambda m, i, o: mixers.append(o.detach())) for layer in hf.backbone.layers]
+    hooks += [layer.register_forward_hook(lambda m, i, o: blocks.append(o.detach())) for layer in hf.backbone.layers]
+    with torch.no_grad():
+        logits = hf(ids).logits
+    for h in hooks:
+        h.remove()
+    return mixers, blocks, logits
+
+
+def _harness_run(path, mode: str, ids, ssm_impl: str | None = None):
+    from dataclasses import replace
+    recipe = get_mode(mode) if ssm_impl is None else replace(get_mode(mode), ssm_impl=ssm_impl)
+    ckpt = open_checkpoint(path)
+    bank = WeightBank(ckpt)
+    n = ckpt.dims.n_layer
+    backbone = build_backbone(recipe, bank, None, n - 1)
+    names = [f"L{i}.{p}" for i in range(n) for p in ("block.out", "block.residual")]
+    with capture(backbone, names) as cap:
+        residual = backbone(ids)
+    rot = recipe.rotate == "yes"
+    mixers = [_to_original(cap[f"L{i}.block.out"].values, rot) for i in range(n)]
+    blocks = [_to_original(cap[f"L{i}.block.residual"].values, rot) for i in range(n)]
+    return ckpt, mixers, blocks, build_head(recipe, bank)(residual)
+
+
+@pytest.mark.parametrize("ssm_impl", ["reference", "kernel"])
+def test_fp32_equals_transformers_per_layer_and_logits(model, ssm_impl):
+    hf, out = model
+    ids = torch.randint(0, 64, (1, SEQ), generator=torch.Generator().manual_seed(5))
+    t_mix, t_block, t_logits = _transformers_run(hf, ids)
+    ckpt, mix, block, logits = _harness_run(out / "tf", "fp32", ids, ssm_impl)
+    assert ckpt.dims.architecture == "mamba2" and ckpt.dims.chunk_size == 8 < SEQ
+    for i in range(ckpt.dims.n_layer):
+        assert rel(mix[i], t_mix[i]) <= 1e-5, (i, rel(mix[i], t_mix[i]))
+        assert rel(block[i], t_block[i]) <= 1e-5
+    assert rel(logits, t_logits) <= 1e-5
+
+
+def test_mamba_ssm_layout_is_the_same_model(model):
+    hf, out = model
+    a, b = open_checkpoint(out / "tf"), open_checkpoint(out / "ssm")
+    assert (a.format, b.format) == ("transformers", "mamba_ssm") and a.dims == b.dims
+    assert a.prefix_hashes(2) == b.prefix_hashes(2)  # canonical names: both layouts hash alike
+    ids = torch.randint(0, 64, (1, SEQ), generator=torch.Generator().manual_seed(6))
+    _, mix_a, _, logits_a = _harness_run(out / "tf", "fp32", ids)
+    _, mix_b, _, logits_b = _harness_run(out / "ssm", "fp32", ids)
+    assert all(torch.equal(x, y) for x, y in zip(mix_a, mix_b)) and torch.equal(logits_a, logits_b)
+
+
+def test_fp16_mode_runs_close_to_fp32(model):
+    hf, out = model
+    ids = torch.randint(0, 64, (1, SEQ), generator=torch.Generator().manual_seed(7))
+    _, t_block, t_logits = _transformers_run(hf, ids)
+    _, _, block, logits = _harness_run(out / "tf", "1", ids)
+    assert 0 < rel(logits, t_logits) < 2e-2  # fp16 rounding: not exact, but close
+    assert torch.equal(torch.tensor(block[0].shape), torch.tensor(t_block[0].shape))
+
+
+def _ssd_inputs(seed: int, L: int = 19, h: int = 6, g: int = 3):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, L, h, 4, generator=gen)
+    dt = ssd_dt(torch.randn(2, L, h, generator=gen), torch.randn(h, generator=gen))
+    A_log = torch.rand(h, generator=gen) * 2 - 0.5
+    B, C = torch.randn(2, L, g, 5, generator=gen), torch.randn(2, L, g, 5, generator=gen)
+    return x, dt, A_log, B, C, torch.randn(h, generator=gen)
+
+
+def _ssd_float64(x, dt, A_log, B, C, D):
+    """The recurrence in float64, written out per batch, token, head (each head reads its group's B, C)."""
+    b, L, h, p = x.shape
+    per = h // B.shape[2]
+    y = torch.zeros(b, L, h, p, dtype=torch.float64)
+    state = torch.zeros(b, h, p, B.shape[-1], dtype=torch.float64)
+    for t in range(L):
+        for k in range(h):
+            a = torch.exp(-torch.exp(A_log[k].double()) * dt[:, t, k].double())
+            upd = (x[:, t, k].double() * dt[:, t, k, None].double())[:, :, None] * B[:, t, k // per, None, :].double()
+            state[:, k] = state[:, k] * a[:, None, None] + upd
+            y[:, t, k] = (state[:, k] * C[:, t, k // per, None, :].double()).sum(-1) + D[k].double() * x[:, t, k].double()
+    return y, state
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 19, 32])
+def test_ssd_chunked_and_sequential_match_float64(chunk):
+    args = _ssd_inputs(chunk)
+    y64, s64 = _ssd_float64(*args)
+    y_ref, s_ref = ssd_ref(*args)
+    y_chk, s_chk = ssd_chunked(*args, chunk_size=chunk)
+    assert rel(y_ref, y64) < 1e-6 and rel(s_ref, s64) < 1e-6
+    assert rel(y_chk, y64) < 1e-6 and rel(s_chk, s64) < 1e-6
+
+
+def test_ssd_softplus_dt():
+    dt = ssd_dt(torch.tensor([[[-30.0, 0.0, 25.0]]]), torch.tensor([0.0, 1.0, 0.0]))
+    assert torch.allclose(dt, torch.nn.functional.softplus(torch.tensor([[[-30.0, 1.0, 25.0]]])), rtol=1e-6)
+
+
+@pytest.mark.parametrize("ngroups", [1, 2, 4])
+def test_gated_rmsnorm_is_groupwise(ngroups):
+    gen = torch.Generator().manual_seed(ngroups)
+    y, z, w = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 5, 16, generator=gen), torch.randn(16, generator=gen)
+    got = gated_rmsnorm(y, z, w, ngroups, 1e-5)
+    assert rel(got, gated_rmsnorm_ref(y, z, w, ngroups, 1e-5)) < 1e-6
+    if ngroups > 1:  # one norm over the whole width is another function
+        assert rel(got, gated_rmsnorm_ref(y, z, w, 1, 1e-5)) > 1e-3
+
+
+def test_site_table_and_taps():
+    assert points_of("mamba2") is MAMBA2_POINTS
+    for p in ("in_proj.z", "in_proj.xBC", "in_proj.dt", "conv1d.x", "conv1d.B", "conv1d.C", "ssd.dt", "ssd.y",
+              "ssd.state", "gnorm.out", "out_proj.out"):
+        assert p in MAMBA2_POINTS
+    chosen = select_points([1], ["all"], MAMBA2_POINTS)
+    assert chosen[0] == "L1.block.in" and chosen[-1] == "L1.block.residual" and "L1.ssd.y" in chosen
+    assert chosen.index("L1.in_proj.z") < chosen.index("L1.conv1d.x") < chosen.index("L1.ssd.y") \
+        < chosen.index("L1.gnorm.out") < chosen.index("L1.out_proj.out")
+    with pytest.raises(TapError, match="ssm.u"):  # a Mamba-1 site on a Mamba-2 model
+        select_points([0], ["ssm.u"], MAMBA2_POINTS)
+
+
+def test_captured_parts_are_the_mixers_tensors(model):
+    hf, out = model
+    ids = torch.randint(0, 64, (1, SEQ), generator=torch.Generator().manual_seed(8))
+    ckpt = open_checkpoint(out / "tf")
+    backbone = build_backbone(get_mode("fp32"), WeightBank(ckpt), None, 0)
+    names = [f"L0.{p}" for p in MAMBA2_POINTS if p != "had.out"]
+    with capture(backbone, names) as cap:
+        backbone(ids)
+    d = ckpt.dims
+    assert cap["L0.in_proj.xBC"].values.shape == (1, SEQ, d.conv_dim)
+    assert cap["L0.ssd.state"].values.shape == (1, d.nheads, d.headdim, d.d_state)
+    assert torch.all(cap["L0.ssd.dt"].values > 0)
+    expect = gated_rmsnorm(cap["L0.ssd.y"].values, cap["L0.in_proj.z"].values, ckpt.raw_layer(0)["gnorm_weight"],
+                           d.ngroups, d.gnorm_eps)
+    assert torch.equal(cap["L0.gnorm.out"].values, expect)
+
+
+def test_mamba1_only_modes_are_refused_on_mamba2():
+    assert [r.name for r in resolve_modes(["all"], architecture="mamba2")] == ["fp32", "1"]
+    assert [r.name for r in resolve_modes(["essential"], architecture="mamba2")] == ["fp32", "1"]
+    with pytest.raises(ModeError, match=r"mode '2-1' does not run on a mamba2 model.*valid there: fp32, 1"):
+        resolve_modes(["fp32", "2-1"], architecture="mamba2")
+    with pytest.raises(ModeError, match="quant_only"):
+        resolve_modes(["quant_only"], architecture="mamba2")
+    assert len(resolve_modes(["all"])) == 8  # Mamba-1 unchanged
+
+
+def test_bad_mamba2_checkpoints(model, tmp_path):
+    _, out = model
+    cfg = json.loads((out / "ssm" / "config.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "pytorch_model.bin").symlink_to(out / "ssm" / "pytorch_model.bin")
+    for change, message in ((lambda c: c["ssm_cfg"].update(headdim=7), "nheads \\* headdim"),
+                            (lambda c: c["ssm_cfg"].update(ngroups=4), "in_proj.weight has shape"),
+                            (lambda c: c.update(d_intermediate=64), "d_intermediate"),
+                            (lambda c: c["ssm_cfg"].update(dt_limit=[0.0, 1.0]), "dt_limit")):
+        c = json.loads(json.dumps(cfg))
+        change(c)
+        (bad / "config.json").write_text(json.dumps(c))
+        with pytest.raises(ModelDirError, match=message):
+            open_checkpoint(bad)
