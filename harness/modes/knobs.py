@@ -1,0 +1,121 @@
+"""The knobs of a recipe (docs/spec/modes.md "The knobs"): their values as StrEnums, the number formats
+that may stand in for them, and layer ranges of a per-layer assignment."""
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+__all__ = ["ModeError", "KNOBS", "Weights", "Rotate", "Store", "ConvIn", "ConvOut", "SsmU", "SsmImpl", "ActDtype",
+           "Prep", "KNOB_TYPES", "NumberFormat", "FORMAT_KNOBS", "parse_layer_range", "PRESETS", "MAMBA2_PRESETS"]
+
+
+class ModeError(ValueError):
+    """A mode name, knob or mode file is invalid; the message lists what is valid."""
+
+
+# knob -> allowed values (docs/spec/modes.md "The knobs")
+KNOBS: dict[str, tuple[str, ...]] = {
+    "weights": ("fp32", "fp16", "int8"),
+    "rotate": ("yes", "no"),
+    "norm_out": ("fp", "int8"),
+    "in_proj_out": ("fp", "int8"),
+    "conv_in": ("static", "dynamic"),
+    "conv_out": ("int8", "fp32"),
+    "ssm_u": ("int8", "grid", "requant", "fp32"),
+    "ssm_impl": ("kernel", "reference"),
+    "had_out": ("int8", "fp"),
+    "act_dtype": ("fp32", "fp16"),
+    "prep": ("quamba", "exact"),
+}
+
+
+
+# Each knob's values as a str-Enum: code compares members (recipe.rotate == Rotate.YES), and a member
+# is its string everywhere it is written (json, f-strings, the stats), so the files read as before.
+class Weights(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class Rotate(StrEnum):
+    YES = "yes"
+    NO = "no"
+
+
+class Store(StrEnum):
+    """How an op's output is stored: kept floating point, or int8 at its calibrated scale."""
+    FP = "fp"
+    INT8 = "int8"
+
+
+class ConvIn(StrEnum):
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+class ConvOut(StrEnum):
+    INT8 = "int8"
+    FP32 = "fp32"
+
+
+class SsmU(StrEnum):
+    INT8 = "int8"
+    GRID = "grid"
+    REQUANT = "requant"
+    FP32 = "fp32"
+
+
+class SsmImpl(StrEnum):
+    KERNEL = "kernel"
+    REFERENCE = "reference"
+
+
+class ActDtype(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+
+
+class Prep(StrEnum):
+    QUAMBA = "quamba"
+    EXACT = "exact"
+
+
+KNOB_TYPES: dict[str, type[StrEnum]] = {
+    "weights": Weights, "rotate": Rotate, "norm_out": Store, "in_proj_out": Store, "conv_in": ConvIn,
+    "conv_out": ConvOut, "ssm_u": SsmU, "ssm_impl": SsmImpl, "had_out": Store, "act_dtype": ActDtype, "prep": Prep,
+}
+assert all(set(KNOBS[k]) == {m.value for m in t} for k, t in KNOB_TYPES.items()) and set(KNOBS) == set(KNOB_TYPES)
+
+# Number formats as knobs (docs/formats.md): "none" (the recipe's own arithmetic) or a format of harness.formats
+# (spec.FORMAT_NAMES; emulation.build checks the two lists agree). Off by default: the built-in modes never set
+# them and record them only when set, so their numbers and stats are unchanged.
+NumberFormat = StrEnum("NumberFormat", {"NONE": "none", **{n.upper(): n for n in (
+    "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4_e2m1",
+    "nvfp4", "nvfp4_noglobal", "hifp8", "int8", "int8_g128", "int4_g128")}})
+# weight_format: in_proj, x_proj, dt_proj, out_proj weights; act_format: every activation quantization point
+# (norm, in_proj, conv, x_proj, dt_proj outputs, and the out_proj input); state_format: the SSM state, every step
+FORMAT_KNOBS: tuple[str, ...] = ("weight_format", "act_format", "state_format")
+_LAYER_RANGE_RE = re.compile(r"^(\d+)(-(\d*))?$")
+
+
+def parse_layer_range(text: str) -> tuple[int, int | None]:
+    """"3" -> (3, 3), "0-3" -> (0, 3), "4-" -> (4, None) (to the last block); ModeError otherwise."""
+    m = _LAYER_RANGE_RE.match(text.strip()) if isinstance(text, str) else None
+    if m is None or (m.group(3) and int(m.group(3)) < int(m.group(1))):
+        raise ModeError(f"layer range {text!r} is not valid; use a block index (3), a range (0-3) or an open "
+                        f"range (4-)")
+    lo = int(m.group(1))
+    return lo, (lo if m.group(2) is None else int(m.group(3)) if m.group(3) else None)
+
+
+# presets: names for lists of built-in modes
+PRESETS: dict[str, tuple[str, ...]] = {
+    "all": ("fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
+    "essential": ("fp32", "0", "2-1", "2-2", "2-4"),
+    "quant_only": ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
+}
+
+# What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
+# Only float recipes run on Mamba-2 blocks so far; Quamba2's recipes (q2-w8a8 ...) are issue 22's next part.
+MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1"), "essential": ("fp32", "1"), "quant_only": ()}

@@ -1,0 +1,133 @@
+"""ModeRecipe: one mode as knob values, checked for consistency when it is made."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
+
+from .knobs import (FORMAT_KNOBS, KNOB_TYPES, KNOBS, PRESETS, ActDtype, ConvIn, ConvOut, ModeError, NumberFormat, Prep,
+                    Rotate, SsmImpl, SsmU, Store, Weights, parse_layer_range)
+
+__all__ = ["ModeRecipe"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]*$")
+
+
+@dataclass(frozen=True)
+class ModeRecipe:
+    """One mode: a name, a descriptive title and a value for every knob."""
+
+    name: str
+    title: str
+    weights: Weights
+    rotate: Rotate
+    norm_out: Store
+    in_proj_out: Store
+    conv_in: ConvIn
+    conv_out: ConvOut
+    ssm_u: SsmU
+    ssm_impl: SsmImpl
+    had_out: Store
+    act_dtype: ActDtype
+    prep: Prep
+    weight_format: NumberFormat = NumberFormat.NONE
+    act_format: NumberFormat = NumberFormat.NONE
+    state_format: NumberFormat = NumberFormat.NONE
+    # per-layer format knobs: ((layer range, ((knob, value), ...)), ...), e.g. from {"0-3": {...}, "4-": {...}}
+    layers: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name) or self.name in PRESETS:
+            raise ModeError(f"invalid mode name {self.name!r}: use letters, digits, '.', '+' and '-' "
+                            f"(no '_'), not starting with a symbol, and not a preset name ({', '.join(PRESETS)})")
+        for knob, allowed in KNOBS.items():
+            value = getattr(self, knob)
+            if value not in allowed:
+                raise ModeError(f"mode {self.name!r}: knob {knob}={value!r} is not valid; "
+                                f"valid values: {', '.join(allowed)}")
+            object.__setattr__(self, knob, KNOB_TYPES[knob](value))  # frozen: the member, set once here
+        for knob in FORMAT_KNOBS:
+            object.__setattr__(self, knob, _format_value(self.name, knob, getattr(self, knob)))
+        object.__setattr__(self, "layers", _layers_value(self.name, self.layers))
+        for problem in _inconsistencies(self):
+            raise ModeError(f"mode {self.name!r}: {problem}")
+
+    def knobs(self) -> dict[str, StrEnum]:
+        """Every knob; the format knobs and the per-layer table only where set (the stats' "recipe")."""
+        knobs = {k: getattr(self, k) for k in KNOBS}
+        knobs.update({k: getattr(self, k) for k in FORMAT_KNOBS if getattr(self, k) != NumberFormat.NONE})
+        if self.layers:
+            knobs["layers"] = {r: dict(kv) for r, kv in self.layers}
+        return knobs
+
+    def for_layer(self, i: int) -> "ModeRecipe":
+        """The recipe block i runs: the format knobs of every `layers` range holding i applied in order."""
+        values = {}
+        for text, kv in self.layers:
+            lo, hi = parse_layer_range(text)
+            if lo <= i and (hi is None or i <= hi):
+                values.update(kv)
+        return replace(self, layers=(), **values) if values else replace(self, layers=())
+
+    @property
+    def has_formats(self) -> bool:
+        return bool(self.layers) or any(getattr(self, k) != NumberFormat.NONE for k in FORMAT_KNOBS)
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True when any activation is quantized, i.e. the recipe reads calibrated scales."""
+        return (self.weights == Weights.INT8 or self.norm_out == Store.INT8 or self.in_proj_out == Store.INT8
+                or self.conv_out == ConvOut.INT8 or self.ssm_u in (SsmU.INT8, SsmU.GRID, SsmU.REQUANT) or self.had_out == Store.INT8)
+
+
+def _format_value(mode: str, knob: str, value: object) -> NumberFormat:
+    if value not in {f.value for f in NumberFormat}:
+        raise ModeError(f"mode {mode!r}: knob {knob}={value!r} is not valid; valid values: "
+                        f"{', '.join(f.value for f in NumberFormat)}")
+    return NumberFormat(value)
+
+
+def _layers_value(mode: str, layers: object) -> tuple:
+    """{"0-3": {"act_format": "bf16"}, ...} or its tuple form -> the tuple form, every range and knob checked."""
+    items = layers.items() if isinstance(layers, dict) else layers
+    if not isinstance(items, (tuple, list, type({}.items()))):
+        raise ModeError(f"mode {mode!r}: layers must map layer ranges to tables of format knobs")
+    out = []
+    for entry in items:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+            raise ModeError(f"mode {mode!r}: layers must map layer ranges to tables of format knobs")
+        text, kv = entry
+        parse_layer_range(text)
+        kv = kv.items() if isinstance(kv, dict) else kv
+        checked = []
+        for knob, value in kv:
+            if knob not in FORMAT_KNOBS:
+                raise ModeError(f"mode {mode!r}: layers[{text!r}] sets {knob!r}; per-layer knobs: {', '.join(FORMAT_KNOBS)}")
+            checked.append((knob, str(_format_value(mode, knob, value))))
+        out.append((text, tuple(checked)))
+    return tuple(out)
+
+
+def _inconsistencies(r: ModeRecipe) -> list[str]:
+    out = []
+    if r.has_formats and r.needs_calibration:
+        out.append("the format knobs (weight_format, act_format, state_format, layers) need a floating-point "
+                   "recipe (weights fp32 or fp16, no int8 activation): base the mode on fp32 or 1")
+    if r.rotate == Rotate.NO and (r.norm_out == Store.INT8 or r.had_out == Store.INT8):
+        out.append("norm_out=int8 and had_out=int8 need rotate=yes: s_in and s_H are calibrated on the "
+                   "rotated residual stream, so they do not fit an unrotated model")
+    if r.ssm_u in (SsmU.INT8, SsmU.GRID) and r.conv_out != ConvOut.INT8:
+        out.append(f"ssm_u={r.ssm_u} needs conv_out=int8 (it takes the conv's int8 codes); "
+                   "with conv_out=fp32 use ssm_u=requant or ssm_u=fp32")
+    if r.ssm_u in (SsmU.REQUANT, SsmU.FP32) and r.conv_out != ConvOut.FP32:
+        out.append(f"ssm_u={r.ssm_u} needs conv_out=fp32 (it takes the true fp32 conv output); "
+                   "with conv_out=int8 use ssm_u=int8 or ssm_u=grid")
+    if r.prep == Prep.QUAMBA and r.weights == Weights.FP32:
+        out.append("prep=quamba needs weights=fp16 or int8: Quamba prepares its weights in fp16; "
+                   "use prep=exact for fp32 weights")
+    if r.conv_in == ConvIn.DYNAMIC and r.weights != Weights.INT8:
+        out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
+    return out

@@ -1,0 +1,106 @@
+"""The built-in modes, what runs on which architecture, and the registry that mode files extend."""
+from __future__ import annotations
+
+from .knobs import KNOBS, MAMBA2_PRESETS, PRESETS, ModeError, Prep
+from .recipe import ModeRecipe
+
+__all__ = ["architecture_problem", "BUILTIN_MODES", "CALIBRATION_RECIPES", "ModeRegistry", "get_mode", "list_modes"]
+
+
+def _recipe(name: str, title: str, row: str) -> ModeRecipe:
+    values = row.split()
+    return ModeRecipe(name, title, **dict(zip(KNOBS, values, strict=True)))
+
+
+# fmt: off
+# docs/spec/modes.md "The built-in modes", column order = KNOBS order:
+#   weights rotate norm_out in_proj_out conv_in conv_out ssm_u ssm_impl had_out act_dtype prep
+_BUILTIN_ROWS = (
+    ("fp32", "floating-point reference",                        "fp32 yes fp   fp   static  fp32 fp32    reference fp   fp32 exact"),
+    ("1",    "original model, fp16 (no rotation)",              "fp16 no  fp   fp   static  fp32 fp32    reference fp   fp16 exact"),
+    ("0",    "Quamba1 W8A8 baseline",                           "int8 yes int8 int8 static  int8 int8    kernel    int8 fp16 quamba"),
+    ("2-0",  "dequant -> requant -> kernel scan",               "int8 yes int8 int8 static  int8 grid    kernel    int8 fp16 quamba"),
+    ("2-1",  "int8 u, reference scan",                          "int8 yes int8 int8 static  int8 int8    reference int8 fp16 quamba"),
+    ("2-2",  "dequantized u (int8 grid), reference scan",       "int8 yes int8 int8 static  int8 grid    reference int8 fp16 quamba"),
+    ("2-3",  "true fp32 conv, re-quantized u, reference scan",  "int8 yes int8 int8 static  fp32 requant reference int8 fp16 quamba"),
+    ("2-4",  "true fp32 conv, fp32 u, reference scan",          "int8 yes int8 int8 static  fp32 fp32    reference int8 fp16 quamba"),
+    ("3",    "hybrid: dynamic conv input, fp32 conv and scan",  "int8 yes int8 fp   dynamic fp32 fp32    reference int8 fp16 quamba"),
+)
+# fmt: on
+
+
+
+def architecture_problem(recipe: "ModeRecipe", architecture: str) -> str | None:
+    """Why `recipe` cannot run on a model of `architecture` ("mamba1", "mamba2"), or None when it can."""
+    if architecture != "mamba2":
+        return None
+    if recipe.needs_calibration:
+        return ("it quantizes (Quamba1's W8A8 recipe of Mamba-1 blocks); on Mamba-2 only float recipes run "
+                "(weights fp32/fp16, every output fp, no int8 activations)")
+    if recipe.prep == Prep.QUAMBA:
+        return "prep=quamba prepares Mamba-1 weights as Quamba1 does; use prep=exact on Mamba-2"
+    return None
+
+
+BUILTIN_MODES: dict[str, ModeRecipe] = {name: _recipe(name, title, row) for name, title, row in _BUILTIN_ROWS}
+
+# The models calibration runs through (not user modes), one per prep: the rotated
+# model with fp16 weights and fp16 activations, as Quamba calibrates its fp16 model
+# (spec notes §2.3). harness.emulation.build gives the prep=quamba one the arithmetic of that model
+# (build_block's calibration flag): fp16 conv output before SiLU, mamba_ssm's scan.
+CALIBRATION_RECIPES: dict[str, ModeRecipe] = {
+    prep: _recipe("calibration", f"rotated fp16 model used for calibration (prep={prep})",
+                  f"fp16 yes fp fp static fp32 fp32 {'kernel' if prep == 'quamba' else 'reference'} fp fp16 {prep}")
+    for prep in KNOBS["prep"]
+}
+
+
+class ModeRegistry:
+    """Name -> recipe, seeded with the built-in modes."""
+
+    def __init__(self) -> None:
+        self._modes: dict[str, ModeRecipe] = dict(BUILTIN_MODES)
+
+    def register(self, recipe: ModeRecipe, replace_existing: bool = False) -> None:
+        if recipe.name in self._modes and not replace_existing:
+            raise ModeError(f"mode {recipe.name!r} is already defined; built-in modes: {', '.join(BUILTIN_MODES)}")
+        self._modes[recipe.name] = recipe
+
+    def get(self, name: str) -> ModeRecipe:
+        if name not in self._modes:
+            raise ModeError(f"unknown mode {name!r}; valid: {', '.join(self._modes)} "
+                            f"(presets: {', '.join(PRESETS)})")
+        return self._modes[name]
+
+    def names(self) -> list[str]:
+        return list(self._modes)
+
+    def resolve(self, requested: list[str], architecture: str = "mamba1") -> list[ModeRecipe]:
+        """Expand presets, keep order, drop duplicates, validate every name (and that it runs on `architecture`)."""
+        names: list[str] = []
+        presets = MAMBA2_PRESETS if architecture == "mamba2" else PRESETS
+        for item in requested:
+            if item in presets and not presets[item]:
+                raise ModeError(f"preset {item!r} has no modes for a {architecture} model; valid there: "
+                                + "; ".join(f"{k} = {' '.join(v)}" for k, v in presets.items() if v))
+            for name in presets.get(item, (item,)):
+                if name not in names:
+                    names.append(name)
+        if not names:
+            raise ModeError(f"no modes given; valid: {', '.join(self._modes)} (presets: {', '.join(PRESETS)})")
+        recipes = [self.get(n) for n in names]
+        for r in recipes:
+            if (why := architecture_problem(r, architecture)) is not None:
+                runs = [n for n in self._modes if architecture_problem(self._modes[n], architecture) is None]
+                raise ModeError(f"mode {r.name!r} does not run on a {architecture} model: {why}; "
+                                f"valid there: {', '.join(runs)}")
+        return recipes
+
+
+def get_mode(name: str) -> ModeRecipe:
+    """A built-in mode by name (user modes come in through ``resolve_modes``)."""
+    return ModeRegistry().get(name)
+
+
+def list_modes() -> list[str]:
+    return list(BUILTIN_MODES)
