@@ -149,6 +149,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
+    _opt(g, "workers", type=_positive_int, default=1, help="run the units (mode x sample, mode x layer of "
+         "--sensitivity) in N local processes, one torch thread each; the pair is bit-identical (docs/scale-out.md)")
+    _opt(g, "ray", default=None, metavar="ADDRESS", help="run the units as tasks on the Ray cluster at ADDRESS "
+         "(or auto); needs the extra: pip install -e '.[cluster]' (docs/scale-out.md)")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -179,7 +183,7 @@ def _config_from_args(args: argparse.Namespace):
         compress=args.compress, dedup=not args.no_dedup, reference=args.reference or "fp32", argv=sys.argv[:],
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
-        device=args.device, keep_arrays=False, report=args.report)
+        device=args.device, keep_arrays=False, report=args.report, workers=args.workers, ray=args.ray)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:

@@ -55,6 +55,8 @@ class RunConfig:
     device: str = "cpu"
     keep_arrays: bool = True          # RunOutcome.by_mode holds every mode's arrays (False: the reference's only)
     report: bool = False              # the caller writes the HTML report next to the output: its path is checked
+    workers: int = 1                  # local processes running the units (runner.workers); 1: in this process
+    ray: str | None = None            # a Ray cluster's address (or "auto") running the units (runner.ray_backend)
 
 
 @dataclass

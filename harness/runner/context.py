@@ -40,6 +40,7 @@ class RunContext:
     depth: int
     progress: Progress
     emit: Callable[[str], None]
+    units: object | None = None  # runner.dispatch.Dispatcher: the units run in other processes (None: here)
 
     def scales(self, recipe: ModeRecipe) -> list[LayerScales] | None:
         """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
