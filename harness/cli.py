@@ -149,10 +149,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "no-dedup", action="store_true", help="store tap arrays even when identical to an earlier one")
     _opt(g, "quiet", action="store_true", help="print only errors and the file names")
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
-    _opt(g, "workers", type=_positive_int, default=1, help="run the units (mode x sample, mode x layer of "
-         "--sensitivity) in N local processes, one torch thread each; the pair is bit-identical (docs/scale-out.md)")
-    _opt(g, "ray", default=None, metavar="ADDRESS", help="run the units as tasks on the Ray cluster at ADDRESS "
-         "(or auto); needs the extra: pip install -e '.[cluster]' (docs/scale-out.md)")
+    _opt(g, "workers", type=_positive_int, default=1, help="run the units in N local processes (docs/scale-out.md)")
+    _opt(g, "ray", default=None, metavar="ADDRESS", help="run the units on the Ray cluster at ADDRESS or auto")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ class Tracker:
 
     def __init__(self, emit: Callable[[str], None]) -> None:
         self.emit, self.expected, self.finished, self.start = emit, 0, 0, None
-        self.unit_seconds = 0.0
+        self.unit_seconds, self.last = 0.0, None
 
     def expect(self, n: int) -> None:
         self.start = time.perf_counter() if self.start is None else self.start
@@ -39,6 +39,7 @@ class Tracker:
     def done(self, label: str, worker: str, seconds: float, attempt: int) -> None:
         self.finished += 1
         self.unit_seconds += seconds
+        self.last = time.perf_counter()
         mode, _, part = label.rpartition(".")
         what = f"sample {part[1:]}" if part.startswith("s") else f"layer {part[1:]}"
         left = self.expected - self.finished
@@ -125,7 +126,9 @@ class Dispatcher:
     def summary(self) -> dict:
         """The worker provenance of the stats (not part of the bit-identity with a serial run)."""
         return {"backend": self.backend.name, "slots": self.backend.n, "units": self.tracker.finished,
-                "unit_seconds": round(self.tracker.unit_seconds, 3), "retried": list(self.backend.retried),
+                "unit_seconds": round(self.tracker.unit_seconds, 3),
+                "wall_seconds": None if self.tracker.last is None else round(self.tracker.last - self.tracker.start, 3),
+                "retried": list(self.backend.retried),
                 "failed_units": list(self.failed_units)}
 
 

@@ -59,7 +59,7 @@ def _worker_main(conn) -> None:
 def _portable(e: Exception) -> Exception:
     """The exception itself when it pickles (the mode's error names its type), else a RuntimeError saying it."""
     try:
-        pickle.loads(pickle.dumps(e))
+        pickle.dumps(e)
         e.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
         return e
     except Exception:
