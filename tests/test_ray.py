@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,6 +63,7 @@ def cluster():
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

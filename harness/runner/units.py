@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,8 +141,10 @@ def execute(unit: SampleUnit | LayerUnit, attempt: int = 1):
         return result
     from ..metrics.logits import kl_divergence
 
-    logits = _blob(unit.ref_logits)
-    kl = sensitivity_kl(unit.mode, unit.ref, models.bank, unit.ref_inputs, logits, [unit.layer], kl_divergence)
+    logits = _blob(unit.ref_logits)  # read-only (memory-mapped, or Ray's zero-copy arrays): only read here
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        kl = sensitivity_kl(unit.mode, unit.ref, models.bank, unit.ref_inputs, logits, [unit.layer], kl_divergence)
     return kl[unit.layer]
 
 
