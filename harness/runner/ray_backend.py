@@ -13,6 +13,7 @@ makes the unit a ``UnitFailed`` with Ray's reason. The reference's logits go to 
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ class RayPool:
             del self._tasks[handle]
             if self.on_done is not None:
                 self.on_done(unit_label(unit), worker, seconds, attempt)
-            return value
+            return copy.deepcopy(value)  # ray.get's arrays are read-only views of the object store
 
     def ship(self, arrays: list) -> RayBlob:
         return RayBlob(self._ray.put(arrays))
