@@ -154,6 +154,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     _opt(g, "report", action="store_true", help="also write the HTML report <name>_report.html (see `report`)")
     _opt(g, "decode", type=_positive_int, default=0, help="N teacher-forced one-token steps after the prompt (docs/decode.md)")
     _opt(g, "generate", type=_positive_int, default=0, help="N greedy tokens per mode after the prompt (docs/decode.md)")
+    _opt(g, "workers", type=_positive_int, default=1, help="run the units in N local processes (docs/scale-out.md)")
+    _opt(g, "ray", default=None, metavar="ADDRESS", help="run the units on the Ray cluster at ADDRESS or auto")
 
 
 def build_capture_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -185,7 +187,7 @@ def _config_from_args(args: argparse.Namespace):
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
         device=args.device, keep_arrays=False, report=args.report, decode=args.decode,
-        generate=args.generate, store_logits=not args.no_logits)
+        generate=args.generate, store_logits=not args.no_logits, workers=args.workers, ray=args.ray)
 
 
 def _guarded(command, argv: list[str] | None, prog: str | None) -> int:

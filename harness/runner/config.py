@@ -58,6 +58,8 @@ class RunConfig:
     decode: int = 0                   # teacher-forced decode steps after the --seq_len prompt (runner.decode)
     generate: int = 0                 # greedy tokens each mode generates after the prompt (runner.generate)
     store_logits: bool = True         # with end_to_end: the logits arrays go to the .npz (False: metrics only)
+    workers: int = 1                  # local processes running the units (runner.workers); 1: in this process
+    ray: str | None = None            # a Ray cluster's address (or "auto") running the units (runner.ray_backend)
 
 
 @dataclass

@@ -41,6 +41,7 @@ class RunContext:
     progress: Progress
     emit: Callable[[str], None]
     decode_ids: torch.Tensor | None = None  # --decode N: (1, L + N), the prompt and the teacher-forced tokens
+    units: object | None = None  # runner.dispatch.Dispatcher: the units run in other processes (None: here)
 
     def scales(self, recipe: ModeRecipe) -> list[LayerScales] | None:
         """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""

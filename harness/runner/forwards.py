@@ -39,7 +39,7 @@ from ..store.format import tensor_name
 from .weightbank import WeightBank, lm_head_weight
 
 __all__ = ["ISOLATED", "RefInputs", "convert", "to_device", "Head", "build_head", "Forward", "ModeRun", "run_mode",
-           "per_sample_of", "keep_only", "basis_of", "sensitivity_kl", "stack"]
+           "per_sample_of", "keep_only", "basis_of", "sensitivity_kl", "stack", "layer_arrays"]
 
 _BASIS_POINTS = RESIDUAL_BASIS + (ISOLATED, "norm.out", "out_proj.out", "had.out")
 
@@ -214,7 +214,7 @@ class Forward:
 
 
 def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None, on_layer=None,
-             shared: SharedOps | None = None, *, step: Callable[[], None] | None = None) -> ModeRun:
+             shared: SharedOps | None = None, *, step: Callable[[], None] | None = None, raw=None) -> ModeRun:
     """Run one mode on every sample; the points L{i}.block.isolated in `fwd.points` are replayed on
     ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference itself).
     The result's ``block_inputs`` are the mode's own inputs of the isolated layers and `fwd.keep_inputs`
@@ -227,6 +227,8 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
     arrays come back to the CPU (untested: docs/analysis.md "Device").
     shared: the run's ops shared across modes (harness.runner.sharedops); None computes every op.
     step: called when a block has run on every sample (progress).
+    raw: instead of on_layer, ``raw(per_sample, codes, meta)`` per block, before stacking (``layer_arrays``
+    stacks them): a unit of one sample in another process (harness.runner.units) hands these back.
     """
     recipe, device = fwd.recipe, fwd.device
     model = to_device(build_backbone(recipe, bank, fwd.scales, bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth),
@@ -243,7 +245,7 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
             run.per_sample[name] = per_sample_of(arr, len(fwd.samples))
 
     with on_device(device):
-        _run_blocks(fwd, model, ref_inputs, run, on_layer or collect, step=step)
+        _run_blocks(fwd, model, ref_inputs, run, on_layer or collect, step=step, raw=raw)
         if head is not None:
             run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
     run.residuals = []
@@ -256,7 +258,7 @@ def per_sample_of(arr: np.ndarray, n: int) -> list[np.ndarray]:
 
 
 def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, run: ModeRun, deliver, *,
-                step: Callable[[], None] | None = None) -> None:
+                step: Callable[[], None] | None = None, raw=None) -> None:
     recipe, samples, points, basis, device = fwd.recipe, fwd.samples, fwd.points, fwd.basis, fwd.device
     rotate = recipe.rotate == Rotate.YES
     iso_layers = {parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED}
@@ -301,8 +303,10 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
                 meta[name] = (name, ISOLATED, None, None, "float32")
             if point_name(layer, "block.in") in own:
                 run.block_inputs[k][layer] = captured[point_name(layer, "block.in")].values
-        if per_sample:
-            deliver(*_layer_arrays(recipe, basis, per_sample, codes, meta))
+        if per_sample and raw is not None:
+            raw(per_sample, codes, meta)
+        elif per_sample:
+            deliver(*layer_arrays(recipe, basis, per_sample, codes, meta))
             del per_sample, codes
             release_freed()  # the block's activations, gone to the file, leave the process too
         if step is not None:
@@ -317,7 +321,7 @@ def _original_basis(shared: SharedOps | None, layer: int, site: str, values: tor
     return undo(values) if shared is None else shared.call(layer, f"original_basis.{site}", None, undo, values).clone()
 
 
-def _layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+def layer_arrays(recipe, basis, per_sample, codes, meta) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     arrays, tensors = {}, {}
     for name, values in per_sample.items():
         point, site, scale, n_clipped, dtype = meta[name]

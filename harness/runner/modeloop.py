@@ -42,15 +42,42 @@ def run_todo(ctx: RunContext, todo: list[ModeRecipe], modes: dict, collector: Co
     wanted = tuple(sorted(set(iso_layers) | (set(cfg.layers) if cfg.sensitivity else set())))
     ordered = sorted(todo, key=lambda r: r.name != cfg.reference)
     keep_only(ctx.bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
+    _submit(ctx, ordered, loop, bool(iso_layers), wanted)
     for n, recipe in enumerate(ordered):
         with ctx.progress.stage(f"mode {recipe.name}", ctx.depth + 1, "layers"):
             _run_one(ctx, recipe, _ModeRun(modes, collector, loop, shared, bool(iso_layers), wanted))
+        _submit(ctx, ordered, loop, bool(iso_layers), wanted)  # the reference's block inputs are known now
         ctx.emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in ctx.points if "block." in p]))
         keep_only(ctx.bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
         if n == 0:
             fault_point("modes")
     loop.shared_ops = shared.summary()  # the kept results go with `shared`
     return loop
+
+
+def _forward(ctx: RunContext, recipe: ModeRecipe, wanted: tuple[int, ...]) -> Forward:
+    cfg = ctx.cfg
+    return Forward(recipe, ctx.scales(recipe), ctx.samples, ctx.points, ctx.depth, cfg.basis,
+                   end_to_end=cfg.end_to_end or cfg.sensitivity,
+                   keep_inputs=wanted if recipe.name == cfg.reference else (), device=cfg.device)
+
+
+def _submit(ctx: RunContext, ordered: list[ModeRecipe], loop: ModeLoopResult, isolated: bool,
+            wanted: tuple[int, ...]) -> None:
+    """With units in other processes: submit every mode that can start (with --isolated, the other modes
+    once the reference's block inputs are known), so the modes run side by side; the loop takes their
+    results in its order. A mode whose Forward cannot be made (failed calibration) is left to _run_one."""
+    if ctx.units is None:
+        return
+    for recipe in ordered:
+        is_ref = recipe.name == ctx.cfg.reference
+        if ctx.units.submitted(recipe.name) or (isolated and not is_ref and loop.ref_inputs is None):
+            continue
+        try:
+            forward = _forward(ctx, recipe, wanted)
+        except Exception:
+            continue
+        ctx.units.submit_mode(forward, None if is_ref else loop.ref_inputs)
 
 
 @dataclass
@@ -109,11 +136,12 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
     try:
         if run_.isolated and not is_ref and loop.ref_inputs is None:
             raise RuntimeError(f"--isolated needs the reference mode {cfg.reference}'s block inputs, but it failed")
-        forward = Forward(recipe, ctx.scales(recipe), samples, ctx.points, ctx.depth, cfg.basis,
-                          end_to_end=cfg.end_to_end or cfg.sensitivity, keep_inputs=run_.wanted if is_ref else (),
-                          device=cfg.device)
-        run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared,
-                       step=progress.advance)
+        forward = _forward(ctx, recipe, run_.wanted)
+        if ctx.units is None:
+            run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared,
+                           step=progress.advance)
+        else:  # the mode's units in other processes (runner.dispatch): one progress line per unit
+            run = ctx.units.run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared)
         if run.logits:
             logits = {"logits": stack(run.logits)}
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})

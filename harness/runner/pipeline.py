@@ -27,6 +27,7 @@ from .calibration import CalibrationResult, calibrate
 from .collect import Collector, block_io_names
 from .config import DEFAULT_MODEL, RunConfig, RunError, RunOutcome
 from .context import RunContext
+from .dispatch import open_units
 from ..emulation.capture import (ISOLATED, MAMBA2_POINTS, POINTS, TapError, parse_point, point_name, points_of,
                                  resolve_layers, select_points)
 from ..checkpoints.text import (
@@ -181,12 +182,12 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         raise RunError(f"--output_file {out}: the capture file's name must end in .npz, e.g. "
                        f"{out.with_suffix('.npz') if out.suffix else out.with_name(out.name + '.npz')} "
                        f"(its stats go to <name>_stats.json)")
-    with OutputLock(out):
-        return _run_locked(cfg, recipes, points, depth, models, tok, emit=emit, progress=progress)
+    with open_units(cfg, models, emit) as units, OutputLock(out):
+        return _run_locked(cfg, recipes, points, depth, models, tok, emit=emit, progress=progress, units=units)
 
 
 def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], depth: int, models, tok, *,
-                emit: Callable[[str], None], progress: Progress) -> RunOutcome:
+                emit: Callable[[str], None], progress: Progress, units=None) -> RunOutcome:
     ckpt = models.primary
     with progress.stage("reading the text"), ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
@@ -258,7 +259,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     meta = {"token_ids": all_ids.numpy().astype(np.int64), "timestamp": np.array(timestamp), "model": np.array(model_path.name),
             "pretrained_dir": np.array(str(model_path.parent)), "seq_len": np.array(cfg.seq_len)}
     ctx = RunContext(cfg, bank, calibs, [ids[k:k + 1] for k in range(ids.shape[0])], points, depth, progress, emit,
-                     decode_ids=all_ids if cfg.decode else None)
+                     decode_ids=all_ids if cfg.decode else None, units=units)
     with PairWriter(Path(cfg.output_file), cfg.compress, cfg.dedup, progress) as writer:  # streamed as modes finish
         for key, arr in meta.items():
             writer.add(key, arr)
@@ -289,6 +290,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                                                   "format": models.float_ckpt.format,
                                                   "tensors_read": models.float_ckpt.read_summary()}
         studies = run_studies(ctx, recipes, modes, loop)
+        if units is not None:  # worker provenance: what ran where (not part of the bit-identity with a serial run)
+            provenance["workers"] = units.summary()
         return _finish(ctx, writer, collector, all_ids, modes=modes, comparison=comparison, provenance=provenance,
                        studies=studies, timestamp=timestamp)
 
@@ -389,5 +392,8 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
     stats = writer.commit(stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
          + ("; the logits were not stored (--no-logits)" if cfg.end_to_end and not cfg.store_logits else "")
-         + (f"; failed modes: {', '.join(failed)}" if failed else ""))
-    return RunOutcome(stats, collector.by_mode, failed, ids.numpy())
+         + (f"; failed modes: {', '.join(failed)}" if failed else "")
+         + (f"; failed units: {', '.join(u['unit'] for u in studies['failed_units'])}"
+            if studies.get("failed_units") else ""))
+    return RunOutcome(stats, collector.by_mode, failed + [u["unit"] for u in studies.get("failed_units", [])],
+                      ids.numpy())

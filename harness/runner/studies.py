@@ -135,6 +135,17 @@ def sensitivity_stats(kl_by_layer: dict[int, list[float]], full_kl: list[float])
     return out
 
 
+def _remote_sensitivity(ctx: RunContext, by_name: dict[str, ModeRecipe], ok: list[str],
+                        loop: ModeLoopResult) -> dict[str, dict[int, list[float]]]:
+    """The sensitivity study as mode x layer units (runner.dispatch), every mode's at once."""
+    cfg = ctx.cfg
+    ctx.progress.phase = "sensitivity (units in other processes)"
+    fwd = {m: Forward(by_name[m], ctx.scales(by_name[m]), ctx.samples, ctx.points, ctx.depth, device=cfg.device)
+           for m in [cfg.reference] + [m for m in ok if m != cfg.reference]}
+    jobs = {m: (f, fwd[cfg.reference]) for m, f in fwd.items() if m != cfg.reference}
+    return ctx.units.sensitivity(jobs, loop.ref_inputs, loop.ref_logits, cfg.layers)
+
+
 def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dict], loop: ModeLoopResult) -> dict:
     """The stats sections end_to_end, samples and sensitivity of the modes that ran (loop: the mode loop's result)."""
     cfg, emit = ctx.cfg, ctx.emit
@@ -154,8 +165,12 @@ def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dic
         by_name = {r.name: r for r in recipes}
         ref = by_name[cfg.reference]
         out["sensitivity"] = {}
+        remote = _remote_sensitivity(ctx, by_name, ok, loop) if ctx.units is not None else None
         for mode in ok:
             if mode == cfg.reference:
+                continue
+            if remote is not None:  # the mode x layer units ran in other processes
+                out["sensitivity"][mode] = sensitivity_stats(remote[mode], [r["kl"] for r in e2e[mode]])
                 continue
             mode_fwd, ref_fwd = (Forward(r, ctx.scales(r), ctx.samples, ctx.points, ctx.depth, device=cfg.device)
                                  for r in (by_name[mode], ref))
@@ -163,4 +178,6 @@ def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dic
                 kl = sensitivity_kl(mode_fwd, ref_fwd, ctx.bank, loop.ref_inputs, loop.ref_logits, cfg.layers,
                                     kl_divergence, step=ctx.progress.advance)
             out["sensitivity"][mode] = sensitivity_stats(kl, [r["kl"] for r in e2e[mode]])
+        if ctx.units is not None and ctx.units.failed_units:
+            out["failed_units"] = list(ctx.units.failed_units)
     return out
