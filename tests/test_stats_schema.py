@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.cli import _report_main, capture_main, compare_main
+from harness.cli import report_main, capture_main, compare_main
 from harness.store.files import StorageError
 from harness.store.format import stats_path
 from harness.store.reader import load_capture
@@ -124,7 +124,7 @@ def test_every_crafted_stats_file_is_refused_naming_its_field(pair, tmp_path, ca
         npz.write_bytes(pair.read_bytes())
         stats_path(npz).write_text(json.dumps(manifest))
         shown = field.split(".")[0]
-        for main, argv in ((compare_main, [npz]), (_report_main, [npz, "-o", tmp_path / f"r{n}.html"])):
+        for main, argv in ((compare_main, [npz]), (report_main, [npz, "-o", tmp_path / f"r{n}.html"])):
             capsys.readouterr()
             assert run_cli(main, argv) == 2, (field, main.__name__)
             err = capsys.readouterr().err

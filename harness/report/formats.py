@@ -10,9 +10,7 @@ modes, the error of representing it in each format (harness.metrics.formats), as
 """
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from pathlib import Path
 
 import torch
@@ -20,11 +18,10 @@ from tabulate import tabulate
 
 from ..emulation.ops.formats import FORMATS
 from ..metrics.formats import FORMAT_METRICS, format_errors, not_applicable
-from ..store.format import (StorageError, check_output, check_writable, json_safe, load_capture, pending_path,
-                            stats_path, write_json)
+from ..store.format import StorageError
+from ..store.reader import load_capture
 
-__all__ = ["SweepError", "format_table", "sweep_file", "sweep_tables", "build_formats_parser", "formats_main",
-           "formats_command"]
+__all__ = ["SweepError", "format_table", "sweep_file", "sweep_tables"]
 
 
 class SweepError(ValueError):
@@ -104,56 +101,3 @@ def sweep_tables(result: dict) -> str:
                                                  disable_numparse=True)
                      + "".join(f"\nn/a: {f} needs a last dimension that is a multiple of {b}" for f, b in notes.items()))
     return "\n\n".join(parts) if parts else "no floating-point tensors matched"
-
-
-def build_formats_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Without FILE: list the number formats. With FILE: the "
-                                "error of every captured tensor in each format (MSE, rel L2, SQNR, max |err|, "
-                                "overflow / underflow / saturated fractions, blocks whose scale one outlier set).")
-    p.add_argument("file", type=Path, nargs="?", default=None, help="capture .npz (this harness's or the research tool's)")
-    for name, what in (("formats", "formats (default: all)"), ("modes", "modes (default: all)"),
-                       ("tensors", "tensors, e.g. output L0.ssm.u (default: all)")):
-        p.add_argument(f"--{name}", nargs="+", default=None, help=f"sweep only these {what}")
-    p.add_argument("--json", type=Path, default=None, help="write the sweep to this JSON file ('-': standard output)")
-    return p
-
-
-def formats_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    args = build_formats_parser(prog).parse_args(argv)
-    if args.file is None:
-        if args.modes or args.tensors or args.json:
-            print("error: --modes, --tensors and --json need a capture FILE", file=sys.stderr)
-            return 2
-        print(format_table())
-        return 0
-    to_stdout = args.json is not None and str(args.json) == "-"
-    try:
-        if args.json is not None and not to_stdout:
-            check_writable(args.json)
-            check_output(args.json, {"the capture file": args.file, "the capture's stats file": stats_path(args.file),
-                                     "the capture's pending stats file": pending_path(args.file)})
-        result = sweep_file(args.file, args.formats, args.modes, args.tensors)
-    except (StorageError, SweepError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if to_stdout:
-        import json
-        print(json.dumps(json_safe(result), indent=1))
-        return 0
-    print(sweep_tables(result))
-    if args.json is not None:
-        write_json(args.json, json_safe(result))
-        print(f"\nwrote {args.json}")
-    return 0
-
-
-def formats_command(argv: list[str]) -> int:
-    """`python -m harness formats ...` with SIGINT/SIGTERM turned into a clean exit (130/143, no traceback)."""
-    from ..runtime.guard import Interrupted, handle_signals
-
-    try:
-        with handle_signals():
-            return formats_main(argv, "python -m harness formats")
-    except Interrupted as e:
-        print(f"interrupted by {e.name}; no partial file was written", file=sys.stderr)
-        return e.exit_code

@@ -10,19 +10,15 @@ stays within BUDGET, proposed from a sensitivity study and verified by one run o
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 from ..emulation.ops.formats import FORMATS
-from ..modes import ModeError
-from ..store.format import StorageError, check_output, write_json
 from .config import RunConfig
-from .pipeline import InputError, run
+from .pipeline import run
 
-__all__ = ["DEFAULT_LADDER", "choose", "suggest", "suggest_main"]
+__all__ = ["DEFAULT_LADDER", "SUGGESTED", "choose", "suggest"]
 
 DEFAULT_LADDER = ("bf16", "mxfp8_e4m3", "mxfp6_e2m3", "mxfp4_e2m1")
 SUGGESTED = "suggested"
@@ -83,48 +79,3 @@ def suggest(model: Path | None, formats: list[str], budget: float, *, seq_len: i
     return {"budget": budget, "bits": bits, "kl_by_format": {f: {str(i): v for i, v in d.items()} for f, d in kl.items()},
             "assignment": {str(i): f for i, f in pick.items()}, "modes": {"modes": modes},
             "verified_kl": verified, "within_budget": verified <= budget}
-
-
-def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Propose the cheapest per-layer formats whose end-to-end KL "
-                                "stays within BUDGET (a sensitivity study per format, then one verifying run).")
-    p.add_argument("--suggest", type=float, required=True, metavar="BUDGET", help="end-to-end KL budget (nats)")
-    p.add_argument("--model", type=Path, default=None, help="float model directory (default: the shipped one)")
-    p.add_argument("--formats", nargs="+", default=list(DEFAULT_LADDER), help="candidate formats")
-    p.add_argument("--seq_len", "--seq-len", dest="seq_len", type=int, default=512, help="tokens (default 512)")
-    p.add_argument("--output", type=Path, default=Path("suggested_modes.json"), help="the modes file to write")
-    return p
-
-
-def suggest_main(argv: list[str], prog: str = "python -m harness formats") -> int:
-    args = _parser(prog).parse_args(argv)
-    bad = [f for f in args.formats if f not in FORMATS]
-    if bad or not args.suggest >= 0 or args.seq_len < 1:
-        print(f"error: --formats {' '.join(bad)} unknown (valid: {', '.join(FORMATS)})" if bad else
-              "error: --suggest needs a KL budget >= 0 and --seq_len a positive integer", file=sys.stderr)
-        return 2
-    try:
-        check_output(args.output)
-        result = suggest(args.model, args.formats, args.suggest, seq_len=args.seq_len, emit=print)
-    except (InputError, ModeError, StorageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    write_json(args.output, result["modes"])
-    for i, f in result["assignment"].items():
-        print(f"block {i}: {f}  (KL alone: {result['kl_by_format'][f][i]:.3g})")
-    print(f"mean bits/value {result['bits']:.2f}; verified end-to-end KL {result['verified_kl']:.4g} "
-          f"({'within' if result['within_budget'] else 'OVER'} the budget {args.suggest})")
-    print(f"wrote {args.output} (run it: --modes fp32 {SUGGESTED} --modes_file {args.output})")
-    return 0
-
-
-def formats_command(argv: list[str]) -> int:
-    """The --suggest form of `python -m harness formats`, with SIGINT/SIGTERM a clean exit."""
-    from ..runtime.guard import Interrupted, handle_signals
-
-    try:
-        with handle_signals():
-            return suggest_main(argv)
-    except Interrupted as e:
-        print(f"interrupted by {e.name}; nothing was written", file=sys.stderr)
-        return e.exit_code
