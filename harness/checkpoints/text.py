@@ -99,7 +99,10 @@ def read_documents(path: Path) -> list[str]:
 def chars_for(tokens: int, tokenizer: Tokenizer) -> int:
     """Characters that give at least `tokens` tokens: a token covers at most as many bytes as the longest
     vocabulary entry (the shipped tokenizer's: 25), and a character is at least one byte."""
-    longest = max((len(t.encode("utf-8", "replace")) for t in tokenizer.tok.get_vocab()), default=1)
+    vocab = getattr(getattr(tokenizer, "tok", None), "get_vocab", None)
+    if vocab is None:  # a tokenizer whose vocabulary cannot be measured: documents are never cut
+        return 1 << 62
+    longest = max((len(t.encode("utf-8", "replace")) for t in vocab()), default=1)
     return tokens * max(longest, 1) + 64
 
 
