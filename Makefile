@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-CLUSTER_STAMP := $(VENV)/.installed-cluster
+EXTRAS_STAMP := $(VENV)/.installed-extras
 
 .PHONY: setup run test bench mutation clean chromium
 
@@ -23,14 +23,15 @@ run: $(STAMP)
 	./capture_first_layer.sh essential -- --report
 	$(PY) compare_with_fp.py first_layer_io_all_modes.npz
 
-test: $(STAMP) $(CLUSTER_STAMP) chromium
+test: $(STAMP) $(EXTRAS_STAMP) chromium
 	$(PY) -m pytest -q
 
-# tests/test_ray.py starts a local Ray cluster: the [cluster] extra is installed on first use (a no-op
-# afterwards); where it cannot be installed (offline) the Ray tests skip and say why.
-$(CLUSTER_STAMP): pyproject.toml $(STAMP)
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[cluster]' && touch $(CLUSTER_STAMP) || \
-		echo "note: the [cluster] extra (ray) could not be installed; the Ray tests will be skipped"
+# The optional extras the tests exercise: [cluster] (ray: tests/test_ray.py starts a local cluster),
+# [formats] (torchao: the MX/NVFP4 reference) and [quamba2] (scikit-learn: Quamba2's grouping). Installed
+# on first use (a no-op afterwards); where they cannot be installed (offline) those tests skip and say why.
+$(EXTRAS_STAMP): pyproject.toml $(STAMP)
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,cluster,formats,quamba2]' && touch $(EXTRAS_STAMP) || \
+		echo "note: the extras (ray, torchao, scikit-learn) could not be installed; their tests will be skipped"
 
 # The HTML report's browser test needs Debian's chromium; install it when missing (root + apt-get),
 # otherwise say why the test will be skipped.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("sklearn")
+pytest.importorskip("sklearn", reason="scikit-learn (the [quamba2] extra: pip install -e '.[quamba2]') is not installed")
 
 from harness.emulation.grouping_q2 import group_ranges, group_wise_sort_indices  # noqa: E402
 
