@@ -199,3 +199,13 @@ def test_bad_mamba2_checkpoints(model, tmp_path):
         (bad / "config.json").write_text(json.dumps(c))
         with pytest.raises(ModelDirError, match=message):
             open_checkpoint(bad)
+
+
+def test_a_mode_with_number_formats_is_refused_on_mamba2(tmp_path):
+    """Format knobs are applied by the Mamba-1 block builder only: on a Mamba-2 model such a mode is a clear
+    ModeError, not a float run that silently ignores its formats."""
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"modes": {"mx": {"base": "fp32", "act_format": "mxfp8_e4m3"}}}))
+    assert [r.name for r in resolve_modes(["fp32", "mx"], f)] == ["fp32", "mx"]  # Mamba-1: runs
+    with pytest.raises(ModeError, match=r"mode 'mx' does not run on a mamba2 model.*number formats"):
+        resolve_modes(["fp32", "mx"], f, architecture="mamba2")

@@ -39,6 +39,9 @@ def architecture_problem(recipe: "ModeRecipe", architecture: str) -> str | None:
                 "(weights fp32/fp16, every output fp, no int8 activations)")
     if recipe.prep == Prep.QUAMBA:
         return "prep=quamba prepares Mamba-1 weights as Quamba1 does; use prep=exact on Mamba-2"
+    if recipe.has_formats:
+        return ("its number formats (weight_format, act_format, state_format, layers) are applied to Mamba-1 "
+                "blocks only so far; on Mamba-2 run it without them")
     return None
 
 
