@@ -57,11 +57,13 @@ from .state import StateRule
 from .weights import LayerParams
 from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD
 from .weights_mamba2 import Mamba2Params
+from .mamba2_q2 import build_q2_block
+from .q2_params import Q2Scales, q2_params
 
 assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
 
 __all__ = ["build_block", "build_mamba2_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource",
-           "layer_formats"]
+           "layer_formats", "build_q2_mamba2_block"]
 
 def act_dtype(recipe: ModeRecipe) -> torch.dtype:
     return FLOAT_DTYPES[recipe.act_dtype]
@@ -203,6 +205,13 @@ def build_mamba2_block(recipe: ModeRecipe, p: Mamba2Params, dims: Mamba2Dims, la
     )
 
 
+def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict, scales: Q2Scales, dims: Mamba2Dims, layer: int):
+    """One Quamba2 W8A8 block (prep=quamba2): the checkpoint's tensors reordered by the calibrated head/dim
+    groups, folded and rotated in fp16, quantized (q2_params); ssm_impl=kernel the chunked SSD, reference the
+    token-by-token recurrence, on the same dequantized inputs."""
+    return build_q2_block(layer, dims, q2_params(raw, scales, dims), scales, recipe.ssm_impl == SsmImpl.KERNEL)
+
+
 class WeightSource(Protocol):
     """Where build_backbone takes a mode's weights from (harness.runner.weightbank.WeightBank)."""
 
@@ -212,15 +221,19 @@ class WeightSource(Protocol):
 
     def embed(self, ids: torch.Tensor, rotate: bool, dtype: torch.dtype, prep: str, weights: str) -> torch.Tensor: ...
 
+    def raw(self, layer: int) -> dict: ...
 
-def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerScales] | None,
+
+def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerScales] | list[Q2Scales] | None,
                    depth: int, calibration: bool = False) -> EmuBackbone:
     """Embedding and blocks 0..depth of `recipe`; nothing deeper is read or built."""
     if recipe.needs_calibration and scales is None:
         raise ValueError(f"mode {recipe.name!r} quantizes activations and needs calibrated scales")
     rotate = recipe.rotate == Rotate.YES
     dims = bank.dims
-    if dims.architecture == "mamba2":
+    if dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2:
+        blocks = [build_q2_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
+    elif dims.architecture == "mamba2":
         blocks = [build_mamba2_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), dims, i)
                   for i in range(depth + 1)]
     else:

@@ -33,10 +33,12 @@ __all__ = [
     "parse_layer_range",
     "MAMBA2_PRESETS",
     "architecture_problem",
+    "Q2_CALIBRATION_RECIPE",
 ]
 
 from .knobs import (FORMAT_KNOBS, KNOB_TYPES, KNOBS, MAMBA2_PRESETS, PRESETS, ActDtype, ConvIn, ConvOut, ModeError,
                     NumberFormat, Prep, Rotate, SsmImpl, SsmU, Store, Weights, parse_layer_range)
 from .recipe import ModeRecipe
-from .registry import BUILTIN_MODES, CALIBRATION_RECIPES, ModeRegistry, architecture_problem, get_mode, list_modes
+from .registry import (BUILTIN_MODES, CALIBRATION_RECIPES, Q2_CALIBRATION_RECIPE, ModeRegistry, architecture_problem,
+                       get_mode, list_modes)
 from .files import load_modes_file, resolve_modes

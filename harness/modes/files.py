@@ -77,7 +77,7 @@ def _layers_of(spec: dict) -> dict:
     return {"layers": spec["layers"]} if "layers" in spec else {}
 
 
-def resolve_modes(requested: list[str], modes_file: Path | None = None, architecture: str = "mamba1") -> list[ModeRecipe]:
+def resolve_modes(requested: list[str], modes_file: Path | None = None, architecture: str | None = "mamba1") -> list[ModeRecipe]:
     """Mode names/presets -> recipes, with the user modes of ``modes_file`` (JSON or TOML) added;
     a mode that does not run on `architecture` (the model's, spec.ModelDims.architecture) is a ModeError."""
     registry = ModeRegistry()

@@ -25,7 +25,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "ssm_impl": ("kernel", "reference"),
     "had_out": ("int8", "fp"),
     "act_dtype": ("fp32", "fp16"),
-    "prep": ("quamba", "exact"),
+    "prep": ("quamba", "exact", "quamba2"),
 }
 
 
@@ -79,6 +79,7 @@ class ActDtype(StrEnum):
 class Prep(StrEnum):
     QUAMBA = "quamba"
     EXACT = "exact"
+    QUAMBA2 = "quamba2"  # Quamba2's W8A8 of Mamba-2 blocks (docs/modes.md "Mamba-2")
 
 
 KNOB_TYPES: dict[str, type[StrEnum]] = {
@@ -117,5 +118,6 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 
 # What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
-# Only float recipes run on Mamba-2 blocks so far; Quamba2's recipes (q2-w8a8 ...) are issue 22's next part.
-MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1"), "essential": ("fp32", "1"), "quant_only": ()}
+# Float recipes and Quamba2's W8A8 (q2-w8a8); q2-w4a8 and q2-w4a16 are not built yet.
+MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1", "q2-w8a8"), "essential": ("fp32", "1", "q2-w8a8"),
+                                              "quant_only": ("q2-w8a8",)}

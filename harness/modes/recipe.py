@@ -73,6 +73,17 @@ class ModeRecipe:
     def has_formats(self) -> bool:
         return bool(self.layers) or any(getattr(self, k) != NumberFormat.NONE for k in FORMAT_KNOBS)
 
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """The block architectures the recipe runs on: prep=quamba2 is Quamba2's W8A8 of Mamba-2 blocks only;
+        a recipe that quantizes otherwise, uses prep=quamba or number formats is Quamba1's Mamba-1 recipe;
+        float recipes run on both."""
+        if self.prep == Prep.QUAMBA2:
+            return ("mamba2",)
+        if self.needs_calibration or self.prep == Prep.QUAMBA or self.has_formats:
+            return ("mamba1",)
+        return ("mamba1", "mamba2")
+
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
 
@@ -111,6 +122,11 @@ def _layers_value(mode: str, layers: object) -> tuple:
     return tuple(out)
 
 
+# prep=quamba2's fixed knobs (W8A8QMamba2, quamba/qMamba2.py:1071-1334; docs/modes.md "Mamba-2")
+_Q2_W8A8 = {"weights": "int8", "rotate": "yes", "norm_out": "int8", "in_proj_out": "int8", "conv_in": "static",
+            "conv_out": "int8", "ssm_u": "int8", "had_out": "int8", "act_dtype": "fp16"}
+
+
 def _inconsistencies(r: ModeRecipe) -> list[str]:
     out = []
     if r.has_formats and r.needs_calibration:
@@ -128,6 +144,9 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
     if r.prep == Prep.QUAMBA and r.weights == Weights.FP32:
         out.append("prep=quamba needs weights=fp16 or int8: Quamba prepares its weights in fp16; "
                    "use prep=exact for fp32 weights")
+    if r.prep == Prep.QUAMBA2 and any(str(getattr(r, k)) != v for k, v in _Q2_W8A8.items()):
+        out.append("prep=quamba2 is Quamba2's W8A8 recipe: it needs " + " ".join(f"{k}={v}" for k, v in _Q2_W8A8.items())
+                   + " (ssm_impl kernel or reference)")
     if r.conv_in == ConvIn.DYNAMIC and r.weights != Weights.INT8:
         out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
     return out

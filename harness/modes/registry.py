@@ -4,7 +4,7 @@ from __future__ import annotations
 from .knobs import KNOBS, MAMBA2_PRESETS, PRESETS, ModeError, Prep
 from .recipe import ModeRecipe
 
-__all__ = ["architecture_problem", "BUILTIN_MODES", "CALIBRATION_RECIPES", "ModeRegistry", "get_mode", "list_modes"]
+__all__ = ["architecture_problem", "BUILTIN_MODES", "CALIBRATION_RECIPES", "Q2_CALIBRATION_RECIPE", "ModeRegistry", "get_mode", "list_modes"]
 
 
 def _recipe(name: str, title: str, row: str) -> ModeRecipe:
@@ -25,6 +25,7 @@ _BUILTIN_ROWS = (
     ("2-3",  "true fp32 conv, re-quantized u, reference scan",  "int8 yes int8 int8 static  fp32 requant reference int8 fp16 quamba"),
     ("2-4",  "true fp32 conv, fp32 u, reference scan",          "int8 yes int8 int8 static  fp32 fp32    reference int8 fp16 quamba"),
     ("3",    "hybrid: dynamic conv input, fp32 conv and scan",  "int8 yes int8 fp   dynamic fp32 fp32    reference int8 fp16 quamba"),
+    ("q2-w8a8", "Quamba2 W8A8 (Mamba-2)",                       "int8 yes int8 int8 static  int8 int8    kernel    int8 fp16 quamba2"),
 )
 # fmt: on
 
@@ -32,8 +33,12 @@ _BUILTIN_ROWS = (
 
 def architecture_problem(recipe: "ModeRecipe", architecture: str) -> str | None:
     """Why `recipe` cannot run on a model of `architecture` ("mamba1", "mamba2"), or None when it can."""
-    if architecture != "mamba2":
+    if architecture in recipe.architectures:
         return None
+    if recipe.prep == Prep.QUAMBA2:
+        return ("it is Quamba2's W8A8 of Mamba-2 blocks; Quamba2 quantizes a Mamba-1 model with Quamba1's W8A8 "
+                "(its head-grouped calibration raises NotImplementedError for Mamba-1, quamba/modelutils_mamba.py:"
+                "240-241): run mode 0 there")
     if recipe.needs_calibration:
         return ("it quantizes (Quamba1's W8A8 recipe of Mamba-1 blocks); on Mamba-2 only float recipes run "
                 "(weights fp32/fp16, every output fp, no int8 activations)")
@@ -54,8 +59,11 @@ BUILTIN_MODES: dict[str, ModeRecipe] = {name: _recipe(name, title, row) for name
 CALIBRATION_RECIPES: dict[str, ModeRecipe] = {
     prep: _recipe("calibration", f"rotated fp16 model used for calibration (prep={prep})",
                   f"fp16 yes fp fp static fp32 fp32 {'kernel' if prep == 'quamba' else 'reference'} fp fp16 {prep}")
-    for prep in KNOBS["prep"]
+    for prep in (Prep.QUAMBA, Prep.EXACT)
 }
+# Quamba2's calibration model (emulation.q2_calibration): the rotated fp16 Mamba-2, chunked SSD.
+Q2_CALIBRATION_RECIPE = _recipe("calibration", "rotated fp16 Mamba-2 used for Quamba2's calibration",
+                                "fp16 yes fp fp static fp32 fp32 kernel fp fp16 exact")
 
 
 class ModeRegistry:
@@ -78,8 +86,9 @@ class ModeRegistry:
     def names(self) -> list[str]:
         return list(self._modes)
 
-    def resolve(self, requested: list[str], architecture: str = "mamba1") -> list[ModeRecipe]:
-        """Expand presets, keep order, drop duplicates, validate every name (and that it runs on `architecture`)."""
+    def resolve(self, requested: list[str], architecture: str | None = "mamba1") -> list[ModeRecipe]:
+        """Expand presets, keep order, drop duplicates, validate every name (and that it runs on `architecture`;
+        None: the model is not known yet, the names only are checked, presets as on Mamba-1)."""
         names: list[str] = []
         presets = MAMBA2_PRESETS if architecture == "mamba2" else PRESETS
         for item in requested:
@@ -92,7 +101,7 @@ class ModeRegistry:
         if not names:
             raise ModeError(f"no modes given; valid: {', '.join(self._modes)} (presets: {', '.join(PRESETS)})")
         recipes = [self.get(n) for n in names]
-        for r in recipes:
+        for r in recipes if architecture is not None else ():
             if (why := architecture_problem(r, architecture)) is not None:
                 runs = [n for n in self._modes if architecture_problem(self._modes[n], architecture) is None]
                 raise ModeError(f"mode {r.name!r} does not run on a {architecture} model: {why}; "

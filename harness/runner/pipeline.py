@@ -121,11 +121,11 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     progress = Progress() if progress is None else progress
     progress.reset(Path(cfg.output_file))
     progress.phase = "checking the inputs"
-    recipes = resolve_modes(cfg.modes, cfg.modes_file)
+    recipes = resolve_modes(cfg.modes, cfg.modes_file, None)  # names only: the model's architecture is not known yet
     if cfg.rerun:
         if not cfg.resume:
             raise RunError("--rerun only applies with --resume (without it every mode is run anyway)")
-        rerun = resolve_modes(cfg.rerun, cfg.modes_file)
+        rerun = resolve_modes(cfg.rerun, cfg.modes_file, None)
         recipes += [r for r in rerun if r.name not in {x.name for x in recipes}]
     if cfg.reference_required and not cfg.resume and cfg.reference not in {r.name for r in recipes}:
         raise RunError(f"--reference {cfg.reference!r} is not one of this run's modes "
@@ -153,8 +153,9 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     ckpt = models.primary
     if models.quamba is None and cfg.mamba_model_path is not None:
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
-    if ckpt.dims.architecture != "mamba1":  # presets mean other modes there, and Mamba-1-only modes are refused
-        recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
+    # presets mean other modes on Mamba-2, and a mode that does not run on the model's architecture is refused
+    recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
+    if ckpt.dims.architecture != "mamba1":
         if cfg.decode or cfg.generate:
             raise RunError(f"--decode and --generate run Mamba-1 blocks only; {cfg.model} is a "
                            f"{ckpt.dims.architecture} model (its decode step is not implemented)")
