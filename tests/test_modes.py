@@ -10,12 +10,13 @@ def test_builtin_table_matches_modes_md():
     assert get_mode("0").knobs() == dict(zip(KNOBS, "int8 yes int8 int8 static int8 int8 kernel int8 fp16 quamba".split()))
     # docs/spec/modes.md `prep`: built-in quantized modes quamba, fp32 (and mode 1, unchanged) exact
     assert {m: r.prep for m, r in BUILTIN_MODES.items()} == {
-        "fp32": "exact", "1": "exact", **{m: "quamba" for m in ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3")}}
+        "fp32": "exact", "1": "exact", **{m: "quamba" for m in ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3")},
+        "q2-w8a8": "quamba2"}
     assert get_mode("3").in_proj_out == "fp" and get_mode("3").conv_in == "dynamic"
     assert get_mode("2-3").ssm_u == "requant" and get_mode("2-4").ssm_u == "fp32"
     assert get_mode("1").rotate == "no" and get_mode("1").weights == "fp16"
     assert not get_mode("fp32").needs_calibration and get_mode("2-0").needs_calibration
-    assert list(BUILTIN_MODES) == ["fp32", "1", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
+    assert list(BUILTIN_MODES) == ["fp32", "1", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3", "q2-w8a8"]
 
 
 def test_presets():
@@ -26,7 +27,7 @@ def test_presets():
 
 
 def test_unknown_mode_lists_valid_ones():
-    with pytest.raises(ModeError, match=r"unknown mode '2-9'; valid: fp32, 1, 0, 2-0, 2-1, 2-2, 2-3, 2-4, 3"):
+    with pytest.raises(ModeError, match=r"unknown mode '2-9'; valid: fp32, 1, 0, 2-0, 2-1, 2-2, 2-3, 2-4, 3, q2-w8a8"):
         resolve_modes(["fp32", "2-9"])
 
 
@@ -85,5 +86,5 @@ def test_prep_of_user_modes(tmp_path):
     assert ex.prep == "exact" and ex.knobs() == {**get_mode("0").knobs(), "prep": "exact"}
     assert q.prep == "quamba" and w16.prep == "exact"  # without a base: quamba for int8 weights, else exact
     f.write_text(json.dumps({"modes": {"bad": {"base": "0", "prep": "fp16"}}}))
-    with pytest.raises(ModeError, match="prep='fp16' is not valid; valid values: quamba, exact"):
+    with pytest.raises(ModeError, match="prep='fp16' is not valid; valid values: quamba, exact, quamba2"):
         load_modes_file(f)

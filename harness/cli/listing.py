@@ -11,8 +11,8 @@ def modes_main(argv: list[str]) -> int:
 
     from ..modes import BUILTIN_MODES, KNOBS, MAMBA2_PRESETS, PRESETS
 
-    rows = [[r.name, r.title, *r.knobs().values()] for r in BUILTIN_MODES.values()]
-    print(tabulate(rows, headers=["mode", "name", *KNOBS]))
+    rows = [[r.name, r.title, *r.knobs().values(), " ".join(r.architectures)] for r in BUILTIN_MODES.values()]
+    print(tabulate(rows, headers=["mode", "name", *KNOBS, "runs on"]))
     print("\npresets: " + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
     print("on a Mamba-2 model: " + "; ".join(f"{k} = {' '.join(v) or '(none)'}" for k, v in MAMBA2_PRESETS.items()))
     return 0

@@ -36,7 +36,7 @@ from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
 
 __all__ = ["LayerParams", "PREPS", "float_layer", "quamba_fp16_layer", "quamba_int8_layer", "int8_layer", "fht_fp16"]
 
-PREPS: tuple[str, ...] = ("quamba", "exact", "quamba2")  # the values of the `prep` knob
+PREPS: tuple[str, ...] = ("quamba", "exact")  # the values of the `prep` knob
 
 
 @dataclass
