@@ -252,3 +252,14 @@ def test_end_to_end_on_the_shipped_mamba2(tmp_path, capsys):
             assert on_grid(B[..., g * 16:(g + 1) * 16], np.float32(scale))
         y = cap.array("q2-w8a8", f"L{i}.ssd.y")
         assert np.array_equal(y, y.astype(np.float16).astype(np.float32))
+
+
+def test_early_exit_equals_the_full_model(model):
+    """Calibrating and building only block 0 gives block 0 the same scales, groups and taps as the whole model."""
+    bank, windows, calib = model
+    shallow = calibrate(WeightBank(open_checkpoint(bank.ckpt.path)), windows, SETTINGS, 0, [], None, "quamba2")
+    assert shallow.info["layers"][0] == calib.info["layers"][0]
+    ids = windows[:2]
+    caps = [_capture_all(build_backbone(get_mode("q2-w8a8"), bank, scales, depth), [0], ids)
+            for scales, depth in ((shallow.scales, 0), (calib.scales, 1))]
+    assert caps[0].keys() == caps[1].keys() and all(torch.equal(caps[0][k], caps[1][k]) for k in caps[0])
