@@ -3,8 +3,10 @@ the block against a written-out reference of Quamba's arithmetic, the reorder, t
 the main job end to end on the shipped tiny Mamba-2."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from harness.emulation.ops.q2_w8a8 import q2_conv1d_ref, q2_gated_norm_ref, q2_i
 from harness.emulation.q2_params import q2_params, reorder_raw
 from harness.emulation.weights_mamba2 import float_layer_mamba2
 from harness.modes import Q2_CALIBRATION_RECIPE, ModeError, get_mode, resolve_modes
-from harness.runner.calibration import CalibrationSettings, calibrate
+from harness.runner.calibration import CalibrationSettings, _checksum, calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import QTensor
 from harness.store.format import load_capture
@@ -243,7 +245,7 @@ def test_end_to_end_on_the_shipped_mamba2(tmp_path, capsys):
     kl = stats["end_to_end"]["q2-w8a8"]["kl"]["mean"]
     assert math.isfinite(kl) and 0 < kl < 0.05
     calib = stats["provenance"]["calibration_by_prep"]["quamba2"]
-    assert calib["source"] == "computed" and not calib["cached"] and len(calib["layers"]) == 3
+    assert calib["source"] == "computed" and "cache_files" not in calib and len(calib["layers"]) == 3
     for i, layer in enumerate(calib["layers"]):
         assert on_grid(cap.array("q2-w8a8", f"L{i}.in_proj.z"), layer["s_z"])
         assert on_grid(cap.array("q2-w8a8", f"L{i}.had.out"), layer["s_H"])
@@ -263,3 +265,26 @@ def test_early_exit_equals_the_full_model(model):
     caps = [_capture_all(build_backbone(get_mode("q2-w8a8"), bank, scales, depth), [0], ids)
             for scales, depth in ((shallow.scales, 0), (calib.scales, 1))]
     assert caps[0].keys() == caps[1].keys() and all(torch.equal(caps[0][k], caps[1][k]) for k in caps[0])
+
+
+def test_the_calibration_is_cached_and_a_bad_entry_is_recomputed(model, tmp_path, caplog):
+    bank, windows, calib = model
+    prefix = bank.ckpt.prefix_hashes(1)
+    first = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
+    assert first.info["source"] == "computed" and first.info["layers"] == calib.info["layers"]
+    again = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
+    assert again.info["source"] == "reused" and again.info["layers"] == calib.info["layers"]
+    assert all(torch.equal(a.reorder.channel_index, b.reorder.channel_index) for a, b in zip(again.scales, calib.scales))
+    other = calibrate(bank, windows[:4], SETTINGS, 1, prefix, tmp_path, "quamba2")  # other tokens: another key
+    assert other.info["source"] == "computed"
+    path = Path(first.info["cache_files"][1])
+    data = json.loads(path.read_text())
+    data["scales"]["s_z"] = -1.0  # a bad scale under a valid checksum is refused too
+    data["checksum"] = _checksum({k: v for k, v in data.items() if k != "checksum"})
+    path.write_text(json.dumps(data))
+    fixed = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
+    assert fixed.info["source"] == "recomputed" and "s_z=-1.0" in fixed.info["reason"]
+    assert fixed.info["layers"] == calib.info["layers"] and "recomputing" in caplog.text
+    path.write_text(path.read_text()[:50])
+    truncated = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
+    assert truncated.info["source"] == "recomputed" and "unreadable" in truncated.info["reason"]

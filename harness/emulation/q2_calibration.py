@@ -93,6 +93,10 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
                  batch_size: int, recipe, *, step: Callable | None = None) -> list[Q2Scales]:
     """Scales of blocks 0..depth. raw(i): block i's checkpoint tensors (fp32); embed(ids): the rotated fp16
     embedding; recipe: the float calibration recipe (fp16 weights and activations, rotated, chunked SSD)."""
+    if dims.nheads // dims.ngroups < 4 or dims.headdim < 4:
+        raise ValueError(f"Quamba2 groups each SSD group's heads into 4 head groups and each head's channels into 4 "
+                         f"dim groups; this model has {dims.nheads // dims.ngroups} heads per SSD group and headdim "
+                         f"{dims.headdim} (at least 4 of each are needed)")
     raws = [raw(i) for i in range(depth + 1)]
     stats = _channel_stats(_model(dims, raws, embed, recipe), depth, windows, batch_size, step)
     reorders = [group_wise_sort_indices(st, dims.headdim, dims.ngroups) for st in stats]

@@ -180,9 +180,9 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
               progress: Progress | None = None) -> CalibrationResult:
     """Scales of layers 0..depth for modes of `prep`, from the cache when every layer's entry is valid, else computed.
     progress: shown the computation (batches, an estimate of its time: ``calibcost``)."""
-    if prep == "quamba2":  # Quamba2's W8A8 calibration of a Mamba-2 model, computed per run
+    if prep == "quamba2":  # Quamba2's W8A8 calibration of a Mamba-2 model, its own cache entries
         from .calibration_q2 import calibrate_quamba2
-        return calibrate_quamba2(bank, windows, settings, depth, progress=progress)
+        return calibrate_quamba2(bank, windows, settings, depth, prefix_hashes, cache_dir, progress=progress)
     keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings, prep)
     info: dict = {"prep": prep, "settings": asdict(settings), "keys": keys, "tokens": int(windows.numel())}
     problems = []

@@ -1,35 +1,128 @@
-"""Quamba2's W8A8 calibration of a Mamba-2 model (prep=quamba2; emulation.q2_calibration), computed per run.
+"""Quamba2's W8A8 calibration of a Mamba-2 model (prep=quamba2; emulation.q2_calibration), cached on disk.
 
-The scales and the head/dim groups are not cached on disk (the Mamba-1 cache holds per-tensor scales only):
-every run that asks for q2-w8a8 computes them, in two passes over the calibration windows, and records every
-scale table and group range in the provenance ("calibration_by_prep" -> "quamba2" -> "layers").
+Every scale table and group range is recorded in the provenance ("calibration_by_prep" -> "quamba2" -> "layers").
+The cache works as the Mamba-1 one (runner.calibration): one file per layer, under a key chaining the model up to
+that layer, the calibration tokens, the settings and "quamba2"; a file that fails its checksum, does not parse, or
+holds scales that are not finite and positive or groups that do not fit the model is reported and recomputed.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
+from ..emulation.grouping_q2 import GroupReorder
 from ..emulation.q2_calibration import calibrate_q2
+from ..emulation.q2_params import Q2Scales
 from ..modes import Q2_CALIBRATION_RECIPE
 from ..runtime.guard import Progress
-from .calibration import CalibrationResult, CalibrationSettings
+from ..runtime.log import warn
+from ..store.files import read_regular
+from .calibration import CalibrationResult, CalibrationSettings, _checksum, _layer_keys
 from .weightbank import WeightBank
 
-__all__ = ["calibrate_quamba2"]
+__all__ = ["calibrate_quamba2", "Q2_CALIB_VERSION"]
+
+Q2_CALIB_VERSION = 1  # bump when anything that changes the computed scales or groups changes
+_FORMAT = "quamba-harness-calibration-q2"
+_FLOATS = ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")
+_TABLES = ("x_table", "B_scales", "C_scales")
+_GROUPS = ("channel_index", "head_index", "head_groups", "dim_groups")
 
 
-def _bad(info: dict) -> list[str]:
-    flat = [(k, v) for k, v in info.items() if isinstance(v, float)]
-    flat += [(k, x) for k in ("x_table", "B_scales", "C_scales") for x in torch.tensor(info[k]).flatten().tolist()]
+def _to_json(s: Q2Scales) -> dict:
+    out = {k: getattr(s, k) for k in _FLOATS}
+    out.update({k: getattr(s, k).tolist() for k in _TABLES})
+    out.update({k: getattr(s.reorder, k).tolist() for k in _GROUPS})
+    return out
+
+
+def _from_json(d: dict, dims) -> Q2Scales:
+    """ValueError naming what does not fit the model."""
+    try:
+        r = GroupReorder(torch.tensor(d["channel_index"], dtype=torch.int64), torch.tensor(d["head_index"], dtype=torch.int64),
+                         torch.tensor(d["head_groups"], dtype=torch.int32), torch.tensor(d["dim_groups"], dtype=torch.int32))
+        s = Q2Scales(**{k: float(d[k]) for k in _FLOATS}, **{k: torch.tensor(d[k], dtype=torch.float32) for k in _TABLES},
+                     reorder=r)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"bad entry ({type(e).__name__}: {e})") from None
+    if sorted(r.channel_index.tolist()) != list(range(dims.d_inner)) or sorted(r.head_index.tolist()) != list(range(dims.nheads)):
+        raise ValueError("the channel or head order is not a permutation of the model's")
+    if r.head_groups.shape[0] != dims.ngroups or r.dim_groups.shape[:2] != r.head_groups.shape or \
+            not bool((r.head_groups.sum(-1) == dims.nheads // dims.ngroups).all()) or \
+            not bool((r.dim_groups.sum(-1) == dims.headdim).all()) or s.x_table.shape != r.dim_groups.shape or \
+            s.B_scales.shape != (dims.ngroups,) or s.C_scales.shape != (dims.ngroups,):
+        raise ValueError("the group tables do not fit the model")
+    if bad := _bad(s):
+        raise ValueError(f"scales that are not finite and positive: {', '.join(bad)}")
+    return s
+
+
+def _bad(s: Q2Scales) -> list[str]:
+    flat = [(k, getattr(s, k)) for k in _FLOATS] + [(k, x) for k in _TABLES for x in getattr(s, k).flatten().tolist()]
     return [f"{k}={v}" for k, v in flat if not (math.isfinite(v) and v > 0)]
 
 
-def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int, *,
+def _read(path: Path, key: str, dims) -> Q2Scales:
+    try:
+        data = json.loads(read_regular(path, 1 << 24, lambda what: ValueError(f"it is {what}")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"unreadable ({type(e).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise ValueError("not a Quamba2 calibration cache file")
+    if data.get("checksum") != _checksum({k: v for k, v in data.items() if k != "checksum"}):
+        raise ValueError("checksum mismatch (the file was modified or truncated)")
+    if data.get("key") != key or not isinstance(data.get("scales"), dict):
+        raise ValueError("key mismatch")
+    return _from_json(data["scales"], dims)
+
+
+def _write(path: Path, key: str, layer: int, s: Q2Scales, settings: CalibrationSettings) -> None:
+    payload = {"format": _FORMAT, "version": Q2_CALIB_VERSION, "key": key, "layer": layer, "prep": "quamba2",
+               "scales": _to_json(s), "settings": asdict(settings)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({**payload, "checksum": _checksum(payload)}, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _cached(paths: list[Path], keys: list[str], dims) -> tuple[list[Q2Scales], list[str]]:
+    got, problems = [], []
+    for layer, (path, key) in enumerate(zip(paths, keys)):
+        if not path.exists():
+            break
+        try:
+            got.append(_read(path, key, dims))
+        except ValueError as e:
+            problems.append(f"layer {layer} cache file {path} is corrupted: {e}")
+            break
+    return got, problems
+
+
+def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int,
+                      prefix_hashes: list[str], cache_dir: Path | None, *,
                       progress: Progress | None = None) -> CalibrationResult:
-    """Q2Scales of blocks 0..depth; a scale that is not finite and positive is a ValueError naming it."""
+    """Q2Scales of blocks 0..depth, from the cache when every layer's entry is valid, else computed (and cached);
+    computed scales that are not finite and positive are a ValueError naming them, never cached."""
+    keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings, f"quamba2-v{Q2_CALIB_VERSION}")
+    paths = [Path(cache_dir) / f"calib-q2-{k[:40]}.json" for k in keys] if cache_dir is not None else []
+    info = {"prep": "quamba2", "settings": asdict(settings), "tokens": int(windows.numel()), "keys": keys,
+            "observers": "min-max per tensor; cross-head min-max of x; per-SSD-group min-max of B, C "
+                         "(Quamba c474646 quamba/modelutils_mamba.py:236-372)"}
+    scales, problems = _cached(paths, keys, bank.dims) if paths else ([], [])
+    if paths and len(scales) == depth + 1:
+        return CalibrationResult(scales, {**info, "source": "reused", "cache_files": [str(p) for p in paths],
+                                          "seconds": 0.0, "layers": [s.info() for s in scales]})
+    for problem in problems:
+        warn(f"{problem}; recomputing the calibration")
     start = time.perf_counter()
     progress = Progress() if progress is None else progress
     batches = -(-windows.shape[0] // settings.batch_size)
@@ -38,14 +131,20 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
                         f"layers 0..{depth}, two passes)", 2 * batches, "batches"):
         scales = calibrate_q2(bank.dims, bank.raw, embed, windows, depth, settings.batch_size, Q2_CALIBRATION_RECIPE,
                               step=progress.advance)
-    layers = [s.info() for s in scales]
-    for i, info in enumerate(layers):
-        if bad := _bad(info):
+    for i, s in enumerate(scales):
+        if bad := _bad(s):
             raise ValueError(f"Quamba2 calibration gave scales that are not finite and positive in layer {i}: "
-                             f"{', '.join(bad)}")
-    info = {"prep": "quamba2", "settings": asdict(settings), "tokens": int(windows.numel()), "source": "computed",
-            "cached": False, "seconds": round(time.perf_counter() - start, 3),
-            "observers": "min-max per tensor; cross-head min-max of x; per-SSD-group min-max of B, C "
-                         "(Quamba c474646 quamba/modelutils_mamba.py:236-372)",
-            "layers": layers}
+                             f"{', '.join(bad)}; nothing was cached")
+    info.update(source="recomputed" if problems else "computed", seconds=round(time.perf_counter() - start, 3),
+                layers=[s.info() for s in scales])
+    if problems:
+        info["reason"] = "; ".join(problems)
+    if paths:
+        try:
+            for layer, (path, key, s) in enumerate(zip(paths, keys, scales)):
+                _write(path, key, layer, s, settings)
+            info["cache_files"] = [str(p) for p in paths]
+        except OSError as e:
+            warn(f"cannot write the calibration cache in {cache_dir} ({e.strerror}); the scales of this run are not cached")
+            info["cache_error"] = str(e)
     return CalibrationResult(scales, info)
