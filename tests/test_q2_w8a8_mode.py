@@ -288,3 +288,11 @@ def test_the_calibration_is_cached_and_a_bad_entry_is_recomputed(model, tmp_path
     path.write_text(path.read_text()[:50])
     truncated = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
     assert truncated.info["source"] == "recomputed" and "unreadable" in truncated.info["reason"]
+
+
+def test_too_few_heads_per_ssd_group_is_a_clear_error(tmp_path):
+    """Quamba2 makes 4 head groups per SSD group: 2 heads per group cannot be grouped."""
+    make_mamba2(tmp_path, ngroups=2, layers=1, d_model=16, headdim=8)
+    bank = WeightBank(open_checkpoint(tmp_path))
+    with pytest.raises(ValueError, match="2 heads per SSD group and headdim 8"):
+        calibrate(bank, torch.zeros(2, 8, dtype=torch.int64), SETTINGS, 0, [], None, "quamba2")

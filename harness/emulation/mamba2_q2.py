@@ -16,7 +16,6 @@ reordering of the Hadamard), it stays in the reordered basis (docs/modes.md).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..spec import FloatOut, Mamba2Dims, QuantOut, Rounding
 from .mamba2 import EmuMamba2Block
@@ -51,7 +50,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
     def _ch(self, t: torch.Tensor) -> torch.Tensor:
         return t[..., self.ch_back]
 
-    def _ssd(self, codes: tuple, xBC_scales: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _ssd(self, codes: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d, q = self.dims, self.q
         q_x, q_dt, q_B, q_C = codes
         b, L, _ = q_x.shape
@@ -84,7 +83,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         self._at("conv1d.x", self._ch(q_x.to(torch.float32) * q.x_scales))
         self._at("conv1d.B", q_B.to(torch.float32) * s.B_scales.repeat_interleave(d.d_state))
         self._at("conv1d.C", q_C.to(torch.float32) * s.C_scales.repeat_interleave(d.d_state))
-        dt_val, y, state = self._ssd((q_x, dt, q_B, q_C), split_scales)
+        dt_val, y, state = self._ssd((q_x, dt, q_B, q_C))
         self._at("ssd.dt", dt_val[..., self.head_back])
         self._at("ssd.y", self._ch(y))
         self._at("ssd.state", state[:, self.head_back])
