@@ -60,7 +60,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
                           q_C=q_C.reshape(b, L, d.ngroups, d.d_state), C_scales=self.s.C_scales)
         args = (v["x"], v["dt"], v["A_log"], v["B"], v["C"], v["D"])
         y, state = ssd_chunked(*args, d.chunk_size) if self.chunked else ssd_ref(*args)
-        # the chunk scan writes y in fp16 (quamba/qChunkScan.py, out dtype of x's fp16 path)
+        # "output y is fp16" (Quamba c474646 quamba/qChunkScan.py:227-228)
         return v["dt"], round_to_dtype(y.reshape(b, L, d.d_inner), torch.float16), state
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
