@@ -27,7 +27,10 @@ from .ops.quant import round_to_dtype
 from .ops.ssd import ssd_chunked, ssd_ref
 from .q2_params import Q2Params, Q2Scales
 
-__all__ = ["EmuQ2Mamba2Block", "build_q2_block"]
+__all__ = ["EmuQ2Mamba2Block", "build_q2_block", "Q2_GNORM_EPS"]
+
+# W8A8QMamba2 builds its QRMSNormGated with eps=1e-5 whatever the model's (quamba/qMamba2.py:1152)
+Q2_GNORM_EPS = 1e-5
 
 
 def _inverse(index: torch.Tensor) -> torch.Tensor:
@@ -87,7 +90,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         self._at("ssd.dt", dt_val[..., self.head_back])
         self._at("ssd.y", self._ch(y))
         self._at("ssd.state", state[:, self.head_back])
-        g = q2_gated_norm(y, z, s.s_z, q.fp16.gnorm_weight, d.ngroups, d.gnorm_eps)     # fp16 values, reordered
+        g = q2_gated_norm(y, z, s.s_z, q.fp16.gnorm_weight, d.ngroups, Q2_GNORM_EPS)    # fp16 values, reordered
         self._at("gnorm.out", self._ch(g))
         hq = self.had(g)                                                               # QTensor at s_H
         self._at("had.out", hq.dequantize())
