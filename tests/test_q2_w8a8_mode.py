@@ -174,6 +174,13 @@ def test_block_against_written_out_reference(model):
     assert torch.equal(_codes(cap["L0.conv1d.x"], q.x_scales[torch.argsort(ch)]), qx[..., torch.argsort(ch)])
     assert torch.equal(_codes(cap["L0.conv1d.B"], s.B_scales.repeat_interleave(d.d_state)), qB)
     assert torch.equal(_codes(cap["L0.conv1d.C"], s.C_scales.repeat_interleave(d.d_state)), qC)
+    # A_log int8 from Quamba's fp16 parameter, in fp16 arithmetic; D from its fp32 one (qChunkScan.py:105-121)
+    a16 = bank.raw(0)["A_log"][heads].to(torch.float16)
+    s_a = a16.abs().amax() / 127
+    assert q.A_log.scale == float(s_a) and torch.equal(q.A_log.codes, torch.round(a16 / s_a).to(torch.int8))
+    d32 = bank.raw(0)["D"][heads].float()
+    s_d = d32.abs().amax() / 127
+    assert q.D.scale == float(s_d) and torch.equal(q.D.codes, torch.round(d32 / s_d).to(torch.int8))
     # the SSD on the dequantized inputs (quamba/triton/quant_chunk_cumsum.py:56-67, quant_chunk_scan.py:152-154)
     b, L = ids.shape
     dtv = torch.nn.functional.softplus(float(np.float32(s.s_dt)) * dt.double()

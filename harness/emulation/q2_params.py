@@ -37,7 +37,7 @@ import torch
 
 from .grouping_q2 import GroupReorder, group_ranges
 from .ops.q2_w8a8 import conv_out_scales, x_channel_scales
-from .ops.quant import quantize_param_fp32, quantize_weight_fp16
+from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
 from .weights_mamba2 import Mamba2Params, float_layer_mamba2
 from .weights_q2 import q2_conv_weights, q2_in_proj_weight
 
@@ -117,5 +117,8 @@ def q2_params(raw: dict, s: Q2Scales, dims) -> Q2Params:
     return Q2Params(
         fp16=p, in_proj=codes, in_proj_b=b, conv=q2_conv_weights(p.conv_weight, p.conv_bias, dims.d_inner, bc),
         x_scales=x_scales, conv_out=conv_out_scales(x_scales, s.B_scales, s.C_scales, dims.d_state),
-        # Quamba2ChunkScan.from_fp16 (quamba/qChunkScan.py:105-121): per-tensor absmax int8 of A_log and D
-        A_log=quantize_param_fp32(p.A_log), D=quantize_param_fp32(p.D), out_proj=quantize_weight_fp16(p.out_proj))
+        # Quamba2ChunkScan.from_fp16 (quamba/qChunkScan.py:105-121): per-tensor absmax int8 of A_log and D in
+        # their parameter's dtype. In Quamba's fp16 model A_log is fp16 and D fp32 (state-spaces/mamba e9594ce
+        # mamba_ssm/modules/mamba2.py:134 `A_log = torch.log(A).to(dtype=dtype)`, :139 D without a dtype).
+        A_log=quantize_weight_fp16(round_to_dtype(p.A_log, torch.float16)), D=quantize_param_fp32(p.D),
+        out_proj=quantize_weight_fp16(p.out_proj))
