@@ -54,6 +54,9 @@ def test_execution_order_is_prefill_then_step_by_step():
     assert [n for n in sorted(names, key=execution_key)] == ["input", "L0.ssm.out", "L1.block.out", "logits",
                                                              "decode.L0.block.in", "decode.L1.ssm.out", "decode.logits"]
     assert execution_key("decode.L1.ssm.out", 0) < execution_key("decode.L0.block.in", 1)
+    mamba2 = ["decode.L0.state.ssm", "decode.L0.block.out", "decode.L0.ssd.y", "decode.L0.in_proj.xBC", "L1.gnorm.out"]
+    assert sorted(mamba2, key=execution_key) == ["L1.gnorm.out", "decode.L0.in_proj.xBC", "decode.L0.ssd.y",
+                                                 "decode.L0.block.out", "decode.L0.state.ssm"]
 
 
 def test_files_with_other_token_ids_are_refused(two_runs, capsys):

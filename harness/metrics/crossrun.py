@@ -15,12 +15,14 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..emulation.capture import DECODE_PREFIX, DERIVED_POINTS, POINTS, RESEARCH_TENSORS
+from ..emulation.capture import DECODE_PREFIX, DERIVED_POINTS, MAMBA2_POINTS, POINTS, RESEARCH_TENSORS
 from .errors import error_metrics
 
 __all__ = ["execution_key", "compare_runs", "bad_mask", "locate"]
 
-_ORDER = list(POINTS) + list(DERIVED_POINTS) + ["state.ssm", "state.conv"]
+_SITES = list(POINTS)   # Mamba-2's own sites before had.out, as capture.point_sort_key orders them
+_SITES[_SITES.index("had.out"):_SITES.index("had.out")] = [p for p in MAMBA2_POINTS if p not in POINTS]
+_ORDER = _SITES + list(DERIVED_POINTS) + ["state.ssm", "state.conv"]
 _RESEARCH = {v: f"L0.{k}" for k, v in RESEARCH_TENSORS.items()}
 
 
