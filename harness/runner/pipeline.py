@@ -155,9 +155,6 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
     if ckpt.dims.architecture != "mamba1":  # presets mean other modes there, and Mamba-1-only modes are refused
         recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
-        if cfg.decode or cfg.generate:
-            raise RunError(f"--decode and --generate run Mamba-1 blocks only; {cfg.model} is a "
-                           f"{ckpt.dims.architecture} model (its decode step is not implemented)")
     n_layer = ckpt.dims.n_layer
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
