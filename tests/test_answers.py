@@ -156,13 +156,13 @@ def test_a_failed_mode_is_never_a_pass(hf_dir, tmp_path, monkeypatch, capsys):
     the file; compare --fail-if must not pass it, and says which tensors are missing."""
     import harness.runner.forwards as forwards
 
-    real = forwards._layer_arrays
+    real = forwards.layer_arrays
 
     def failing(recipe, basis, per_sample, codes, meta):
         if recipe.name == "2-4" and any(n.startswith("L1.") for n in per_sample):
             raise RuntimeError("non-finite values in layer 1")
         return real(recipe, basis, per_sample, codes, meta)
-    monkeypatch.setattr(forwards, "_layer_arrays", failing)
+    monkeypatch.setattr(forwards, "layer_arrays", failing)
     out = tmp_path / "f.npz"
     assert run_cli(capture_main, ["--model", hf_dir, "--modes", "fp32", "1", "2-4", "--layers", "0-1",
                                   "--seq_len", "16", *CALIB, "--output_file", out]) == 1

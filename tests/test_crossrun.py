@@ -1,5 +1,6 @@
 """compare A.npz --against B.npz: the first tensor in execution order where two runs differ."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -53,6 +54,9 @@ def test_execution_order_is_prefill_then_step_by_step():
     assert [n for n in sorted(names, key=execution_key)] == ["input", "L0.ssm.out", "L1.block.out", "logits",
                                                              "decode.L0.block.in", "decode.L1.ssm.out", "decode.logits"]
     assert execution_key("decode.L1.ssm.out", 0) < execution_key("decode.L0.block.in", 1)
+    mamba2 = ["decode.L0.state.ssm", "decode.L0.block.out", "decode.L0.ssd.y", "decode.L0.in_proj.xBC", "L1.gnorm.out"]
+    assert sorted(mamba2, key=execution_key) == ["L1.gnorm.out", "decode.L0.in_proj.xBC", "decode.L0.ssd.y",
+                                                 "decode.L0.block.out", "decode.L0.state.ssm"]
 
 
 def test_files_with_other_token_ids_are_refused(two_runs, capsys):
@@ -76,3 +80,50 @@ def test_the_command_prints_and_writes_the_comparison(two_runs, capsys):
     text = capsys.readouterr().out
     assert "mode 0: first differing tensor: decode.L1.ssm.out at decode step 2" in text
     assert json.loads(out.read_text())["modes"]["0"]["first_differing"]["step"] == 2
+
+
+def _cells(html: str, anchor: str) -> str:
+    return html[html.index(f'<section id="{anchor}">'):].split("</section>")[0]
+
+
+def test_the_report_shows_the_first_differing_tensor_its_metrics_and_the_tensors_around_it(two_runs):
+    from harness.report.build import build_report
+    from harness.report.crossrun import CONTEXT_BEFORE
+    a, b, _ = two_runs
+    result = compare_files(a, b)
+    sec = _cells(build_report(a, crossrun=result)[0], "crossrun")
+    mode0 = sec[sec.index("<h3>mode 0</h3>"):]
+    facts = dict(re.findall(r'<tr><td class="l">([^<]*)</td><td class="l">([^<]*)</td></tr>', mode0))
+    assert facts["first differing tensor"] == "decode.L1.ssm.out"
+    assert (facts["layer"], facts["point"], facts["decode step"]) == ("1", "ssm.out", "2")
+    assert facts["elements beyond tolerance"] == "1"
+    assert float(facts["max|err| (at step 2)"]) == pytest.approx(1e-3, rel=1e-3)
+    row = result["modes"]["0"]["tensors"]["decode.L1.ssm.out"]
+    assert float(facts["rel L2 (whole tensor)"]) == pytest.approx(row["rel_l2"], rel=1e-3)
+    # the table: execution order, starting CONTEXT_BEFORE tensors before the first differing one, which is marked
+    names = list(result["modes"]["0"]["tensors"])
+    shown = re.findall(r'<tr><td class="l[^"]*">([^<]*)</td>', mode0.split("<table>")[2])
+    start = names.index("decode.L1.ssm.out") - CONTEXT_BEFORE
+    assert shown == names[start:start + len(shown)] and len(shown) > CONTEXT_BEFORE
+    assert '<td class="l worst">decode.L1.ssm.out</td>' in mode0
+    fp32 = sec[sec.index("<h3>mode fp32</h3>"):sec.index("<h3>mode 0</h3>")]
+    assert "none: every common tensor is within tolerance" in fp32 and "worst" not in fp32
+
+
+def test_report_against_on_the_command_line(two_runs, capsys):
+    from harness.cli import main
+    a, b, d = two_runs
+    out = d / "r.html"
+    assert main(["report", str(a), "--against", str(b), "--atol", "2e-3", "-o", str(out)]) == 0
+    sec = _cells(out.read_text(), "crossrun")
+    assert "decode.L0.block.out" in sec and '<td class="l worst">decode.L1.ssm.out</td>' not in sec
+    assert main(["report", str(a), "-o", str(d / "plain.html")]) == 0
+    assert 'id="crossrun"' not in (d / "plain.html").read_text()
+    with np.load(b) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["token_ids"] = arrays["token_ids"] + 1
+    c = d / "C2.npz"
+    np.savez(c, **arrays)
+    capsys.readouterr()
+    assert main(["report", str(a), "--against", str(c), "-o", str(d / "x.html")]) == 2
+    assert "token ids differ" in capsys.readouterr().err and not (d / "x.html").exists()

@@ -65,10 +65,3 @@ def test_resume_adds_a_mode_and_keeps_the_file_s_modes(tmp_path, capsys):
     cap = load_capture(out)
     assert cap.modes() == ["fp32", "1"] and np.array_equal(cap.array("fp32", "L0.ssd.y"), before)
     assert cap.array("1", "L0.gnorm.out").shape == (1, 64, 384)
-
-
-def test_decode_on_mamba2_is_exit_2(tmp_path, capsys):
-    code = run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "--seq_len", "16", "--decode", "2",
-                                  "--output_file", tmp_path / "d.npz"])
-    assert code == 2 and "decode step is not implemented" in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())

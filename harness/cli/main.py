@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 from .capture import capture_main
 from .compare import compare_main
@@ -18,7 +19,11 @@ def report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """The report command; matplotlib is imported only when a report is asked for."""
     from ..report.build import report_main
 
-    return guarded(lambda args, name, _progress: report_main(args, name), argv, prog)
+    def compare(a: Path, b: Path, atol: float, rtol: float) -> dict:   # report --against (the runner ranks above the report)
+        from ..runner.crossrun import compare_files
+        return compare_files(a, b, atol=atol, rtol=rtol)
+
+    return guarded(lambda args, name, _progress: report_main(args, name, compare), argv, prog)
 
 
 _USAGE = """usage: python -m harness COMMAND [options]   (python -m harness COMMAND --help for its options)

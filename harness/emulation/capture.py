@@ -266,7 +266,7 @@ STATE_POINTS: dict[str, str] = {
     "state.conv": "conv window after the step (the last d_conv pre-conv x values), dequantized "
                   "[batch, steps, d_inner, d_conv]",
 }
-_DECODE_SKIPPED = ("ssm.state", ISOLATED)  # the state after the step is state.ssm; no isolated replay
+_DECODE_SKIPPED = ("ssm.state", "ssd.state", ISOLATED)  # the state after the step is state.ssm; no isolated replay
 
 
 def decode_tensor(name: str) -> str:
@@ -277,9 +277,9 @@ def decode_tensor(name: str) -> str:
 def decode_site(name: str) -> tuple[int, str]:
     """(layer, site) of a decode point or tensor name (decode.L0.state.ssm -> (0, "state.ssm"))."""
     m = _NAME_RE.match(name[len(DECODE_PREFIX):] if name.startswith(DECODE_PREFIX) else name)
-    if not m or (m.group(2) not in POINTS and m.group(2) not in STATE_POINTS):
+    if not m or (m.group(2) not in _ORDER and m.group(2) not in STATE_POINTS):
         raise TapError(f"invalid decode point {name!r}; expected [decode.]L<layer>.<point> with point one of: "
-                       f"{', '.join(list(POINTS) + list(STATE_POINTS))}")
+                       f"{', '.join(list(POINTS) + list(STATE_POINTS))} (Mamba-2: {', '.join(MAMBA2_POINTS)})")
     return int(m.group(1)), m.group(2)
 
 

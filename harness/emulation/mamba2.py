@@ -10,6 +10,14 @@
     out           = out_proj(g)                                         out_proj.out, block.out, block.residual
 
 (transformers 5.23 models/mamba2/modeling_mamba2.py:474-604, the torch path; Mamba2Block :633-648.)
+
+The decode step (``EmuMamba2Block.step``) is transformers' cached one-token path: the conv window holds the
+last d_conv pre-conv xBC values (conv_dim channels: x, B and C; ``causal_conv1d_update`` :127-144: the window
+and the new input concatenated, the conv's last output, the window shifted by one), the SSM state one
+(headdim, d_state) matrix per head, updated by the recurrence (``mamba2_selective_state_update`` :195-254, called
+at :548-566 with z=None; the gate is the gated norm's, :600). A prefill hands over the last d_conv xBC inputs
+(``update_conv_state``, :520-526) and the SSD's final state (:574-594). States are stored in the mode's
+act_dtype, as a float model stores them in its own dtype (``state.copy_(ssm_states.to(state.dtype))``, :233).
 The modules hold prepared weights (harness.emulation.weights_mamba2) and output rules; build.py
 configures them from a recipe. Capture sites are HookPoints named from capture.MAMBA2_POINTS.
 """
@@ -24,6 +32,7 @@ from .modules import EmuHadamard, EmuLinear, EmuRMSNorm, OpCache
 from .ops.conv1d import float_causal_conv1d_silu
 from .ops.quant import dequantize, to_output
 from .ops.ssd import gated_rmsnorm, ssd_chunked, ssd_dt, ssd_ref
+from .state import BlockState, StateRule, conv_window, ssm_handover
 
 __all__ = ["EmuConvXBC", "EmuSSD", "EmuGatedNorm", "EmuMamba2Block", "MAMBA2_BLOCK_POINTS"]
 
@@ -42,14 +51,22 @@ class EmuConvXBC(nn.Module):
         return to_output(float_causal_conv1d_silu(dequantize(xBC), self.weight, self.bias, FloatOut(torch.float32)),
                          self.out)
 
+    def step(self, xBC: Act, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token xBC (batch, 1, conv_dim) and the window (batch, conv_dim, d_conv) of the d_conv inputs before
+        it -> (the conv + SiLU output (batch, 1, conv_dim), the window ending with this token). The forward's
+        arithmetic at the window's last position (transformers causal_conv1d_update, modeling_mamba2.py:127-144)."""
+        new = torch.cat([window[..., 1:], dequantize(xBC).transpose(1, 2).to(window.dtype)], dim=-1)
+        return self(new.transpose(1, 2))[:, -1:], new
+
 
 class EmuSSD(nn.Module):
     """The SSD with its parameters: chunked (ops.ssd.ssd_chunked) or token by token (ssd_ref)."""
 
     def __init__(self, dims: Mamba2Dims, A_log: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
-                 chunked: bool, out: FloatOut) -> None:
+                 chunked: bool, out: FloatOut, state_rule: StateRule = StateRule(None)) -> None:
         super().__init__()
         self.dims, self.A_log, self.D, self.dt_bias, self.chunked, self.out = dims, A_log, D, dt_bias, chunked, out
+        self.state_rule = state_rule   # a float dtype only: Quamba2's int8 state is not a mode yet
 
     def forward(self, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor):
         """x: (batch, seqlen, d_inner); dt: (batch, seqlen, nheads) after softplus; B, C: (batch, seqlen,
@@ -63,6 +80,19 @@ class EmuSSD(nn.Module):
         else:
             y, state = ssd_ref(xs, dt, self.A_log, Bs, Cs, self.D)
         return to_output(y.reshape(b, L, d.d_inner), self.out), state
+
+    def step(self, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+             h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token (operands with a seqlen of 1) from the state h (batch, d_inner, d_state) -> (y (batch, 1,
+        d_inner), the new state (batch, d_inner, d_state) in the state dtype). The recurrence (ssd_ref from h)
+        for both ssm_impl: the chunked form only exists over several tokens; the step is mamba2's
+        selective_state_update (transformers modeling_mamba2.py:548-566)."""
+        d = self.dims
+        b = x.shape[0]
+        heads = h.to(torch.float32).reshape(b, d.nheads, d.headdim, d.d_state)
+        y, new = ssd_ref(x.reshape(b, 1, d.nheads, d.headdim), dt, self.A_log, B.reshape(b, 1, d.ngroups, d.d_state),
+                         C.reshape(b, 1, d.ngroups, d.d_state), self.D, h0=heads)
+        return to_output(y.reshape(b, 1, d.d_inner), self.out), ssm_handover(new.reshape(h.shape), self.state_rule)
 
 
 class EmuGatedNorm(nn.Module):
@@ -97,6 +127,18 @@ class EmuMamba2Block(nn.Module):
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """residual: (batch, seqlen, d_model) fp32 -> (mixer output, residual after the block), both fp32."""
+        out, residual, _ = self._forward(residual)
+        return out, residual
+
+    def prefill(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, BlockState]:
+        """``forward``, plus the state it hands to the first decode step: the last d_conv xBC inputs (zeros in
+        front when shorter) and the final SSD state as (batch, d_inner, d_state), in the state dtype."""
+        out, residual, (xBC, state) = self._forward(residual)
+        b = state.shape[0]
+        ssm = ssm_handover(state.reshape(b, self.dims.d_inner, self.dims.d_state), self.ssd.state_rule)
+        return out, residual, BlockState(conv_window(xBC, self.dims.d_conv), ssm)
+
+    def _forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         d = self.dims
         gs = d.ngroups * d.d_state
         # fmt: off
@@ -120,4 +162,28 @@ class EmuMamba2Block(nn.Module):
         out      = self._at("out_proj.out", dequantize(self._op("out_proj", self.out_proj, g)))  # (batch, seqlen, d_model)
         # fmt: on
         out = self._at("block.out", out)
-        return out, self._at("block.residual", residual + out)
+        return out, self._at("block.residual", residual + out), (xBC, state)
+
+    def step(self, residual: torch.Tensor, state: BlockState) -> tuple[torch.Tensor, torch.Tensor, BlockState]:
+        """One token: residual (batch, 1, d_model) fp32 and the state after the tokens before it -> (mixer output,
+        residual after the block, the state after this token), through forward's HookPoints (ssd.state excepted:
+        the state is the returned one); every per-token op is forward's, the conv runs its window and the SSD
+        its recurrence from the carried state."""
+        d = self.dims
+        gs = d.ngroups * d.d_state
+        # fmt: off
+        residual = self._at("block.in", residual)
+        normed   = self._at("norm.out", self.norm(residual))
+        z, xBC, dt_raw = dequantize(self.in_proj.step(normed)).split([d.d_inner, d.conv_dim, d.nheads], dim=-1)
+        z, xBC, dt_raw = self._at("in_proj.z", z), self._at("in_proj.xBC", xBC), self._at("in_proj.dt", dt_raw)
+        conv, window = self.conv1d.step(xBC, state.conv)
+        x, B, C  = conv.split([d.d_inner, gs, gs], dim=-1)
+        x, B, C  = self._at("conv1d.x", x), self._at("conv1d.B", B), self._at("conv1d.C", C)
+        dt       = self._at("ssd.dt", ssd_dt(dt_raw, self.dt_bias))
+        y, ssm   = self.ssd.step(x, dt, B, C, state.ssm)
+        g        = self._at("gnorm.out", self.gnorm(self._at("ssd.y", y), z))
+        if self.had is not None:
+            g    = self._at("had.out", self.had(g))
+        out      = self._at("block.out", self._at("out_proj.out", dequantize(self.out_proj.step(g))))
+        # fmt: on
+        return out, self._at("block.residual", residual + out), BlockState(window, ssm)

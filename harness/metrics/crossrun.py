@@ -15,12 +15,14 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..emulation.capture import DECODE_PREFIX, DERIVED_POINTS, POINTS, RESEARCH_TENSORS
+from ..emulation.capture import DECODE_PREFIX, DERIVED_POINTS, MAMBA2_POINTS, POINTS, RESEARCH_TENSORS
 from .errors import error_metrics
 
-__all__ = ["execution_key", "compare_runs", "bad_mask"]
+__all__ = ["execution_key", "compare_runs", "bad_mask", "locate"]
 
-_ORDER = list(POINTS) + list(DERIVED_POINTS) + ["state.ssm", "state.conv"]
+_SITES = list(POINTS)   # Mamba-2's own sites before had.out, as capture.point_sort_key orders them
+_SITES[_SITES.index("had.out"):_SITES.index("had.out")] = [p for p in MAMBA2_POINTS if p not in POINTS]
+_ORDER = _SITES + list(DERIVED_POINTS) + ["state.ssm", "state.conv"]
 _RESEARCH = {v: f"L0.{k}" for k, v in RESEARCH_TENSORS.items()}
 
 
@@ -33,6 +35,17 @@ def _point_key(name: str) -> tuple:
     if layer[:1] == "L" and layer[1:].isdigit() and point in _ORDER:
         return (int(layer[1:]), _ORDER.index(point))
     return (math.inf, math.inf, name)
+
+
+def locate(tensor: str) -> tuple[int | None, str]:
+    """(layer, point) of a tensor name: "decode.L1.ssm.out" -> (1, "ssm.out"), "input" -> (0, "block.in"),
+    "logits" / "decode.logits" / "generated_ids" -> (None, the name without "decode.")."""
+    name = _RESEARCH.get(tensor, tensor)
+    name = name[len(DECODE_PREFIX):] if name.startswith(DECODE_PREFIX) else name
+    layer, _, point = name.partition(".")
+    if layer[:1] == "L" and layer[1:].isdigit() and point:
+        return int(layer[1:]), point
+    return None, name
 
 
 def execution_key(tensor: str, step: int | None = None) -> tuple:
@@ -62,9 +75,13 @@ def _first_bad_step(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> i
 def _row(a: np.ndarray, b: np.ndarray, tensor: str, atol: float, rtol: float) -> dict:
     row = error_metrics(b.astype(np.float64), a.astype(np.float64))   # B is the reference of the metrics
     row["equal"] = bool(np.array_equal(a, b, equal_nan=True))
-    row["within_tolerance"] = not bool(bad_mask(a, b, atol, rtol).any())
+    bad = bad_mask(a, b, atol, rtol)
+    row["within_tolerance"] = not bool(bad.any())
+    row["bad_elements"] = int(bad.sum())
     if tensor.startswith(DECODE_PREFIX) and a.ndim >= 2:
-        row["first_bad_step"] = _first_bad_step(a, b, atol, rtol)
+        step = row["first_bad_step"] = _first_bad_step(a, b, atol, rtol)
+        if step is not None:   # the metrics of that step alone (the report shows them)
+            row["at_first_bad_step"] = error_metrics(b[:, step].astype(np.float64), a[:, step].astype(np.float64))
     return row
 
 

@@ -1,13 +1,16 @@
-"""`python -m harness report FILE.npz [-o OUT.html] [--figures DIR]`: the one-file HTML report.
+"""`python -m harness report FILE.npz [-o OUT.html] [--figures DIR] [--against B.npz]`: the one-file HTML report.
 
     from harness.report.build import write_report
     write_report(Path("first_layer_io_all_modes.npz"))   # -> first_layer_io_all_modes_report.html
+    # with the cross-run section (runner.crossrun.compare_files's dict):
+    write_report(Path("A.npz"), crossrun=compare_files(Path("A.npz"), Path("B.npz")))
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from matplotlib.figure import Figure
 
@@ -19,6 +22,7 @@ from .format_section import DEFAULT_REPORT_FORMATS, format_section
 from ..emulation.ops.formats import FORMATS
 from .target import check_target, report_path
 from .data import load_report_data
+from .crossrun import crossrun_section
 from .decoding import decode_section, generate_section
 from .html import esc, page
 from .samples import samples_section
@@ -52,9 +56,10 @@ def _figure_sink(files: dict[str, bytes]):
 
 def build_report(npz_path: Path, reference: str | None = None, tensors: list[str] | None = None,
                  figure_files: dict[str, bytes] | None = None, require_reference: bool = True,
-                 formats: list[str] | None = None) -> tuple[str, list[str]]:
+                 formats: list[str] | None = None, *, crossrun: dict | None = None) -> tuple[str, list[str]]:
     """(HTML text, figure names) of the report of one capture file; figure_files (when given) receives every
-    figure as NAME.png and NAME.svg -> bytes. Nothing is written."""
+    figure as NAME.png and NAME.svg -> bytes; crossrun: a cross-run comparison of this file against another
+    (runner.crossrun.compare_files's dict) for the Across runs section. Nothing is written."""
     d = load_report_data(npz_path, reference, require_reference)
     figs = Figures(_figure_sink(figure_files) if figure_files is not None else None)
     colors = mode_colors(list(dict.fromkeys([d.reference, *d.modes])))
@@ -68,6 +73,7 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
         ("samples", "Across samples", samples_section(d, figs, colors)),
         ("decode", "Decode steps", decode_section(d)),
         ("generate", "Generation", generate_section(d)),
+        ("crossrun", "Across runs", crossrun_section(crossrun)),
         ("taps", "Saturation and scales", taps_section(d, figs, colors)),
         ("tensors", "Per tensor", tensor_section(d, figs, colors, chosen)),
         ("formats", "Number formats", format_section(d, figs, formats, chosen) if formats else ""),
@@ -84,7 +90,8 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
 
 def write_report(npz_path: Path, out: Path | None = None, reference: str | None = None,
                  tensors: list[str] | None = None, figures_dir: Path | None = None,
-                 require_reference: bool = True, formats: list[str] | None = None) -> Path:
+                 require_reference: bool = True, formats: list[str] | None = None,
+                 *, crossrun: dict | None = None) -> Path:
     """Write the report next to the .npz (or to `out`), atomically; returns its path.
 
     No file is written over the capture, its stats or pending stats, or a file the report did not write
@@ -93,16 +100,17 @@ def write_report(npz_path: Path, out: Path | None = None, reference: str | None 
     """
     out = Path(out) if out is not None else report_path(npz_path)
     check_writable(out)
-    check_target(out, npz_path)
+    against = {"the --against file": Path(crossrun["b"])} if crossrun and crossrun.get("b") else {}
+    check_target(out, npz_path, against)
     files: dict[str, bytes] | None = None
     if figures_dir is not None:
         figures_dir, files = Path(figures_dir), {}
         if figures_dir.exists() and not figures_dir.is_dir():
             raise StorageError(f"--figures {figures_dir} exists and is not a directory")
     with style():
-        text, _ = build_report(npz_path, reference, tensors, files, require_reference, formats)
+        text, _ = build_report(npz_path, reference, tensors, files, require_reference, formats, crossrun=crossrun)
     for name in files or {}:
-        check_target(figures_dir / name, npz_path, {"the report page": out})
+        check_target(figures_dir / name, npz_path, {"the report page": out, **against})
     if figures_dir is not None:
         figures_dir.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
@@ -124,15 +132,31 @@ def build_report_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--formats", nargs="*", default=None, metavar="F", choices=list(FORMATS),
                    help="add the Number formats section: the tensors in these formats (no value: "
                         + " ".join(DEFAULT_REPORT_FORMATS) + ")")
+    p.add_argument("--against", type=Path, default=None, metavar="B.npz",
+                   help="add the Across runs section: the same modes of B.npz, its first differing tensor per mode "
+                        "(as compare FILE --against B.npz)")
+    p.add_argument("--atol", type=float, default=0.0, help="with --against: absolute tolerance (default 0)")
+    p.add_argument("--rtol", type=float, default=0.0, help="with --against: relative tolerance (default 0)")
     return p
 
 
-def report_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+# compare(a, b, atol, rtol) -> runner.crossrun.compare_files's dict; raises ValueError (CrossRunError) or
+# StorageError on files that cannot be compared. The command line passes it in (the runner ranks above).
+CrossRunFn = Callable[[Path, Path, float, float], dict]
+
+
+def report_main(argv: list[str] | None = None, prog: str | None = None, compare: CrossRunFn | None = None) -> int:
     args = build_report_parser(prog).parse_args(argv)
     try:
         formats = None if args.formats is None else (args.formats or list(DEFAULT_REPORT_FORMATS))
-        out = write_report(args.file, args.output, args.reference, args.tensors, args.figures, formats=formats)
-    except (StorageError, CompareError) as e:
+        crossrun = None
+        if args.against is not None:
+            if compare is None:
+                raise StorageError("--against needs the cross-run comparison: run python -m harness report")
+            crossrun = compare(args.file, args.against, args.atol, args.rtol)
+        out = write_report(args.file, args.output, args.reference, args.tensors, args.figures, formats=formats,
+                           crossrun=crossrun)
+    except (StorageError, CompareError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote report {out}" + (f" and figures in {args.figures}" if args.figures else ""))

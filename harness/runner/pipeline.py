@@ -155,10 +155,9 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
     # presets mean other modes on Mamba-2, and a mode that does not run on the model's architecture is refused
     recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
-    if ckpt.dims.architecture != "mamba1":
-        if cfg.decode or cfg.generate:
-            raise RunError(f"--decode and --generate run Mamba-1 blocks only; {cfg.model} is a "
-                           f"{ckpt.dims.architecture} model (its decode step is not implemented)")
+    if (cfg.decode or cfg.generate) and (q2 := [r.name for r in recipes if r.prep == "quamba2"]):
+        raise RunError(f"--decode and --generate do not run {', '.join(q2)} yet (Quamba2's int8 decode step is "
+                       f"not emulated); run them with the float modes (fp32, 1)")
     n_layer = ckpt.dims.n_layer
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))

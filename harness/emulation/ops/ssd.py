@@ -74,13 +74,16 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch
 
 
 def ssd_ref(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-            D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The SSD recurrence token by token in fp32 (shapes as ssd_chunked; no chunks)."""
+            D: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSD recurrence token by token in fp32 (shapes as ssd_chunked; no chunks), from the state h0
+    (batch, nheads, headdim, d_state; None: zeros). Over one token from the carried state this is the decode
+    step: transformers 5.23 ``mamba2_selective_state_update`` (modeling_mamba2.py:195-254: dA = exp(dt A),
+    state = state dA + dt B x, y = state C + D x; z is applied by the gated norm, :561 passes z=None)."""
     b, L, h, p = x.shape
     A = -portable.exp(A_log.to(torch.float32).contiguous())
     Bh, Ch = _heads(B.float(), h), _heads(C.float(), h)
     decay = portable.exp((dt * A).contiguous())               # (b, L, h)
-    state = torch.zeros(b, h, p, Bh.shape[-1], dtype=torch.float32)
+    state = torch.zeros(b, h, p, Bh.shape[-1], dtype=torch.float32) if h0 is None else h0.to(torch.float32)
     y = torch.empty(b, L, h, p, dtype=torch.float32)
     for t in range(L):
         upd = (x[:, t] * dt[:, t, :, None])[..., None] * Bh[:, t, :, None, :]  # (b, h, p, n)
