@@ -66,6 +66,11 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         # "output y is fp16" (Quamba c474646 quamba/qChunkScan.py:227-228)
         return v["dt"], round_to_dtype(y.reshape(b, L, d.d_inner), torch.float16), state
 
+    def prefill(self, residual: torch.Tensor):
+        raise NotImplementedError("Quamba2's W8A8 decode step (int8 conv and SSM states) is not emulated")
+
+    step = prefill
+
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         d, q, s = self.dims, self.q, self.s
         gs = d.ngroups * d.d_state
