@@ -43,7 +43,7 @@ from ..report.target import check_target, report_path
 from ..report.text import sample_mean_table, sensitivity_tables, short_comparison
 from .studies import run_studies
 from .modeloop import run_todo
-from .resume import ResumeError, previous_modes, recorded_recipe
+from .resume import ResumeError, kept_calibration, previous_modes, recorded_recipe
 from ..runtime.guard import LockError, OutputLock, Progress, fault_point
 from ..runtime.machine import cpu_provenance
 from ..store.format import (
@@ -246,6 +246,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep, progress=progress)
     infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
              for prep, c in calibs.items()}
+    if kept:  # the kept modes' calibration stays on record (--resume checks it next time)
+        for prep, info in kept_calibration(cfg).items():
+            infos.setdefault(prep, {**info, "source": "kept from the resumed file"})
     provenance["calibration"] = next(iter(infos.values()), None)
     provenance["calibration_by_prep"] = infos
     if cfg.decode:  # the SSM state scale the W8A8 step re-quantizes at, per layer

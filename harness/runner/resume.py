@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from ..modes import FORMAT_KNOBS, KNOBS, ModeError, ModeRecipe
-from ..store.format import StorageError, stats_path
+from ..store.format import StorageError, read_json, stats_path
 from ..store.reader import load_capture
 
-__all__ = ["ResumeError", "Kept", "previous_modes", "recorded_recipe"]
+__all__ = ["ResumeError", "Kept", "previous_modes", "recorded_recipe", "kept_calibration"]
 
 
 class ResumeError(ValueError):
@@ -86,3 +86,16 @@ def recorded_recipe(mode: str, entry: dict) -> ModeRecipe | None:
                           **{k: knobs[k] for k in (*FORMAT_KNOBS, "layers") if k in knobs})
     except (ModeError, KeyError, TypeError):
         return None
+
+
+def kept_calibration(cfg) -> dict[str, dict]:
+    """prep -> the calibration provenance of the file being resumed (read after ``previous_modes`` checked the
+    pair). A resumed run that calibrates nothing (every quantized mode kept) records these, so the kept modes'
+    calibration stays on record and a later --resume with other settings is still refused."""
+    stats = read_json(stats_path(Path(cfg.output_file)))
+    prov = stats.get("provenance") if isinstance(stats.get("provenance"), dict) else {}
+    by_prep = prov.get("calibration_by_prep") if isinstance(prov.get("calibration_by_prep"), dict) else {}
+    if not by_prep and isinstance(prov.get("calibration"), dict):
+        by_prep = {str(prov["calibration"].get("prep", "quamba")): prov["calibration"]}
+    return {p: i for p, i in by_prep.items() if isinstance(i, dict)}
+
