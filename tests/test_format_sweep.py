@@ -10,10 +10,36 @@ import torch
 
 from harness.cli import main
 from harness.formats import FORMATS, fake_quantize
-from harness.metrics.formats import FORMAT_METRICS, format_errors
+from harness.metrics.formats import FORMAT_METRICS, format_errors, reference
 from harness.report.formats import sweep_file
 from harness.store.format import write_pair
 from tests.helpers import run_cli
+
+
+def test_one_reference_serves_every_format_with_the_numbers_of_a_direct_computation():
+    """The sweep computes what the metrics need of x once per tensor (reference) and reuses it for every format:
+    with non-finite elements in x, per format, the numbers equal a direct numpy computation over x's finite
+    elements, and the outlier fraction is per block size (16 for nvfp4, 32 for MX)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 64, generator=g)
+    x[0, 0] = 40.0                                       # an outlier: its 16- and 32-blocks' scale
+    x[1, 5], x[2, 9], x[3, 3] = math.nan, math.inf, 0.0
+    ref = reference(x)
+    fin = torch.isfinite(x).numpy()
+    xs = x.double().numpy()[fin]
+    for fmt in ("nvfp4", "mxfp8_e4m3", "int8", "hifp8", "bf16"):
+        shared, alone = format_errors(x, fmt, ref), format_errors(x, fmt)
+        assert json.dumps(shared, sort_keys=True) == json.dumps(alone, sort_keys=True)  # NaN equal to NaN
+        y = fake_quantize(x, fmt).double().numpy()[fin]
+        d = y - xs
+        with np.errstate(invalid="ignore"):
+            assert shared["mse"] == pytest.approx(np.mean(d * d), rel=1e-12, nan_ok=True)
+            assert shared["max_abs"] == pytest.approx(np.abs(d).max(), nan_ok=True)
+        assert shared["underflow"] == np.sum((y == 0) & (xs != 0)) / np.sum(xs != 0)
+        assert shared["overflow"] == np.sum(~np.isfinite(y)) / xs.size
+    # 16 blocks of 16 (one holds the outlier) vs 8 blocks of 32; the NaN/inf blocks are not counted as outliers
+    assert ref.outliers[16] == format_errors(x, "nvfp4")["outlier_blocks"]
+    assert ref.outliers[32] == format_errors(x, "mxfp8_e4m3")["outlier_blocks"] != ref.outliers[16]
 
 
 def test_metrics_against_their_definitions():

@@ -16,12 +16,13 @@ throughout. Tensors whose last dimension does not fit a format's block are repor
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
 from ..emulation.ops.formats import FORMATS, check_shape, fake_quantize_with_limit, scale_groups
 
-__all__ = ["FORMAT_METRICS", "format_errors", "not_applicable"]
+__all__ = ["FORMAT_METRICS", "format_errors", "not_applicable", "reference", "Reference"]
 
 FORMAT_METRICS = ("mse", "rel_l2", "sqnr_db", "max_abs", "overflow", "underflow", "saturated", "outlier_blocks")
 OUTLIER_RATIO = 2.0
@@ -56,23 +57,56 @@ def _outlier_blocks(x: torch.Tensor, block: int) -> float | None:
     return _fraction(int(outlier.sum()), int(finite.numel()))
 
 
-def format_errors(x: torch.Tensor, fmt: str) -> dict[str, float | None]:
-    """The metrics of the module docstring for x (any rank >= 1, float32) in format `fmt`."""
+@dataclass
+class Reference:
+    """What the metrics need of x alone, computed once for every format a tensor is swept in."""
+
+    x: torch.Tensor                 # float32
+    finite: torch.Tensor | None     # mask of x's finite elements; None when all are finite
+    xf: torch.Tensor                # the finite elements, float64, 1-D (in x's order)
+    n: int                          # their count
+    nonzero: int                    # finite elements that are not 0
+    signal: float                   # sum of xf^2
+    outliers: dict[int, float | None] = field(default_factory=dict)  # block size -> outlier_blocks
+
+    def outlier_blocks(self, block: int) -> float | None:
+        if block not in self.outliers:
+            self.outliers[block] = _outlier_blocks(self.x, block)
+        return self.outliers[block]
+
+
+def reference(x: torch.Tensor) -> Reference:
     x = x.to(torch.float32)
-    y, limit = fake_quantize_with_limit(x, fmt)
     finite = torch.isfinite(x)
-    n = int(finite.sum())
-    xf, yf = x[finite].double(), y[finite].double()
-    d = yf - xf
-    noise, signal = float((d * d).sum()), float((xf * xf).sum())
-    out: dict[str, float | None] = {
+    if bool(finite.all()):
+        xf, finite = x.reshape(-1).double(), None   # the same elements in the same order as x[finite]
+        nonzero = int((x != 0).sum())
+    else:
+        xf = x[finite].double()
+        nonzero = int(((x != 0) & finite).sum())
+    return Reference(x, finite, xf, int(xf.numel()), nonzero, float((xf * xf).sum()))
+
+
+def format_errors(x: torch.Tensor, fmt: str, ref: Reference | None = None) -> dict[str, float | None]:
+    """The metrics of the module docstring for x (any rank >= 1, float32) in format `fmt`; `ref`: x's
+    ``reference`` when the caller sweeps it in several formats (the same numbers, computed once)."""
+    ref = reference(x) if ref is None else ref
+    x, n = ref.x, ref.n
+    y, limit = fake_quantize_with_limit(x, fmt)
+    yf = (y.reshape(-1) if ref.finite is None else y[ref.finite]).double()
+    d = yf - ref.xf
+    noise, signal = float((d * d).sum()), ref.signal
+    y_finite = torch.isfinite(y)
+    keep = y_finite if ref.finite is None else y_finite & ref.finite
+    lost = ~y_finite if ref.finite is None else ~y_finite & ref.finite
+    flushed = (y == 0) & (x != 0) if ref.finite is None else (y == 0) & (x != 0) & ref.finite
+    return {
         "mse": noise / n if n else math.nan,
         "rel_l2": math.sqrt(noise / signal) if signal else (0.0 if noise == 0 else math.nan),
         "sqnr_db": _sqnr_db(signal, noise) if n else math.nan,
         "max_abs": float(d.abs().max()) if n else math.nan,
-        "overflow": _fraction(int((~torch.isfinite(y) & finite).sum()), n),
-        "underflow": _fraction(int(((y == 0) & (x != 0) & finite).sum()), int(((x != 0) & finite).sum())),
-        "saturated": _fraction(int((torch.isfinite(y) & finite & (x.abs() > limit) & (limit > 0)).sum()), n),
-        "outlier_blocks": _outlier_blocks(x, FORMATS[fmt].block),
+        "overflow": _fraction(int(lost.sum()), n),
+        "underflow": _fraction(int(flushed.sum()), ref.nonzero),
+        "saturated": _fraction(int((keep & (x.abs() > limit) & (limit > 0)).sum()), n),
+        "outlier_blocks": ref.outlier_blocks(FORMATS[fmt].block),
     }
-    return out

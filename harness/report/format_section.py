@@ -8,7 +8,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..emulation.ops.formats import fake_quantize
-from ..metrics.formats import format_errors, not_applicable
+from ..metrics.formats import format_errors, not_applicable, reference
 from .data import ReportData
 from .html import section, table
 from .sections import Figures
@@ -78,7 +78,8 @@ def format_section(d: ReportData, figs: Figures, formats: list[str], tensors: li
     arrays = {t: torch.from_numpy(a.astype(np.float32, copy=False)) for t, a in arrays.items() if a.dtype.kind == "f"}
     if not arrays:
         return ""
-    rows = {t: {f: ({"n/a": why} if (why := not_applicable(tuple(x.shape), f)) else format_errors(x, f))
+    refs = {t: reference(x) for t, x in arrays.items()}
+    rows = {t: {f: ({"n/a": why} if (why := not_applicable(tuple(x.shape), f)) else format_errors(x, f, refs[t]))
                 for f in formats} for t, x in arrays.items()}
     parts = [figs.embed("formats_rates", _rates_figure(rows, formats), "error and overflow by format")]
     first = next(iter(arrays))

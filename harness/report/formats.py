@@ -17,7 +17,7 @@ import torch
 from tabulate import tabulate
 
 from ..emulation.ops.formats import FORMATS
-from ..metrics.formats import FORMAT_METRICS, format_errors, not_applicable
+from ..metrics.formats import FORMAT_METRICS, format_errors, not_applicable, reference
 from ..store.format import StorageError
 from ..store.reader import load_capture
 
@@ -65,12 +65,12 @@ def sweep_file(path: Path, formats: list[str] | None = None, modes: list[str] | 
             if arr.dtype.kind != "f":
                 continue
             x = torch.from_numpy(arr.astype("float32", copy=False))
-            row = {}
+            row, ref = {}, reference(x)  # what the metrics need of x alone, once for every format
             for fmt in formats:
                 why = not_applicable(tuple(x.shape), fmt)
                 if why and explicit:  # a pair the user named that cannot be represented: bad input
                     raise SweepError(f"{mode} {tensor} {list(x.shape)}: {why}")
-                row[fmt] = {"not_applicable": why} if why else format_errors(x, fmt)
+                row[fmt] = {"not_applicable": why} if why else format_errors(x, fmt, ref)
             out["modes"].setdefault(mode, {})[tensor] = row
     return out
 
