@@ -122,3 +122,26 @@ def test_w8a8_step_keeps_int8_states_and_stays_near_the_prefill(observed, mode):
             assert torch.equal(got["L0.in_proj.out"].codes, want.codes)
     err = _rel(torch.cat(steps, 1) - ids.new_zeros(()), full[:, L:])
     assert 0 < err < 0.1   # what the int8 states cost, measured: about 0.02 on this model
+
+
+def test_a_state_format_holds_in_the_decode_steps(hf_dir, ids):
+    """state_format puts the SSM state in the format after every step of the scan; the decode step runs that
+    scan over one token, so the carried state is in the format after every step too (here bf16)."""
+    from dataclasses import replace
+
+    from harness.formats import fake_quantize
+
+    bank = WeightBank(open_checkpoint(hf_dir))
+    recipe = replace(BUILTIN_MODES["fp32"], name="bf16state", state_format="bf16")
+    model = build_backbone(recipe, bank, None, 1)
+    _, states = model.prefill(ids[:, :L])
+    plain = build_backbone(BUILTIN_MODES["fp32"], bank, None, 1)
+    _, plain_states = plain.prefill(ids[:, :L])
+    for k in range(3):
+        _, states = model.step(ids[:, L + k:L + k + 1], states)
+        _, plain_states = plain.step(ids[:, L + k:L + k + 1], plain_states)
+        for st, ps in zip(states, plain_states):
+            h = st.ssm_values()
+            assert torch.equal(h.to(torch.bfloat16).float(), h)              # on the bf16 grid
+            assert not torch.equal(h, ps.ssm_values())                       # and not the fp32 state
+            assert torch.equal(fake_quantize(h, "bf16"), h)
