@@ -31,15 +31,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# the modules of [tool.mutmut] only_mutate, as dotted names, in the order they are run
-MODULES = (
-    "harness.emulation.ops.quant", "harness.emulation.ops.linear", "harness.emulation.ops.conv1d",
-    "harness.emulation.ops.scan", "harness.emulation.ops.hadamard", "harness.emulation.ops.portable",
-    "harness.metrics.errors", "harness.metrics.percentiles", "harness.metrics.compare", "harness.store.format",
-    "harness.emulation.observers", "harness.checkpoints.text", "harness.emulation.modules", "harness.emulation.build",
-    "harness.emulation.weights", "harness.runner.weightbank", "harness.runner.calibration", "harness.store.files",
-    "harness.checkpoints.quamba", "harness.runner.collect", "harness.runner.sharedops", "harness.emulation.capture",
-)
+
+def _only_mutate() -> tuple[str, ...]:
+    """The modules of [tool.mutmut] only_mutate (globs expanded, do_not_mutate left out) as dotted names, in
+    the order pyproject.toml lists them: the one list, so a module added there is mutated and reported."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    skip, out = set(cfg.get("do_not_mutate", [])), []
+    for pattern in cfg["only_mutate"]:
+        for path in sorted(ROOT.glob(pattern)):
+            rel = path.relative_to(ROOT).as_posix()
+            name = rel[:-len(".py")].replace("/", ".")
+            if rel not in skip and name not in out:
+                out.append(name)
+    return tuple(out)
+
+
+MODULES = _only_mutate()
 
 
 def _narrow_string_operator() -> None:
