@@ -186,3 +186,14 @@ def test_a_failed_mode_is_never_a_pass(hf_dir, tmp_path, monkeypatch, capsys):
     # the mode that ran is judged as before: only it selected, the gate passes
     assert run_cli(compare_main, [out, "--modes", "1", "--fail-if", "sqnr_db < 10"]) == 0
     assert run_cli(compare_main, [out, "--modes", "2-4", "--fail-if", "sqnr_db < -1000"]) == 1
+
+
+def test_a_layer_without_its_measure_ranks_last_in_any_order():
+    """Rows missing the ranking measure go last whichever way the measure runs (a mutant that gave measured rows
+    the missing rows' rank survived: SQNR, lower is worse, put a missing 0 dB row among the measured ones)."""
+    from harness.metrics.ranking import rank_layers
+
+    rows = [{"layer": 0, "isolated_sqnr_db": 30.0}, {"layer": 1, "isolated_sqnr_db": None},
+            {"layer": 2, "isolated_sqnr_db": 20.0}]
+    key, ranked = rank_layers(rows)
+    assert key == "isolated_sqnr_db" and [r["layer"] for r in ranked] == [2, 0, 1]

@@ -165,3 +165,18 @@ def _npy_bytes(header: dict, data: bytes) -> bytes:
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, header)
     return buf.getvalue() + data
+
+
+def test_a_member_of_an_unknown_npy_version_is_refused_naming_it(tmp_path):
+    """A .npy header of a format version capture arrays never use (3.0) is a bad file whose message names the
+    version (a mutant that dropped the message survived)."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": (1, 4)})
+    member = bytearray(buf.getvalue() + b"\0" * 16)
+    member[6:8] = bytes([3, 0])  # the version bytes after the magic string
+    with zipfile.ZipFile(tmp_path / "v3.npz", "w") as z:
+        z.writestr("mode_0_output.npy", bytes(member))
+    with pytest.raises(StorageError, match=r"format version 3\.0 \(capture arrays are 1\.0 or 2\.0\)"):
+        load_capture(tmp_path / "v3.npz").array("0", "output")
