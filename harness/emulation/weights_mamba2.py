@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops.hadamard import hadamard_transform
+from .weights import rotated_projections
 from .ops.quant import round_to_dtype
 
 __all__ = ["Mamba2Params", "float_layer_mamba2"]
@@ -45,13 +45,7 @@ def float_layer_mamba2(raw: dict[str, torch.Tensor | None], rotate: bool, dtype:
     def rnd(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else round_to_dtype(t, dtype)
 
-    in_proj, out_proj, norm_weight = rnd(raw["in_proj"]), rnd(raw["out_proj"]), rnd(raw["norm_weight"])
-    if rotate:
-        folded = rnd(raw["in_proj"].to(torch.float64) * raw["norm_weight"].to(torch.float64))
-        in_proj = rnd(hadamard_transform(folded))                                  # W Had_D^T
-        right = hadamard_transform(out_proj)                                      # W Had_E^T
-        out_proj = rnd(hadamard_transform(right.t()).t())                         # Had_D (W Had_E^T)
-        norm_weight = None
+    in_proj, out_proj, norm_weight = rotated_projections(raw, rotate, rnd)
     return Mamba2Params(
         norm_weight=norm_weight, in_proj=in_proj, conv_weight=rnd(raw["conv_weight"]), conv_bias=rnd(raw["conv_bias"]),
         dt_bias=rnd(raw["dt_bias"]), A_log=raw["A_log"].to(torch.float32), D=raw["D"].to(torch.float32),
