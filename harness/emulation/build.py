@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from ..modes import ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate, SsmImpl, Store, Weights
+from ..modes import ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate, SsmImpl, Store, Weights, XGroups
 from .modules import (
     ConvInput,
     EmuBackbone,
@@ -209,8 +209,17 @@ def build_mamba2_block(recipe: ModeRecipe, p: Mamba2Params, dims: Mamba2Dims, la
 def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict, scales: Q2Scales, dims: Mamba2Dims, layer: int):
     """One Quamba2 W8A8 block (prep=quamba2): the checkpoint's tensors reordered by the calibrated head/dim
     groups, folded and rotated in fp16, quantized (q2_params); ssm_impl=kernel the chunked SSD, reference the
-    token-by-token recurrence, on the same dequantized inputs."""
-    return build_q2_block(layer, dims, q2_params(raw, scales, dims), scales, recipe.ssm_impl == SsmImpl.KERNEL)
+    token-by-token recurrence, on the same dequantized inputs; x_groups=tensor: every entry of the x scale table
+    is the per-tensor s_x_tensor (the grouped conv and SSD then quantize x at one scale); state_dtype: the block's
+    decode state (EmuQ2Mamba2Block.state_dtype)."""
+    if recipe.x_groups == XGroups.TENSOR:
+        if scales.s_x_tensor is None:
+            raise ValueError(f"mode {recipe.name!r} (x_groups=tensor) needs the per-tensor x scale s_x_tensor, "
+                             f"which these scales of layer {layer} do not hold (a Quamba2 checkpoint stores the "
+                             f"grouped table only): calibrate from the float model")
+        scales = replace(scales, x_table=torch.full_like(scales.x_table, scales.s_x_tensor))
+    return build_q2_block(layer, dims, q2_params(raw, scales, dims), scales, recipe.ssm_impl == SsmImpl.KERNEL,
+                          state_dtype=str(recipe.state_dtype))
 
 
 class WeightSource(Protocol):

@@ -43,10 +43,15 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
     """One Quamba2 W8A8 Mamba-2 block; the HookPoints of EmuMamba2Block at the same sites."""
 
     def __init__(self, layer: int, dims: Mamba2Dims, params: Q2Params, scales: Q2Scales, *, chunked: bool,
-                 norm: EmuRMSNorm, had: EmuHadamard, out_proj: EmuLinear) -> None:
+                 norm: EmuRMSNorm, had: EmuHadamard, out_proj: EmuLinear, state_dtype: str = "int8") -> None:
         super().__init__(layer, dims, norm=norm, in_proj=None, conv1d=None, dt_bias=params.fp16.dt_bias, ssd=None,
                          gnorm=None, had=had, out_proj=out_proj)
         self.q, self.s, self.chunked = params, scales, chunked
+        # the state_dtype knob: the SSM state the decode step starts from and keeps; "int8": Quamba2's cache, the
+        # prefill's final state quantized at ssm_state_scale (quamba/triton/quant_ssd_combined.py:162,
+        # quant_ssm_states.py:119) and re-quantized after every step; "fp32": never quantized. The prefill's own
+        # outputs (y, every tap) never read the quantized state: forward is the same for both.
+        self.state_dtype = state_dtype
         self.ch_back = _inverse(scales.reorder.channel_index.to(torch.int64))  # reordered -> model order
         self.head_back = _inverse(scales.reorder.head_index.to(torch.int64))
 
@@ -104,12 +109,13 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         return out, self._at("block.residual", residual + out)
 
 
-def build_q2_block(layer: int, dims: Mamba2Dims, params: Q2Params, scales: Q2Scales, chunked: bool) -> EmuQ2Mamba2Block:
+def build_q2_block(layer: int, dims: Mamba2Dims, params: Q2Params, scales: Q2Scales, chunked: bool, *,
+                   state_dtype: str = "int8") -> EmuQ2Mamba2Block:
     """The block with Quamba2's norm (int8 at s_in, RNE), online Hadamard (int8 at s_H, roundf, the kernel's
     fp32 butterflies) and out_proj (W8A8B16O16, the weight scale first, fp16 out), as Quamba1's W8A8 ones:
     W8A8QMamba2 uses the same QRMSNorm, QHadamard and W8A8B16O16Linear classes (qMamba2.py:1152-1160)."""
     return EmuQ2Mamba2Block(
-        layer, dims, params, scales, chunked=chunked,
+        layer, dims, params, scales, chunked=chunked, state_dtype=state_dtype,
         norm=EmuRMSNorm(None, dims.norm_eps, QuantOut(scales.s_in, Rounding.HALF_EVEN)),
         had=EmuHadamard(QuantOut(scales.s_H, Rounding.HALF_AWAY), fht=True),
         out_proj=EmuLinear(params.out_proj, Epilogue.WEIGHT_THEN_RATIO, FloatOut(torch.float16)))

@@ -6,7 +6,8 @@ import re
 from enum import StrEnum
 
 __all__ = ["ModeError", "KNOBS", "Weights", "Rotate", "Store", "ConvIn", "ConvOut", "SsmU", "SsmImpl", "ActDtype",
-           "Prep", "KNOB_TYPES", "NumberFormat", "FORMAT_KNOBS", "parse_layer_range", "PRESETS", "MAMBA2_PRESETS"]
+           "Prep", "KNOB_TYPES", "NumberFormat", "FORMAT_KNOBS", "parse_layer_range", "PRESETS", "MAMBA2_PRESETS",
+           "XGroups", "StateDtype", "Q2_KNOBS", "Q2_KNOB_TYPES"]
 
 
 class ModeError(ValueError):
@@ -87,6 +88,25 @@ KNOB_TYPES: dict[str, type[StrEnum]] = {
     "conv_out": ConvOut, "ssm_u": SsmU, "ssm_impl": SsmImpl, "had_out": Store, "act_dtype": ActDtype, "prep": Prep,
 }
 assert all(set(KNOBS[k]) == {m.value for m in t} for k, t in KNOB_TYPES.items()) and set(KNOBS) == set(KNOB_TYPES)
+
+# Quamba2's variant knobs (docs/modes.md "Variant knobs of q2-w8a8"): prep=quamba2 only; the first value is the
+# default, which the built-in rows leave as it is and the stats record only when changed (beside KNOB_TYPES, so the
+# built-in rows and their stats stay as they were).
+class XGroups(StrEnum):
+    """The conv's x output scales: per (SSD group, head group, dim group), or one per tensor (percentile)."""
+    GROUPED = "grouped"
+    TENSOR = "tensor"
+
+
+class StateDtype(StrEnum):
+    """The SSM state handed from the prefill to the decode step and kept between steps: Quamba2's int8 at the
+    grouped ssm_state_scale, or fp32 (never quantized)."""
+    INT8 = "int8"
+    FP32 = "fp32"
+
+
+Q2_KNOB_TYPES: dict[str, type[StrEnum]] = {"x_groups": XGroups, "state_dtype": StateDtype}
+Q2_KNOBS: dict[str, tuple[str, ...]] = {k: tuple(m.value for m in t) for k, t in Q2_KNOB_TYPES.items()}
 
 # Number formats as knobs (docs/formats.md): "none" (the recipe's own arithmetic) or a format of harness.formats
 # (spec.FORMAT_NAMES; emulation.build checks the two lists agree). Off by default: the built-in modes never set
