@@ -21,14 +21,15 @@ s_x_tensor x_conv_out:input (non-grouped)  per-tensor percentile (--percentile_a
 =========  ==============================  =====================================================
 
 ``s_x_tensor`` is the one x scale of Quamba's non-grouped path (run_quamba_calibration, modelutils_mamba.py:125-132,
-161-167: ``PerTensorPercentileObserver`` at ``x_conv_out``, percentile_alpha 0.9995), observed in the same second
-pass as the others (a percentile of |x| over all channels does not depend on their order). The grouped recipe
-never reads it; x_groups=tensor quantizes x at it in place of the group table (emulation.build).
+161-167: ``PerTensorPercentileObserver`` at ``x_conv_out``, the conv + SiLU output of x, qMamba2.py:221-229;
+percentile_alpha 0.9995), observed in the same second pass as the others (a percentile of |x| over all channels
+does not depend on their order). The grouped recipe never reads it; x_groups=tensor quantizes x at it in place
+of the group table (emulation.build).
 
 The ssm_state scale (``CachedStatesCrossHeadMinmaxObserver``) is used only by the decode step, which the
-harness does not run for Mamba-2; it is not observed. No percentile observer runs on this path: Quamba2's
+harness does not run for Mamba-2; it is not observed. No percentile observer feeds q2-w8a8: Quamba2's
 head-grouped calibration uses min-max observers only (modelutils_mamba.py:271-307; percentile is the
-non-grouped path, :160-167).
+non-grouped path, :160-167, whose x observer s_x_tensor reproduces).
 
 Reorder (reorder_mamba, quamba/reorder_utils.py:173-199): z and x rows of in_proj and x rows of conv1d take
 the channel order, dt rows of in_proj, A_log, D and dt_bias the head order, the gated norm's weight and
