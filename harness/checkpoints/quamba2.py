@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError, refuse_in
-from .quamba import QuambaCheckpoint, _describe, _got, _kind_ok, _read_config, _top_spec, open_quamba, pad16
+from .quamba import (_QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _describe, _got, _kind_ok, _read_config, _top_spec,
+                     open_quamba, pad16)
 from .quamba2_checks import NONE, SUPPORTED2, check_q2_values, q2_config_dims, q2_layer_spec
 from .quamba_checks import check_blocks_present, check_values
 from ..emulation.grouping_q2 import GroupReorder
@@ -48,7 +49,13 @@ def is_quamba2_config(cfg: dict) -> bool:
 def open_any_quamba(path: Path | str) -> QuambaCheckpoint:
     """A Quamba checkpoint directory (is_quamba_dir): Quamba2's or Quamba1's reader by its config."""
     cfg = _read_config(Path(path))
-    return open_quamba2(path) if cfg is not None and is_quamba2_config(cfg) else open_quamba(path)
+    if cfg is not None and is_quamba2_config(cfg):
+        return open_quamba2(path)
+    ssm = cfg.get("ssm_cfg") if cfg is not None and isinstance(cfg.get("ssm_cfg"), dict) else {}
+    layer = ssm.get("layer", "W8A8QMamba")
+    if isinstance(layer, str) and layer not in _QUAMBA_MIXERS:  # quamba_mixer_seq.py:82-85
+        raise ModelDirError(f"{path}: ssm_cfg.layer {layer!r} is not supported; supported: {SUPPORTED}; {SUPPORTED2}")
+    return open_quamba(path)
 
 
 def _ok(value, kind) -> bool:
