@@ -29,6 +29,7 @@ __all__ = ["Models", "open_models", "check_pair", "checkpoint_calibration", "nee
 
 PAIR_MIN_FRACTION = 0.99
 _DIMS = ("d_model", "d_inner", "d_state", "d_conv", "dt_rank", "n_layer")
+_DIMS2 = ("ngroups", "headdim", "nheads", "chunk_size")  # Mamba-2 (a Quamba2 checkpoint)
 
 
 @dataclass
@@ -95,7 +96,7 @@ def open_models(model: Path, mamba_model_path: Path | None) -> Models:
     float_ckpt = open_checkpoint(_float_dir(Path(mamba_model_path), Path(model).name)) if mamba_model_path else None
     if float_ckpt is not None:
         fd, qd = asdict(float_ckpt.dims), asdict(q.dims)
-        diff = [f"{k} {fd[k]} vs {qd[k]}" for k in _DIMS if fd[k] != qd[k]]
+        diff = [f"{k} {fd.get(k)} vs {qd.get(k)}" for k in _DIMS + _DIMS2 if (k in fd or k in qd) and fd.get(k) != qd.get(k)]
         if float_ckpt.dims.vocab_size > q.dims.vocab_size:
             diff.append(f"vocab {float_ckpt.dims.vocab_size} vs {q.dims.vocab_size}")
         if diff:
