@@ -2,53 +2,12 @@
 (enyac-group/Quamba c474646 quamba/marlin_utils.py, written out below from the source, not through the harness)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from harness.emulation.ops.int4 import Int4Weight
 from harness.emulation.ops.marlin import unpack_marlin, unpack_marlin_qqq, unpack_marlin_qqq_ref, unpack_marlin_ref
-
-
-def _quamba_perm(w4a16: bool) -> torch.Tensor:
-    # get_w4a16_weight_perms (:371-391) / get_w4a8_weight_perm(4, "per-group") (:75-105)
-    perm_list = []
-    for i in range(32):
-        perm1 = []
-        col = i // 4
-        for block in [0, 1]:
-            rows = [2 * (i % 4), 2 * (i % 4) + 1, 2 * (i % 4 + 4), 2 * (i % 4 + 4) + 1] if w4a16 else \
-                [4 * (i % 4), 4 * (i % 4) + 1, 4 * (i % 4) + 2, 4 * (i % 4) + 3]
-            for row in rows:
-                perm1.append(16 * row + col + 8 * block)
-        for j in range(4):
-            perm_list.extend([p + 256 * j for p in perm1])
-    perm = np.array(perm_list)
-    interleave = np.array([0, 2, 4, 6, 1, 3, 5, 7])
-    return torch.from_numpy(perm.reshape((-1, len(interleave)))[:, interleave].ravel())
-
-
-def _quamba_pack(q_w: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    # permute_weights (:33-45) then the packing loop (:57-68, :291-298)
-    size_k, size_n = q_w.shape
-    q_w = q_w.reshape((size_k // 16, 16, size_n // 16, 16)).permute((0, 2, 1, 3)).reshape((size_k // 16, size_n * 16))
-    q_w = q_w.reshape((-1, perm.numel()))[:, perm].reshape(q_w.shape)
-    q_w = q_w.numpy().astype(np.uint32)
-    q_packed = np.zeros((q_w.shape[0], q_w.shape[1] // 8), dtype=np.uint32)
-    for i in range(8):
-        q_packed |= q_w[:, i::8] << 4 * i
-    return torch.from_numpy(q_packed.astype(np.int32))
-
-
-def _scale_perms():
-    # get_scale_perms (:109-117)
-    scale_perm = []
-    for i in range(8):
-        scale_perm.extend([i + 8 * j for j in range(8)])
-    scale_perm_single = []
-    for i in range(4):
-        scale_perm_single.extend([2 * i + j for j in [0, 1, 8, 9, 16, 17, 24, 25]])
-    return scale_perm, scale_perm_single
+from marlin_fixture import quamba_pack as _quamba_pack, quamba_perm as _quamba_perm, scale_perms as _scale_perms
 
 
 def _codes(k: int, n: int, out: int, seed: int) -> torch.Tensor:

@@ -24,8 +24,8 @@ from .quamba import F, T0, T11, pad16
 from .quamba_checks import _INT, _NUM, _field, _layer_kind, _show
 from ..spec import Mamba2Dims
 
-__all__ = ["SUPPORTED2", "NONE", "N_HEAD_GROUPS", "N_DIM_GROUPS", "q2_unsupported", "q2_config_dims", "q2_layer_spec",
-           "positive_tensors", "check_q2_values"]
+__all__ = ["SUPPORTED2", "NONE", "N_HEAD_GROUPS", "N_DIM_GROUPS", "q2_unsupported", "q2_config_dims", "q2_sizes", "q2_layer_spec",
+           "check_q2_grouped", "bad_scale", "check_q2_values"]
 
 SUPPORTED2 = ("Quamba2 W8A8 Mamba-2 checkpoints: ssm_cfg.layer W8A8QMamba2, norm_cfg.norm QRMSNorm, "
               "embedding_cfg.layer Embedding or W8O16Embedding, lm_head_cfg.layer Linear or W8A8B16O16Linear, "
@@ -69,6 +69,11 @@ def q2_config_dims(path: Path | None, cfg: dict) -> tuple[Mamba2Dims, dict]:
         raise q2_unsupported(path, f"embedding_cfg.layer {kinds['embedding']!r}")
     if kinds["lm_head"] not in ("Linear", "W8A8B16O16Linear"):
         raise q2_unsupported(path, f"lm_head_cfg.layer {kinds['lm_head']!r}")
+    return q2_sizes(path, cfg, ssm), kinds
+
+
+def q2_sizes(path: Path | None, cfg: dict, ssm: dict) -> Mamba2Dims:
+    """The Mamba-2 sizes of a Quamba2 config.json (any recipe), every field checked by type and range."""
     for name in ("d_model", "n_layer", "vocab_size"):
         _field(path, cfg, name, _INT)
     for name in ("d_state", "d_conv", "headdim", "ngroups", "chunk_size"):
@@ -88,7 +93,7 @@ def q2_config_dims(path: Path | None, cfg: dict) -> tuple[Mamba2Dims, dict]:
         raise ModelDirError(f"{path}/config.json: W8A8QMamba2 splits each SSD group's heads into {N_HEAD_GROUPS} "
                             f"head groups and each head into {N_DIM_GROUPS} dim groups; nheads / ngroups = "
                             f"{dims.nheads // dims.ngroups} and headdim = {dims.headdim} must be at least 4")
-    return dims, kinds
+    return dims
 
 
 def q2_layer_spec(d: Mamba2Dims, i: int, conv_bias: bool = True) -> dict:
@@ -121,15 +126,11 @@ def q2_layer_spec(d: Mamba2Dims, i: int, conv_bias: bool = True) -> dict:
     return spec
 
 
-def positive_tensors(i: int) -> tuple[str, ...]:
-    """Block i's fp32 tensors that hold scales (every element finite and > 0)."""
-    m = f"backbone.layers.{i}.mixer."
-    return tuple(m + k for k in ("conv1d.x_out_scales", "conv1d.B_out_scales", "conv1d.C_out_scales",
-                                 "qchunk_scan.ssm_state_scale", "qchunk_scan.x_scales", "qchunk_scan.B_scale",
-                                 "qchunk_scan.C_scale"))
+_SCALE_TABLES = ("conv1d.x_out_scales", "conv1d.B_out_scales", "conv1d.C_out_scales", "qchunk_scan.ssm_state_scale",
+                 "qchunk_scan.x_scales", "qchunk_scan.B_scale", "qchunk_scan.C_scale")
 
 
-def _bad_scale(f: Path, key: str, t: torch.Tensor) -> ModelDirError:
+def bad_scale(f: Path, key: str, t: torch.Tensor) -> ModelDirError:
     bad = ~(torch.isfinite(t) & (t > 0)).reshape(-1)
     first = int(torch.argmax(bad.to(torch.uint8)))
     return ModelDirError(f"{f}: {key!r} holds {int(bad.sum())} scales that are not finite and > 0 (the first, "
@@ -159,24 +160,31 @@ def _check_same(f: Path, sd: dict, a: str, b: str) -> None:
                             f"qMamba2.py:1212-1240), they differ")
 
 
-def check_q2_values(f: Path, sd: dict, d: Mamba2Dims, i: int) -> None:
-    """Block i beyond the standard scalar and float checks: the scale tensors, in_proj's per-column factors,
-    the group ranges, and the scales stored twice (conv1d's and qchunk_scan's; norm's and in_proj's input)."""
-    m = f"backbone.layers.{i}.mixer."
-    for key in positive_tensors(i):
+def check_q2_grouped(f: Path, sd: dict, d: Mamba2Dims, m: str) -> None:
+    """The W8A8/W4A8 activation path of the mixer under prefix m: its scale tables, group ranges, and the
+    tensors conv1d and qchunk_scan both store (qMamba2.py:1212-1240)."""
+    for key in (m + k for k in _SCALE_TABLES):
         t = sd[key]
         if not bool((torch.isfinite(t) & (t > 0)).all()):
-            raise _bad_scale(f, key, t)
-    n_in = 2 * d.d_inner + 2 * d.ngroups * d.d_state + d.nheads
-    b = sd[m + "in_proj.b"][0]
-    if not bool((torch.isfinite(b[:n_in]) & (b[:n_in] > 0)).all()):
-        raise _bad_scale(f, m + "in_proj.b", b[:n_in])
+            raise bad_scale(f, key, t)
     for part in ("conv1d", "qchunk_scan"):
         for key in ("x_head_group_range", "x_dim_group_range"):
             _check_ranges(f, sd, f"{m}{part}.{key}", d)
     for a, b_ in (("conv1d.x_head_group_range", "qchunk_scan.x_head_group_range"),
                   ("conv1d.x_dim_group_range", "qchunk_scan.x_dim_group_range"),
                   ("conv1d.x_out_scales", "qchunk_scan.x_scales"), ("conv1d.B_out_scales", "qchunk_scan.B_scale"),
-                  ("conv1d.C_out_scales", "qchunk_scan.C_scale"), ("out_proj.a", "had.x_H_scale")):
+                  ("conv1d.C_out_scales", "qchunk_scan.C_scale")):
         _check_same(f, sd, m + a, m + b_)
+
+
+def check_q2_values(f: Path, sd: dict, d: Mamba2Dims, i: int) -> None:
+    """Block i beyond the standard scalar and float checks: the scale tensors, in_proj's per-column factors,
+    the group ranges, and the scales stored twice (conv1d's and qchunk_scan's; norm's and in_proj's input)."""
+    m = f"backbone.layers.{i}.mixer."
+    check_q2_grouped(f, sd, d, m)
+    n_in = 2 * d.d_inner + 2 * d.ngroups * d.d_state + d.nheads
+    b = sd[m + "in_proj.b"][0]
+    if not bool((torch.isfinite(b[:n_in]) & (b[:n_in] > 0)).all()):
+        raise bad_scale(f, m + "in_proj.b", b[:n_in])
+    _check_same(f, sd, m + "out_proj.a", m + "had.x_H_scale")
     _check_same(f, sd, m + "in_proj.a", f"backbone.layers.{i}.norm.output_scale")
