@@ -67,6 +67,15 @@ def test_q2_w8a8_runs_from_the_checkpoint_without_calibration(handmade, tmp_path
     assert stats["modes"]["q2-w8a8"]["status"] == "ok"
 
 
+def test_pretrained_dir_and_model_name_as_for_quamba1(handmade, tmp_path):
+    out = tmp_path / "p.npz"
+    rc = run_cli(capture_main, ["--pretrained_dir", handmade.parent, "--model", handmade.name, "--modes", "q2-w8a8",
+                                "--output_file", out, "--seq_len", 8, "--quiet"])
+    assert rc == 0
+    stats = json.loads(out.with_name("p_stats.json").read_text())
+    assert stats["provenance"]["model"]["quamba"]["ssm_layer"] == "W8A8QMamba2"
+
+
 def test_fp32_needs_the_float_model(handmade, tmp_path, capsys):
     rc = run_cli(capture_main, ["--model", handmade, "--modes", "fp32", "--output_file", tmp_path / "f.npz", "--quiet"])
     assert rc == 2
