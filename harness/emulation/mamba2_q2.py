@@ -13,7 +13,7 @@ The block runs on the reordered channels and heads (emulation.q2_params). Its ta
 float modes position by position; ``had.out`` cannot be put back (a Hadamard of reordered channels is not a
 reordering of the Hadamard), it stays in the reordered basis (docs/modes.md).
 
-Diagnostics (docs/quamba2.md "x group diagnostics"): ``x_probe``, when a caller sets it, is called after the
+Diagnostics (docs/analysis.md "Quamba2 x groups"): ``x_probe``, when a caller sets it, is called after the
 conv with the fp32 values of x that the grouped quantizer saw and their int8 codes, both in the reordered
 channel order; ``x_groups()`` describes the groups. Unset (the default), the forward does nothing more.
 """

@@ -70,8 +70,8 @@ class XGroupSums:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def stats(self) -> dict:
-        """The stats entry ``q2_groups`` (docs/quamba2.md): sqnr_db and saturation per cell and marginal, the
-        value counts per cell and the scale table."""
+        """The stats entry ``q2_groups`` (docs/analysis.md "Quamba2 x groups"): sqnr_db and saturation per cell
+        and marginal, the value counts per cell and the scale table."""
         sums = [a.reshape(self.shape) for a in (self.signal, self.noise, self.count, self.saturated)]
         views = {"cells": lambda a: a, "head_groups": lambda a: a.sum(axis=2), "dim_groups": lambda a: a.sum(axis=1),
                  "all": lambda a: a.sum()}

@@ -1,6 +1,6 @@
 """The report's "Quamba2 x groups" section: per q2 mode and layer (stats ``modes.M.layers.Li.q2_groups``,
 metrics.q2groups) a heat map of the int8 x's SQNR per head group x dim group beside the scale table, one pair per
-SSD group, and the numbers as tables (docs/quamba2.md "x group diagnostics"). Only a run with a q2 mode has it."""
+SSD group, and the numbers as tables (docs/analysis.md "Quamba2 x groups"). Only a run with a q2 mode has it."""
 from __future__ import annotations
 
 import math
@@ -89,7 +89,8 @@ def _tables(layer: str, q: dict) -> str:
     pick = lambda table_, *i: _at(table_, i)  # noqa: E731
     rows = [[f"g{g} hg{h} dg{d}", v, 100 * (q["saturation"]["cells"][g][h][d] or 0.0), pick(s.get("x_table"), g, h, d),
              pick(count, g, h, d)]
-            for g, per_g in enumerate(q["sqnr_db"]["cells"]) for h, per_h in enumerate(per_g) for d, v in enumerate(per_h)]
+            for g, per_g in enumerate(q["sqnr_db"]["cells"]) for h, per_h in enumerate(per_g)
+            for d, v in enumerate(per_h)]
     scale_rows = [[f"g{g}", str(pick(s.get("x_head_group_range"), g)), str(pick(s.get("x_dim_group_range"), g)),
                    pick(s.get("B_scales"), g), pick(s.get("C_scales"), g)] for g in range(len(q["sqnr_db"]["cells"]))]
     return (f"<details><summary>{layer}: SQNR {_overall(q):.2f} dB, saturated "
@@ -116,4 +117,5 @@ def q2_section(d: ReportData, figs: Figures) -> str:
     return section("Quamba2 x groups", "".join(parts), "q2-groups",
                    "Quamba2 quantizes x (the conv output) with one scale per SSD group &times; head group &times; dim "
                    "group. Per cell: the SQNR of the int8 x against the float x its quantizer saw (the same mode's), "
-                   "the fraction of codes at &minus;128 or 127, and the cell's scale (docs/quamba2.md).")
+                   "the fraction of codes at &minus;128 or 127, and the cell's scale "
+                   "(docs/analysis.md, Quamba2 x groups).")

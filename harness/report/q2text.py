@@ -44,6 +44,10 @@ def _worst_cell(sqnr: list, sat: list) -> tuple[tuple[int, int, int], float, flo
     return min(cells, key=lambda c: c[1]) if cells else None
 
 
+def _by_group(rows: list, fmt) -> str:
+    return "  ".join(f"g{g} [{' '.join(fmt(v) for v in row)}]" for g, row in enumerate(rows))
+
+
 def _layer_lines(mode: str, layer: str, q: dict) -> list[str]:
     sqnr, sat, table = q["sqnr_db"], q["saturation"], q.get("scales", {})
     line = f"{mode}  {layer}: x {_db(sqnr['all'])} dB, saturated {_pct(sat['all'])}"
@@ -54,10 +58,9 @@ def _layer_lines(mode: str, layer: str, q: dict) -> list[str]:
         s = scale[g][h][d] if g < len(scale) and h < len(scale[g]) and d < len(scale[g][h]) else None
         line += f"; worst cell g{g}/hg{h}/dg{d} {_db(value)} dB" + (f" at scale {s:.4g}" if s is not None else "") \
             + f", saturated {_pct(frac)}"
-    by = lambda rows, fmt: "  ".join(f"g{g} [{' '.join(fmt(v) for v in row)}]" for g, row in enumerate(rows))  # noqa: E731
-    return [line, f"  dB by head group: {by(sqnr['head_groups'], _db)}",
-            f"  dB by dim group:  {by(sqnr['dim_groups'], _db)}",
-            f"  saturated by head group: {by(sat['head_groups'], _pct)}"]
+    return [line, f"  dB by head group: {_by_group(sqnr['head_groups'], _db)}",
+            f"  dB by dim group:  {_by_group(sqnr['dim_groups'], _db)}",
+            f"  saturated by head group: {_by_group(sat['head_groups'], _pct)}"]
 
 
 def q2_group_text(groups: dict) -> str:
@@ -65,7 +68,7 @@ def q2_group_text(groups: dict) -> str:
     if not groups:
         return ""
     lines = ["", "Quamba2 x groups: SQNR of the int8 x against the float x its quantizer saw, "
-             "saturated = codes at -128 or 127 (docs/quamba2.md)"]
+             "saturated = codes at -128 or 127 (docs/analysis.md, Quamba2 x groups)"]
     for mode, layers in groups.items():
         for layer, q in layers.items():
             lines.extend(_layer_lines(mode, layer, q))
