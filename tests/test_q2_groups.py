@@ -191,3 +191,21 @@ def test_a_mamba1_run_has_no_q2_groups(tmp_path, capsys):
     assert "q2_groups" not in json.loads((tmp_path / "c.json").read_text())
     html, names = build_report(out)
     assert 'id="q2-groups"' not in html and not any(n.startswith("q2_groups") for n in names)
+
+
+def test_workers_give_the_serial_q2_groups(tmp_path):
+    """--workers 2 (one unit per sample, merged in sample order): the same q2_groups as the serial run, bit for bit
+    (both with one torch thread, as tests/test_workers.py explains)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        stats = []
+        for extra in ([], ["--workers", "2"]):
+            out = tmp_path / f"w{len(extra)}" / "c.npz"
+            out.parent.mkdir()
+            assert run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "q2-w8a8", "--samples", "2", *FAST_CLI,
+                                          "--no_cache", "--output_file", out, *extra]) == 0
+            stats.append(load_capture(out).manifest["modes"]["q2-w8a8"]["layers"])
+    finally:
+        torch.set_num_threads(before)
+    assert stats[0] == stats[1] and sum(np.ravel(stats[0]["L0"]["q2_groups"]["count"])) == 2 * 16 * 384
