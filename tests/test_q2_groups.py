@@ -209,3 +209,18 @@ def test_workers_give_the_serial_q2_groups(tmp_path):
     finally:
         torch.set_num_threads(before)
     assert stats[0] == stats[1] and sum(np.ravel(stats[0]["L0"]["q2_groups"]["count"])) == 2 * 16 * 384
+
+
+def test_a_malformed_q2_groups_entry_is_named():
+    from harness.store.files import StorageError
+    from harness.store.schema import check_stats
+
+    good = {"sqnr_db": {"cells": [[[1.0]]], "all": 1.0}, "saturation": {"cells": [[[0.0]]], "all": 0.0},
+            "scales": {"x_table": [[[0.1]]], "s_x": 0.2}}
+    check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": good}}}}}, "s.json")
+    bad = {**good, "sqnr_db": {"cells": [[["high"]]], "all": 1.0}}
+    with pytest.raises(StorageError, match=r"field modes\.q2-w8a8\.layers\.L0\.q2_groups\.sqnr_db\.cells"):
+        check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": bad}}}}}, "s.json")
+    with pytest.raises(StorageError, match=r"q2_groups: expected the field 'scales'"):
+        check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": {k: good[k] for k in
+                                                                          ("sqnr_db", "saturation")}}}}}}, "s.json")
