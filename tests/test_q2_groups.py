@@ -215,12 +215,16 @@ def test_a_malformed_q2_groups_entry_is_named():
     from harness.store.files import StorageError
     from harness.store.schema import check_stats
 
-    good = {"sqnr_db": {"cells": [[[1.0]]], "all": 1.0}, "saturation": {"cells": [[[0.0]]], "all": 0.0},
-            "scales": {"x_table": [[[0.1]]], "s_x": 0.2}}
+    by = {"head_groups": [[1.0]], "dim_groups": [[None]]}
+    good = {"sqnr_db": {"cells": [[[1.0]]], "all": 1e999, **by}, "saturation": {"cells": [[[0.0]]], "all": 0.0, **by},
+            "scales": {"x_table": [[[0.1]]], "s_x": 0.2, "B_scales": [0.1]}}
     check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": good}}}}}, "s.json")
-    bad = {**good, "sqnr_db": {"cells": [[["high"]]], "all": 1.0}}
+    bad = {**good, "sqnr_db": {**good["sqnr_db"], "cells": [[["high"]]]}}
     with pytest.raises(StorageError, match=r"field modes\.q2-w8a8\.layers\.L0\.q2_groups\.sqnr_db\.cells"):
         check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": bad}}}}}, "s.json")
+    flat = {**good, "saturation": {**good["saturation"], "cells": 0.5}}
+    with pytest.raises(StorageError, match=r"q2_groups\.saturation\.cells: expected a list"):
+        check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": flat}}}}}, "s.json")
     with pytest.raises(StorageError, match=r"q2_groups: expected the field 'scales'"):
         check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": {k: good[k] for k in
                                                                           ("sqnr_db", "saturation")}}}}}}, "s.json")

@@ -178,9 +178,11 @@ _TENSOR = obj({
     "nan_count": num(integer=True), "inf_count": num(integer=True), "quantized": boolean, "capture_dtype": string(),
     "overflow_upper": _STAT, "overflow_lower": _STAT, "scale": num(positive=True),
     "saturated_fraction": _STAT, "clipped_fraction": _STAT})
-_GRID = one_of(num(), list_of(num()), list_of(list_of(num())), list_of(list_of(list_of(num()))))
-_BY_GROUP = obj({"cells": _GRID, "head_groups": _GRID, "dim_groups": _GRID, "all": num()})
-_Q2_GROUPS = obj({"sqnr_db": _BY_GROUP, "saturation": _BY_GROUP, "count": _GRID, "scales": map_of(_GRID)},
+_CELLS, _PER_GROUP = list_of(list_of(list_of(num()))), list_of(list_of(num()))  # [g][hg][dg], [g][k]
+_BY_GROUP = obj({"cells": _CELLS, "head_groups": _PER_GROUP, "dim_groups": _PER_GROUP, "all": num()},
+                required=("cells", "head_groups", "dim_groups", "all"))
+_Q2_GROUPS = obj({"sqnr_db": _BY_GROUP, "saturation": _BY_GROUP, "count": _CELLS,
+                  "scales": map_of(one_of(num(), list_of(num()), _PER_GROUP, _CELLS))},
                  required=("sqnr_db", "saturation", "scales"))  # metrics.q2groups
 _MODE = obj({"status": string(), "title": string(), "error": string(), "traceback": string(),
              "recipe": map_of(one_of(string(), num(), boolean, map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
