@@ -15,14 +15,14 @@ from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main, compare_main
 from harness.emulation.build import build_backbone
-from harness.emulation.capture import MAMBA2_POINTS, select_points
+from harness.emulation.capture import MAMBA2_POINTS, capture, select_points
 from harness.metrics.q2groups import XGroupSums
 from harness.modes import get_mode
 from harness.report.build import build_report
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.forwards import Forward, RefInputs, run_mode
 from harness.runner.weightbank import WeightBank
-from harness.store.format import load_capture
+from harness.store.format import load_capture, tensor_name
 from helpers import FAST_CLI, run_cli
 
 from mamba2_fixtures import make_mamba2
@@ -228,3 +228,17 @@ def test_a_malformed_q2_groups_entry_is_named():
     with pytest.raises(StorageError, match=r"q2_groups: expected the field 'scales'"):
         check_stats({"modes": {"q2-w8a8": {"layers": {"L0": {"q2_groups": {k: good[k] for k in
                                                                           ("sqnr_db", "saturation")}}}}}}, "s.json")
+
+
+def test_the_diagnostics_move_no_number(model):
+    """Every tap of a q2 run with the probe on equals the plain forward's bit for bit (the probe only reads)."""
+    bank, scales, samples = model
+    points = select_points([0, 1], ["all"], MAMBA2_POINTS)
+    run = run_mode(Forward(get_mode("q2-w8a8"), scales, samples[:1], points, 1, basis="rotated"), bank)
+    assert sorted(run.x_groups) == [0, 1]
+    bb = build_backbone(get_mode("q2-w8a8"), bank, scales, 1)
+    with capture(bb, points) as cap:
+        bb(samples[0])
+    assert bb.blocks[0].x_probe is None and len(cap) == len(run.arrays) > 20
+    for point, c in cap.items():
+        assert np.array_equal(run.arrays[tensor_name(point)], c.values.numpy()), point
