@@ -58,7 +58,7 @@ from .weights import LayerParams
 from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD
 from .weights_mamba2 import Mamba2Params
 from .mamba2_q2 import build_q2_block
-from .q2_params import Q2Scales, q2_params
+from .q2_params import Q2Params, Q2Scales, q2_params
 
 assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
 
@@ -206,19 +206,22 @@ def build_mamba2_block(recipe: ModeRecipe, p: Mamba2Params, dims: Mamba2Dims, la
     )
 
 
-def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict, scales: Q2Scales, dims: Mamba2Dims, layer: int):
+def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict | None, scales: Q2Scales, dims: Mamba2Dims, layer: int,
+                          params: Q2Params | None = None):
     """One Quamba2 W8A8 block (prep=quamba2): the checkpoint's tensors reordered by the calibrated head/dim
-    groups, folded and rotated in fp16, quantized (q2_params); ssm_impl=kernel the chunked SSD, reference the
-    token-by-token recurrence, on the same dequantized inputs; x_groups=tensor: every entry of the x scale table
-    is the per-tensor s_x_tensor (the grouped conv and SSD then quantize x at one scale); state_dtype: the block's
-    decode state (EmuQ2Mamba2Block.state_dtype)."""
+    groups, folded and rotated in fp16, quantized (q2_params), or `params` as a Quamba2 checkpoint stores them;
+    ssm_impl=kernel the chunked SSD, reference the token-by-token recurrence, on the same dequantized inputs;
+    x_groups=tensor: every entry of the x scale table is the per-tensor s_x_tensor (the grouped conv and SSD then
+    quantize x at one scale; a calibration from the float model only); state_dtype: the block's decode state
+    (EmuQ2Mamba2Block.state_dtype)."""
     if recipe.x_groups == XGroups.TENSOR:
-        if scales.s_x_tensor is None:
+        if scales.s_x_tensor is None or params is not None:
             raise ValueError(f"mode {recipe.name!r} (x_groups=tensor) needs the per-tensor x scale s_x_tensor, "
-                             f"which these scales of layer {layer} do not hold (a Quamba2 checkpoint stores the "
-                             f"grouped table only): calibrate from the float model")
+                             f"which layer {layer} does not have (a Quamba2 checkpoint stores the grouped table "
+                             f"only): calibrate from the float model")
         scales = replace(scales, x_table=torch.full_like(scales.x_table, scales.s_x_tensor))
-    return build_q2_block(layer, dims, q2_params(raw, scales, dims), scales, recipe.ssm_impl == SsmImpl.KERNEL,
+    params = q2_params(raw, scales, dims) if params is None else params
+    return build_q2_block(layer, dims, params, scales, recipe.ssm_impl == SsmImpl.KERNEL,
                           state_dtype=str(recipe.state_dtype))
 
 
@@ -242,7 +245,9 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
     rotate = recipe.rotate == Rotate.YES
     dims = bank.dims
     if dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2:
-        blocks = [build_q2_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
+        given = getattr(bank, "q2_given", lambda _i: None)  # a Quamba2 checkpoint's own codes (WeightBank.q2_given)
+        blocks = [build_q2_mamba2_block(recipe, None, scales[i], dims, i, params=p) if (p := given(i)) is not None
+                  else build_q2_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
     elif dims.architecture == "mamba2":
         blocks = [build_mamba2_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), dims, i)
                   for i in range(depth + 1)]

@@ -48,7 +48,8 @@ from . import portable
 from .portable import exp as portable_exp
 from .quant import fma_f32, round_half_away, round_half_even
 
-__all__ = ["q2_in_proj", "q2_in_proj_ref", "x_channel_scales", "x_channel_scales_ref", "conv_out_scales", "q2_conv1d", "q2_conv1d_ref",
+__all__ = ["q2_in_proj", "q2_in_proj_ref", "x_channel_scales", "x_channel_scales_ref", "conv_out_scales", "q2_conv1d",
+           "q2_conv1d_ref", "q2_conv1d_values", "q2_conv1d_quantize",
            "q2_gated_norm", "q2_gated_norm_ref"]
 
 
@@ -148,6 +149,19 @@ def q2_conv1d(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: 
     w_scales; bias: (conv_dim,) int8 at b_scales or None; out_scales: (conv_dim,) fp32 (conv_out_scales).
     Returns (batch, seqlen, conv_dim) int8 codes.
     """
+    return q2_conv1d_quantize(q2_conv1d_values(xBC, in_scales, weight, w_scales, bias, b_scales, x_dim=x_dim),
+                              out_scales)
+
+
+def q2_conv1d_quantize(v: torch.Tensor, out_scales: torch.Tensor) -> torch.Tensor:
+    """The kernel's output quantizer: sat8(roundf(v / s_out[c])) (quamba2_conv1d_fwd_kernel.cuh:254-270)."""
+    return round_half_away(v / out_scales.to(torch.float32)).clamp(-128, 127).to(torch.int8)
+
+
+def q2_conv1d_values(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,
+                     w_scales: tuple[float, float, float], bias: torch.Tensor | None,
+                     b_scales: tuple[float, float, float], *, x_dim: int) -> torch.Tensor:
+    """The fp32 conv + SiLU values that q2_conv1d's quantizer sees (arguments as q2_conv1d's)."""
     conv_dim, K = weight.shape
     bc = (conv_dim - x_dim) // 2
     xq, wq = xBC.to(torch.float32), weight.to(torch.float32)
@@ -160,8 +174,7 @@ def q2_conv1d(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: 
     scale_in = _per_channel(tuple(s_in.tolist()), x_dim, bc)
     bias_term = torch.zeros(conv_dim, dtype=torch.float32) if bias is None else \
         _per_channel(b_scales, x_dim, bc) * bias.to(torch.float32)
-    v = silu_kernel(fma_f32(scale_in, acc, bias_term))
-    return round_half_away(v / out_scales.to(torch.float32)).clamp(-128, 127).to(torch.int8)
+    return silu_kernel(fma_f32(scale_in, acc, bias_term))
 
 
 def q2_conv1d_ref(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,
