@@ -215,3 +215,24 @@ def test_x_groups_tensor_end_to_end_on_the_shipped_mamba2(tmp_path, capsys):
     layer = cap.manifest["provenance"]["calibration_by_prep"]["quamba2"]["layers"][0]
     assert on_grid(cap.array("q2-tensor", "L0.conv1d.x"), layer["s_x_tensor"])
     assert np.array_equal(cap.array("q2-tensor", "L0.conv1d.B"), cap.array("q2-w8a8", "L0.conv1d.B"))
+
+
+def test_x_groups_tensor_on_a_quamba2_checkpoint_is_exit_2(tmp_path, capsys):
+    """A Quamba2 checkpoint stores the grouped x table only: x_groups=tensor is refused before any work; the
+    other knobs run from its codes."""
+    from quamba2_fixture import write_handmade_q2
+
+    ckpt = write_handmade_q2(tmp_path / "quamba2-tiny-w8a8")
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"modes": {"q2-xt": {"base": "q2-w8a8", "x_groups": "tensor"},
+                                       "q2-seq": {"base": "q2-w8a8", "ssm_impl": "reference", "state_dtype": "fp32"}}}))
+    out = tmp_path / "o.npz"
+    code = run_cli(capture_main, ["--model", ckpt, "--modes", "q2-w8a8", "q2-xt", "--modes_file", f, "--seq_len", 12,
+                                  "--output_file", out, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "q2-xt (x_groups=tensor) need the per-tensor x scale" in err and "Traceback" not in err
+    assert not out.exists() and not out.with_name("o_stats.json").exists()
+    code = run_cli(capture_main, ["--model", ckpt, "--modes", "q2-w8a8", "q2-seq", "--modes_file", f, "--seq_len", 12,
+                                  "--layers", "0", "--output_file", out, "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    assert load_capture(out).manifest["modes"]["q2-seq"]["recipe"]["ssm_impl"] == "reference"

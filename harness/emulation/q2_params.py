@@ -75,7 +75,8 @@ class Q2Scales:
                 "s_dt": self.s_dt, "s_H": self.s_H, "x_table": self.x_table.tolist(),
                 "B_scales": self.B_scales.tolist(), "C_scales": self.C_scales.tolist(),
                 "x_head_group_range": head_range.tolist(), "x_dim_group_range": dim_range.tolist(),
-                "head_index": self.reorder.head_index.tolist(), "s_x_tensor": self.s_x_tensor}
+                "head_index": self.reorder.head_index.tolist(),
+                **({} if self.s_x_tensor is None else {"s_x_tensor": self.s_x_tensor})}
 
 
 @dataclass(frozen=True)
