@@ -158,7 +158,8 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
     if r.prep == Prep.QUAMBA2 and any(str(getattr(r, k)) != v for k, v in _Q2_W8A8.items()):
         out.append("prep=quamba2 is Quamba2's W8A8 recipe: it needs " + " ".join(f"{k}={v}" for k, v in _Q2_W8A8.items())
                    + " (ssm_impl kernel or reference)")
-    if r.prep != Prep.QUAMBA2 and (changed := [f"{k}={getattr(r, k)}" for k, v in Q2_KNOBS.items() if getattr(r, k) != v[0]]):
+    changed = [f"{k}={getattr(r, k)}" for k, v in Q2_KNOBS.items() if getattr(r, k) != v[0]]
+    if r.prep != Prep.QUAMBA2 and changed:
         out.append(f"{' and '.join(changed)} apply to Quamba2's W8A8 only (prep=quamba2, base q2-w8a8, Mamba-2): "
                    f"this recipe (prep={r.prep}) has no grouped x scales or Quamba2 state to change; "
                    f"use {' '.join(f'{k}={v[0]}' for k, v in Q2_KNOBS.items())}")

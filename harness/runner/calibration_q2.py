@@ -28,7 +28,7 @@ from .weightbank import WeightBank
 
 __all__ = ["calibrate_quamba2", "Q2_CALIB_VERSION"]
 
-Q2_CALIB_VERSION = 2  # 2: s_x_tensor (x_groups=tensor) is observed too; bump when anything that changes the computed scales or groups changes
+Q2_CALIB_VERSION = 2  # bump when anything that changes the computed scales or groups changes (2: s_x_tensor)
 _FORMAT = "quamba-harness-calibration-q2"
 _FLOATS = ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H", "s_x_tensor")
 _TABLES = ("x_table", "B_scales", "C_scales")

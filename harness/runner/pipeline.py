@@ -158,7 +158,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     if (cfg.decode or cfg.generate) and (q2 := [r.name for r in recipes if r.prep == "quamba2"]):
         raise RunError(f"--decode and --generate do not run {', '.join(q2)} yet (Quamba2's int8 decode step is "
                        f"not emulated); run them with the float modes (fp32, 1)")
-    if getattr(models.quamba, "prep", None) == "quamba2" and (xt := [r.name for r in recipes if r.x_groups == "tensor"]):
+    xt = [r.name for r in recipes if r.x_groups == "tensor"]
+    if xt and getattr(models.quamba, "prep", None) == "quamba2":
         raise RunError(f"mode(s) {', '.join(xt)} (x_groups=tensor) need the per-tensor x scale that only a calibration "
                        f"from the float model observes, but {cfg.model} is a Quamba2 checkpoint (its x scales are the "
                        f"grouped table): run them with the float model as --model")
