@@ -17,10 +17,11 @@ x_table    x_conv_out:input                CrossHeadMinmaxObserver, (ngroups, he
 B_scales   B_conv_out:input                PerSSDGroupObserver, (ngroups,)
 C_scales   C_conv_out:input                PerSSDGroupObserver, (ngroups,)
 s_H        out_proj:input                  per-tensor min-max (the online Hadamard's output)
+ssm_state  ssm_state_act:input             CachedStatesCrossHeadMinmaxObserver: (ngroups, head groups, dim groups,
+                                           d_state), the final prefill state; used only by the decode step
 =========  ==============================  =====================================================
 
-The ssm_state scale (``CachedStatesCrossHeadMinmaxObserver``) is used only by the decode step, which the
-harness does not run for Mamba-2; it is not observed. No percentile observer runs on this path: Quamba2's
+No percentile observer runs on this path: Quamba2's
 head-grouped calibration uses min-max observers only (modelutils_mamba.py:271-307; percentile is the
 non-grouped path, :160-167).
 
@@ -59,6 +60,7 @@ class Q2Scales:
     C_scales: torch.Tensor
     s_H: float
     reorder: GroupReorder
+    ssm_state_scale: torch.Tensor | None = None   # (ngroups, n_head_groups, n_dim_groups, d_state); decode only
 
     def info(self) -> dict:
         """Plain numbers for the provenance (the group tables and every scale)."""
@@ -67,7 +69,8 @@ class Q2Scales:
                 "s_dt": self.s_dt, "s_H": self.s_H, "x_table": self.x_table.tolist(),
                 "B_scales": self.B_scales.tolist(), "C_scales": self.C_scales.tolist(),
                 "x_head_group_range": head_range.tolist(), "x_dim_group_range": dim_range.tolist(),
-                "head_index": self.reorder.head_index.tolist()}
+                "head_index": self.reorder.head_index.tolist(),
+                "ssm_state_scale": None if self.ssm_state_scale is None else self.ssm_state_scale.tolist()}
 
 
 @dataclass(frozen=True)
