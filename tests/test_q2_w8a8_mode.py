@@ -303,13 +303,3 @@ def test_too_few_heads_per_ssd_group_is_a_clear_error(tmp_path):
     bank = WeightBank(open_checkpoint(tmp_path))
     with pytest.raises(ValueError, match="2 heads per SSD group and headdim 8"):
         calibrate(bank, torch.zeros(2, 8, dtype=torch.int64), SETTINGS, 0, [], None, "quamba2")
-
-
-def test_decode_with_q2_w8a8_is_exit_2(tmp_path, capsys):
-    """Quamba2's int8 decode step is not emulated: --decode / --generate with q2-w8a8 say so before any work."""
-    for flag in (["--decode", "2"], ["--generate", "2"]):
-        code = run_cli(capture_main, ["--model", TINY2, "--modes", "all", "--seq_len", "16", *flag,
-                                      "--output_file", tmp_path / "d.npz"])
-        err = capsys.readouterr().err
-        assert code == 2 and "do not run q2-w8a8 yet" in err, err
-    assert not list(tmp_path.iterdir())
