@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from harness.emulation.ops.q2_ssd import Q2SSDParams
-from harness.emulation.ops.q2_step import (dequantize_q2_state, handover_q2_state, q2_conv_update, q2_conv_update_ref,
+from harness.emulation.ops.q2_step import (dequantize_q2_state, q2_conv_pre_act, handover_q2_state, q2_conv_update, q2_conv_update_ref,
                                            q2_gemv, q2_gemv_ref, q2_state_scales, q2_state_update,
                                            q2_state_update_ref, requantize_q2_state)
 from harness.emulation.ops.q2_w8a8 import x_channel_scales
@@ -54,6 +54,30 @@ def test_conv_update_equals_its_loop():
         assert torch.equal(got, want) and torch.equal(win, want_win)
         assert torch.equal(win[..., :-1], window[..., 1:]) and torch.equal(win[..., -1], x_t)
         assert got.dtype == torch.int8 and len(set(got.flatten().tolist())) > 5
+
+
+def test_conv_update_chains_one_fma_per_tap_from_the_bias():
+    """The sum before SiLU: v = f32(s_b·b), then fma(f32(scale_in·w_k), x_k, v) for k = 0..3, one rounding each
+    (quamba2_conv1d_update_kernel.cuh:139-141); it differs in the last bit from rounding every product first."""
+    from harness.emulation.ops.step import fma_f32_exact
+    gen = torch.Generator().manual_seed(5)
+    conv, _, x_dim, conv_dim, K = _conv_case(gen, True)
+    win = _codes(gen, 3, conv_dim, K)
+    scales = (0.0517, 0.0413, 0.0311)
+    got = q2_conv_pre_act(win, scales, conv, x_dim=x_dim)
+    weight, w_scales, bias, b_scales = conv
+    f = np.float32
+    fused, unfused = torch.empty(3, conv_dim), torch.empty(3, conv_dim)
+    for n in range(3):
+        for c in range(conv_dim):
+            s = 0 if c < x_dim else (1 if c < x_dim + 4 else 2)
+            si = f(f(w_scales[s]) * f(scales[s]))
+            v = u = f(f(b_scales[s]) * f(int(bias[c])))
+            for k in range(K):
+                v = fma_f32_exact(f(si * f(int(weight[c, k]))), f(int(win[n, c, k])), v)
+                u = f(u + f(f(si * f(int(weight[c, k]))) * f(int(win[n, c, k]))))
+            fused[n, c], unfused[n, c] = float(v), float(u)
+    assert torch.equal(got, fused) and not torch.equal(got, unfused)
 
 
 def test_state_scale_lookup_agrees_with_the_conv_kernels_x_lookup():

@@ -67,7 +67,7 @@ from .quant import fma_f32, round_half_away, round_half_even, round_to_dtype
 from .state_update import triton_softplus
 from .step import fma_f32_exact, shift_window
 
-__all__ = ["q2_gemv", "q2_gemv_ref", "q2_conv_update", "q2_conv_update_ref", "q2_state_scales",
+__all__ = ["q2_gemv", "q2_gemv_ref", "q2_conv_update", "q2_conv_pre_act", "q2_conv_update_ref", "q2_state_scales",
            "dequantize_q2_state", "requantize_q2_state", "handover_q2_state", "q2_state_update",
            "q2_state_update_ref", "REQUANT_MUL"]
 
@@ -109,10 +109,19 @@ def q2_conv_update(window: torch.Tensor, x_t: torch.Tensor, in_scales: tuple[flo
     (conv_dim,) int8 or None, b_scales) as q2_params.Q2Params.conv; out_scales: (conv_dim,) fp32.
     Returns (output codes (batch, conv_dim) int8, the window ending with this token).
     """
+    win = shift_window(window, x_t)
+    v = q2_conv_pre_act(win, in_scales, conv, x_dim=x_dim)
+    q = round_half_away(silu_kernel(v) / out_scales.to(torch.float32)).clamp(-128, 127)
+    return q.to(torch.int8), win
+
+
+def q2_conv_pre_act(win: torch.Tensor, in_scales: tuple[float, float, float], conv: tuple, *,
+                    x_dim: int) -> torch.Tensor:
+    """The update kernel's sum before SiLU over a shifted window (batch, conv_dim, K) int8: the bias product,
+    then one FMA per tap (quamba2_conv1d_update_kernel.cuh:139-141). Returns (batch, conv_dim) fp32."""
     weight, w_scales, bias, b_scales = conv
     conv_dim, K = weight.shape
     bc = (conv_dim - x_dim) // 2
-    win = shift_window(window, x_t)
     scale_in = _section_scales(tuple(float(np.float32(np.float32(sw) * np.float32(sx)))
                                      for sw, sx in zip(w_scales, in_scales)), x_dim, bc)
     if bias is None:
@@ -122,8 +131,7 @@ def q2_conv_update(window: torch.Tensor, x_t: torch.Tensor, in_scales: tuple[flo
     wq, xq = weight.to(torch.float32), win.to(torch.float32)
     for k in range(K):
         v = fma_f32(scale_in * wq[:, k], xq[..., k], v)
-    q = round_half_away(silu_kernel(v) / out_scales.to(torch.float32)).clamp(-128, 127)
-    return q.to(torch.int8), win
+    return v
 
 
 def q2_conv_update_ref(window: torch.Tensor, x_t: torch.Tensor, in_scales: tuple[float, float, float],
