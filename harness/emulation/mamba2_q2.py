@@ -54,9 +54,8 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         self.ch_back = _inverse(scales.reorder.channel_index.to(torch.int64))  # reordered -> model order
         self.head_back = _inverse(scales.reorder.head_index.to(torch.int64))
         head_range, dim_range = group_ranges(scales.reorder)
-        table = scales.ssm_state_scale
-        # a calibration without the state observer (no decode) leaves no table: 1.0 everywhere, never stepped
-        self.state_scales = torch.ones(dims.nheads, dims.headdim, dims.d_state) if table is None else \
+        table = scales.ssm_state_scale   # None: scales without the state observer, which cannot decode
+        self.state_scales = None if table is None else \
             q2_state_scales(table, head_range, dim_range, dims.nheads, dims.headdim)
 
     def _ch(self, t: torch.Tensor) -> torch.Tensor:
@@ -138,6 +137,9 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
     def prefill(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Q2BlockState]:
         """``forward``, plus the state it hands to the first step (qMamba2.py:1305-1320): the last d_conv int8
         xBC codes (zeros in front when shorter) and the final state as int8 codes (ops.q2_step.handover_q2_state)."""
+        if self.state_scales is None:
+            raise ValueError("these q2-w8a8 scales have no ssm_state_scale: the decode step needs a calibration "
+                             "that observed the SSM state (harness.emulation.q2_calibration)")
         out, residual, (xBC, state) = self._forward(residual)
         window = conv_window(xBC, self.dims.d_conv)
         return out, residual, Q2BlockState(window, self._conv_in_scales(), handover_q2_state(state, self.state_scales),
