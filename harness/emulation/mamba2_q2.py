@@ -130,7 +130,9 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         q_x, q_B, q_C = self._tap_conv(conv)
         dt_val, y, state = self._ssd((q_x, dt, q_B, q_C))
         self._at("ssd.dt", dt_val[..., self.head_back])
-        self._at("ssd.state", state[:, self.head_back])
+        # back to the model's order: heads and the channels inside each head (channel_index reorders both)
+        b = state.shape[0]
+        self._at("ssd.state", state.reshape(b, self.dims.d_inner, -1)[:, self.ch_back].reshape(state.shape))
         out, residual = self._output(y, z, residual, step=False)
         return out, residual, (xBC, state)
 
