@@ -6,6 +6,7 @@ import copy
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,6 +46,7 @@ def test_reads_the_stored_codes_and_scales(handmade):
     assert (s.s_x, s.s_B, s.s_C) == tuple(sd[M0 + f"conv1d.{c}_scale"] for c in "xBC")
     assert s.s_dt == float(sd[M0 + "qchunk_scan.dt_scale"])
     assert torch.equal(s.x_table, sd[M0 + "conv1d.x_out_scales"]) and torch.equal(s.B_scales, sd[M0 + "conv1d.B_out_scales"])
+    assert torch.equal(s.ssm_state_scale, sd[M0 + "qchunk_scan.ssm_state_scale"])  # the decode step's state scale
     # group sizes from the stored cumulative ranges; without a float model the order is the checkpoint's own
     dim_range = sd[M0 + "conv1d.x_dim_group_range"]
     assert torch.equal(torch.cumsum(s.reorder.dim_groups, -1).to(torch.int32), dim_range)
@@ -65,6 +67,28 @@ def test_q2_w8a8_runs_from_the_checkpoint_without_calibration(handmade, tmp_path
     assert calib["source"] == "checkpoint" and calib["prep"] == "quamba2"
     assert calib["scales"][1]["s_H"] == handmade_q2_state_dict()["backbone.layers.1.mixer.had.x_H_scale"]
     assert stats["modes"]["q2-w8a8"]["status"] == "ok"
+
+
+def test_q2_w8a8_decodes_from_the_checkpoint_at_its_state_scales(handmade, tmp_path):
+    out = tmp_path / "d.npz"
+    rc = run_cli(capture_main, ["--model", handmade, "--modes", "q2-w8a8", "--output_file", out, "--seq_len", 8,
+                                "--decode", 3, "--layers", 0, "--quiet", "--calib_file", tmp_path / "absent.txt"])
+    assert rc == 0
+    stats = json.loads(out.with_name("d_stats.json").read_text())
+    assert stats["modes"]["q2-w8a8"]["status"] == "ok"
+    with np.load(out, allow_pickle=False) as z:
+        state = z["mode_q2-w8a8__decode.L0.state.ssm"]
+    assert state.shape[:2] == (1, 3) and np.isfinite(state).all()
+    # every stored state value is an int8 code times its (head, channel, n) entry of the checkpoint's table (the
+    # reader keeps the checkpoint's channel order without a float model)
+    from harness.emulation.ops.q2_step import q2_state_scales
+
+    sd = handmade_q2_state_dict()
+    table = sd[M0 + "qchunk_scan.ssm_state_scale"]
+    scales = q2_state_scales(table, sd[M0 + "conv1d.x_head_group_range"], sd[M0 + "conv1d.x_dim_group_range"],
+                             NHEADS, D_INNER // NHEADS).reshape(D_INNER, -1).numpy()
+    codes = state[0] / scales
+    assert np.abs(codes - np.rint(codes)).max() < 1e-3 and np.abs(codes).max() <= 128 and np.abs(codes).max() >= 1
 
 
 def test_pretrained_dir_and_model_name_as_for_quamba1(handmade, tmp_path):

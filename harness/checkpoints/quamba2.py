@@ -131,7 +131,8 @@ class Quamba2Checkpoint(QuambaCheckpoint):
                         x_table=self._m(i, c + "x_out_scales").to(torch.float32).clone(),
                         B_scales=self._m(i, c + "B_out_scales").to(torch.float32).clone(),
                         C_scales=self._m(i, c + "C_out_scales").to(torch.float32).clone(),
-                        s_H=self._scalar(f"backbone.layers.{i}.mixer.had.x_H_scale"), reorder=self.reorder(i))
+                        s_H=self._scalar(f"backbone.layers.{i}.mixer.had.x_H_scale"), reorder=self.reorder(i),
+                        ssm_state_scale=self._m(i, "qchunk_scan.ssm_state_scale").to(torch.float32).clone())
 
     def q2_params(self, i: int) -> Q2Params:
         """The stored codes and scales as emulation.q2_params.Q2Params (in the checkpoint's channel order)."""

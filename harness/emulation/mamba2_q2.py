@@ -27,12 +27,15 @@ from ..spec import FloatOut, Mamba2Dims, QuantOut, Rounding
 from .mamba2 import EmuMamba2Block
 from .modules import EmuHadamard, EmuLinear, EmuRMSNorm
 from .ops.linear import Epilogue
+from .grouping_q2 import group_ranges
 from .ops.q2_ssd import Q2SSDParams, q2_ssd_inputs
+from .ops.q2_step import handover_q2_state, q2_conv_update, q2_gemv, q2_state_scales, q2_state_update, \
+    requantize_q2_state
 from .ops.q2_w8a8 import q2_conv1d_quantize, q2_conv1d_values, q2_gated_norm, q2_in_proj
 from .ops.quant import round_to_dtype
 from .ops.ssd import ssd_chunked, ssd_ref
-from .grouping_q2 import group_ranges
 from .q2_params import Q2Params, Q2Scales
+from .state import Q2BlockState, conv_window
 
 __all__ = ["EmuQ2Mamba2Block", "build_q2_block", "Q2_GNORM_EPS"]
 
@@ -63,6 +66,10 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         self.state_dtype = state_dtype
         self.ch_back = _inverse(scales.reorder.channel_index.to(torch.int64))  # reordered -> model order
         self.head_back = _inverse(scales.reorder.head_index.to(torch.int64))
+        head_range, dim_range = group_ranges(scales.reorder)
+        table = scales.ssm_state_scale   # None: scales without the state observer, which cannot decode
+        self.state_scales = None if table is None else \
+            q2_state_scales(table, head_range, dim_range, dims.nheads, dims.headdim)
 
     def _ch(self, t: torch.Tensor) -> torch.Tensor:
         return t[..., self.ch_back]
@@ -71,8 +78,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         d, q = self.dims, self.q
         q_x, q_dt, q_B, q_C = codes
         b, L, _ = q_x.shape
-        p = Q2SSDParams(q.A_log, q.D, q.fp16.dt_bias, self.s.s_dt, d.chunk_size)
-        v = q2_ssd_inputs(p, q_x.reshape(b, L, d.nheads, d.headdim), q.x_scales, q_dt,
+        v = q2_ssd_inputs(self._ssd_params(), q_x.reshape(b, L, d.nheads, d.headdim), q.x_scales, q_dt,
                           q_B=q_B.reshape(b, L, d.ngroups, d.d_state), B_scales=self.s.B_scales,
                           q_C=q_C.reshape(b, L, d.ngroups, d.d_state), C_scales=self.s.C_scales)
         args = (v["x"], v["dt"], v["A_log"], v["B"], v["C"], v["D"])
@@ -91,45 +97,113 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
                           "x_dim_group_range": dim_range.tolist(), "B_scales": self.s.B_scales.tolist(),
                           "C_scales": self.s.C_scales.tolist(), "s_x": self.s.s_x}}
 
-    def prefill(self, residual: torch.Tensor):
-        raise NotImplementedError("Quamba2's W8A8 decode step (int8 conv and SSM states) is not emulated")
+    def _ssd_params(self) -> Q2SSDParams:
+        return Q2SSDParams(self.q.A_log, self.q.D, self.q.fp16.dt_bias, self.s.s_dt, self.dims.chunk_size)
 
-    step = prefill
-
-    def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        d, q, s = self.dims, self.q, self.s
-        gs = d.ngroups * d.d_state
-        residual = self._at("block.in", residual)
-        normed = self.norm(residual)                                                   # QTensor at s_in
-        self._at("norm.out", normed.dequantize())
-        proj = q2_in_proj(normed, q.in_proj, q.in_proj_b)                               # int8 codes, reordered
+    def _tap_proj(self, proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """in_proj's int8 codes (reordered) -> z, xBC, dt codes, through their HookPoints as real values."""
+        d, s = self.dims, self.s
         z, xBC, dt = proj.split([d.d_inner, d.conv_dim, d.nheads], dim=-1)
-        split_scales = (s.s_x, s.s_B, s.s_C)
-        per_col = torch.tensor([s.s_x] * d.d_inner + [s.s_B] * gs + [s.s_C] * gs, dtype=torch.float32)
-        xBC_real = xBC.to(torch.float32) * per_col
+        xBC_real = xBC.to(torch.float32) * self._conv_in_scales()
         self._at("in_proj.z", self._ch(z.to(torch.float32) * torch.tensor(s.s_z, dtype=torch.float32)))
         self._at("in_proj.xBC", torch.cat([self._ch(xBC_real[..., :d.d_inner]), xBC_real[..., d.d_inner:]], -1))
         self._at("in_proj.dt", (dt.to(torch.float32) * torch.tensor(s.s_dt, dtype=torch.float32))[..., self.head_back])
-        w_codes, w_scales, b_codes, b_scales = q.conv
-        values = q2_conv1d_values(xBC, split_scales, w_codes, w_scales, b_codes, b_scales, x_dim=d.d_inner)
-        conv = q2_conv1d_quantize(values, q.conv_out)
-        if self.x_probe is not None:
-            self.x_probe(values[..., :d.d_inner], conv[..., :d.d_inner])
+        return z, xBC, dt
+
+    def _conv_in_scales(self) -> torch.Tensor:
+        """(conv_dim,) the conv input scale of every channel: s_x, s_B, s_C (in_proj's split output scales)."""
+        d, s = self.dims, self.s
+        gs = d.ngroups * d.d_state
+        return torch.tensor([s.s_x] * d.d_inner + [s.s_B] * gs + [s.s_C] * gs, dtype=torch.float32)
+
+    def _tap_conv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        d, q, s = self.dims, self.q, self.s
+        gs = d.ngroups * d.d_state
         q_x, q_B, q_C = conv.split([d.d_inner, gs, gs], dim=-1)
         self._at("conv1d.x", self._ch(q_x.to(torch.float32) * q.x_scales))
         self._at("conv1d.B", q_B.to(torch.float32) * s.B_scales.repeat_interleave(d.d_state))
         self._at("conv1d.C", q_C.to(torch.float32) * s.C_scales.repeat_interleave(d.d_state))
-        dt_val, y, state = self._ssd((q_x, dt, q_B, q_C))
-        self._at("ssd.dt", dt_val[..., self.head_back])
+        return q_x, q_B, q_C
+
+    def _output(self, y: torch.Tensor, z: torch.Tensor, residual: torch.Tensor, step: bool):
+        """The gated norm, the Hadamard and out_proj (the GEMV on one token: EmuLinear.step, W8A8B16O16's
+        ``cutlass_scaled_mv_dq`` with alpha = f32(s_w * s_H), quamba/qLinearLayer.py:784, 812-813)."""
+        d, q, s = self.dims, self.q, self.s
         self._at("ssd.y", self._ch(y))
-        self._at("ssd.state", state[:, self.head_back])
         g = q2_gated_norm(y, z, s.s_z, q.fp16.gnorm_weight, d.ngroups, Q2_GNORM_EPS)    # fp16 values, reordered
         self._at("gnorm.out", self._ch(g))
         hq = self.had(g)                                                               # QTensor at s_H
         self._at("had.out", hq.dequantize())
-        out = self._at("out_proj.out", self.out_proj(hq))                              # fp16 values
+        out = self._at("out_proj.out", self.out_proj.step(hq) if step else self.out_proj(hq))   # fp16 values
         out = self._at("block.out", out)
         return out, self._at("block.residual", residual + out)
+
+    def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, residual, _ = self._forward(residual)
+        return out, residual
+
+    def _forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        q, s = self.q, self.s
+        residual = self._at("block.in", residual)
+        normed = self.norm(residual)                                                   # QTensor at s_in
+        self._at("norm.out", normed.dequantize())
+        z, xBC, dt = self._tap_proj(q2_in_proj(normed, q.in_proj, q.in_proj_b))        # int8 codes, reordered
+        w_codes, w_scales, b_codes, b_scales = q.conv
+        values = q2_conv1d_values(xBC, (s.s_x, s.s_B, s.s_C), w_codes, w_scales, b_codes, b_scales,
+                                  x_dim=self.dims.d_inner)
+        conv = q2_conv1d_quantize(values, q.conv_out)
+        if self.x_probe is not None:
+            self.x_probe(values[..., :self.dims.d_inner], conv[..., :self.dims.d_inner])
+        q_x, q_B, q_C = self._tap_conv(conv)
+        dt_val, y, state = self._ssd((q_x, dt, q_B, q_C))
+        self._at("ssd.dt", dt_val[..., self.head_back])
+        # back to the model's order: heads and the channels inside each head (channel_index reorders both)
+        b = state.shape[0]
+        self._at("ssd.state", state.reshape(b, self.dims.d_inner, -1)[:, self.ch_back].reshape(state.shape))
+        out, residual = self._output(y, z, residual, step=False)
+        return out, residual, (xBC, state)
+
+    def prefill(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Q2BlockState]:
+        """``forward``, plus the state it hands to the first step (qMamba2.py:1305-1320): the last d_conv int8
+        xBC codes (zeros in front when shorter) and the final state as int8 codes (ops.q2_step.handover_q2_state)."""
+        if self.state_scales is None and self.state_dtype == "int8":
+            raise ValueError("these q2-w8a8 scales have no ssm_state_scale: the decode step needs a calibration "
+                             "that observed the SSM state (harness.emulation.q2_calibration)")
+        out, residual, (xBC, state) = self._forward(residual)
+        window = conv_window(xBC, self.dims.d_conv)
+        scales = torch.empty(0) if self.state_scales is None else self.state_scales
+        return out, residual, Q2BlockState(window, self._conv_in_scales(), self.store_state(state, handover=True),
+                                           scales, self.ch_back)
+
+    def store_state(self, h: torch.Tensor, handover: bool = False) -> torch.Tensor:
+        """The state the next step starts from, the one place that decides its form: with state_dtype int8 the
+        fp32 values re-quantized by the kernel's rule (selective_state_update.py:355; the prefill's hand-over first
+        rounds to fp16, ops.q2_step.handover_q2_state); with fp32 the values as they are."""
+        if self.state_dtype == "fp32":
+            return h.to(torch.float32)
+        return handover_q2_state(h, self.state_scales) if handover else requantize_q2_state(h, self.state_scales)
+
+    def step(self, residual: torch.Tensor, state: Q2BlockState) -> tuple[torch.Tensor, torch.Tensor, Q2BlockState]:
+        """One token through W8A8QMamba2.step (qMamba2.py:1336-1360): norm, the in_proj GEMV, the conv-window
+        update, the SSM state update from the int8 state, the gated norm, Hadamard and the out_proj GEMV; the same
+        HookPoints as forward (ssd.state excepted: the state is the returned one)."""
+        d, q, s = self.dims, self.q, self.s
+        residual = self._at("block.in", residual)
+        normed = self.norm(residual)
+        self._at("norm.out", normed.dequantize())
+        z, xBC, dt = self._tap_proj(q2_gemv(normed, q.in_proj, q.in_proj_b))
+        conv, window = q2_conv_update(state.conv_codes, xBC[:, 0], (s.s_x, s.s_B, s.s_C), q.conv, q.conv_out,
+                                      x_dim=d.d_inner)
+        q_x, q_B, q_C = self._tap_conv(conv[:, None])
+        b = q_x.shape[0]
+        y, h, dt_val = q2_state_update(self._ssd_params(), state.ssm_real(), q_x.reshape(b, d.nheads, d.headdim),
+                                       q.x_scales.reshape(d.nheads, d.headdim), dt[:, 0],
+                                       q_B=q_B.reshape(b, d.ngroups, d.d_state), B_scales=s.B_scales,
+                                       q_C=q_C.reshape(b, d.ngroups, d.d_state), C_scales=s.C_scales)
+        self._at("ssd.dt", dt_val[:, None][..., self.head_back])
+        out, residual = self._output(y.reshape(b, 1, d.d_inner), z, residual, step=True)
+        return out, residual, Q2BlockState(window, state.conv_scales, self.store_state(h), self.state_scales,
+                                           self.ch_back)
 
 
 def build_q2_block(layer: int, dims: Mamba2Dims, params: Q2Params, scales: Q2Scales, chunked: bool, *,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["CrossHeadMinmaxObserver"]
+__all__ = ["CrossHeadMinmaxObserver", "CachedStatesObserver"]
 
 
 class CrossHeadMinmaxObserver:
@@ -45,6 +45,43 @@ class CrossHeadMinmaxObserver:
 
     def scales(self) -> torch.Tensor:
         """(ngroups, n_head_groups, n_dim_groups) fp32: amax / 127, at least 1e-6."""
+        if self.amax is None:
+            raise ValueError("the observer has seen no data (call update first)")
+        return (self.amax / 127).to(torch.float32).clamp(min=1e-6)
+
+
+class CachedStatesObserver:
+    """quamba/observer.py:288-384 (``CachedStatesCrossHeadMinmaxObserver``, sym=True, clip_ratio 1): the SSM state
+    the prefill leaves in the calibration model's cache, (batch, nheads, headdim, d_state) in the reordered head and
+    channel order, fp16 (Mamba2Simple.allocate_inference_cache keeps the fp16 model's dtype, quamba/qMamba2.py:346;
+    observed as fp32, :324). Per (SSD group, head group, dim group) and state index n: the running max over batches
+    of max(|state| over the batch, the group's heads and dims, 1e-5) (:326-340); the scale is that max / 127 in
+    fp32, at least 1e-6 (:16-31). The result is ``ssm_state_scale`` (ngroups, n_head_groups, n_dim_groups, d_state)
+    (Quamba2ChunkScan.get_ssm_state_scales, quamba/qChunkScan.py:137-150)."""
+
+    def __init__(self, ngroups: int, headdim: int, head_groups: torch.Tensor, dim_groups: torch.Tensor) -> None:
+        self.ngroups, self.headdim = ngroups, headdim
+        self.head_groups, self.dim_groups = head_groups.tolist(), dim_groups.tolist()
+        self.amax: torch.Tensor | None = None
+
+    def update(self, state: torch.Tensor) -> None:
+        """state: (batch, nheads, headdim, d_state), the fp16-rounded cached state."""
+        b, nheads, hd, n = state.shape
+        w = state.to(torch.float32).reshape(b, self.ngroups, nheads // self.ngroups, hd, n)
+        table = torch.empty(self.ngroups, len(self.head_groups[0]), len(self.dim_groups[0][0]), n, dtype=torch.float32)
+        for g in range(self.ngroups):
+            h_start = 0
+            for hg, h_size in enumerate(self.head_groups[g]):
+                d_start = 0
+                for dg, d_size in enumerate(self.dim_groups[g][hg]):
+                    block = w[:, g, h_start:h_start + h_size, d_start:d_start + d_size]
+                    table[g, hg, dg] = block.abs().amax(dim=(0, 1, 2)).clamp(min=1e-5)
+                    d_start += d_size
+                h_start += h_size
+        self.amax = table if self.amax is None else torch.maximum(self.amax, table)
+
+    def scales(self) -> torch.Tensor:
+        """(ngroups, n_head_groups, n_dim_groups, d_state) fp32: amax / 127, at least 1e-6."""
         if self.amax is None:
             raise ValueError("the observer has seen no data (call update first)")
         return (self.amax / 127).to(torch.float32).clamp(min=1e-6)

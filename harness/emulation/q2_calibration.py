@@ -8,8 +8,10 @@ model) over the calibration windows:
    then the head/dim grouping of every block (emulation.grouping_q2; reorder_utils.py:138-170);
 2. the same model with the reordered weights (emulation.q2_params.reorder_raw), every observer of
    ``run_quamba2_calibration`` (modelutils_mamba.py:236-372): min-max per tensor, the cross-head min-max of x,
-   the per-SSD-group min-max of B and C (emulation.q2_params lists them), and the per-tensor percentile of x that
-   Quamba's non-grouped path would take (``s_x_tensor``, for the x_groups=tensor variant).
+   the per-SSD-group min-max of B and C (emulation.q2_params lists them), the per-tensor percentile of x that
+   Quamba's non-grouped path would take (``s_x_tensor``, for the x_groups=tensor variant), and the cross-head
+   min-max of the final SSM state per state index (``ssm_state_act``, modelutils_mamba.py:297-306: the decode
+   step's scale).
 
 The mean in pass 1 is an fp32 sum of the fp16 values in a fixed order, rounded to fp16 (torch.mean of an fp16
 CUDA tensor accumulates in fp32 in its own order; the stored fp16 mean rarely differs).
@@ -25,7 +27,7 @@ from .build import build_mamba2_block
 from .grouping_q2 import group_wise_sort_indices
 from .modules import EmuBackbone
 from .observers import MinMaxObserver, PercentileObserver
-from .observers_q2 import CrossHeadMinmaxObserver
+from .observers_q2 import CachedStatesObserver, CrossHeadMinmaxObserver
 from .ops import portable
 from .q2_params import Q2Scales, reorder_raw
 from .weights_mamba2 import float_layer_mamba2
@@ -107,7 +109,8 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
     obs = [{**{k: MinMaxObserver() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
             "x": CrossHeadMinmaxObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups),
             "B": PerSSDGroupObserver(dims.d_state), "C": PerSSDGroupObserver(dims.d_state),
-            "s_x_tensor": PercentileObserver(alpha)} for g in reorders]
+            "s_x_tensor": PercentileObserver(alpha),
+            "state": CachedStatesObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups)} for g in reorders]
 
     def x_out(o: dict, t: torch.Tensor) -> None:
         o["x"].update(t.to(torch.float16).to(torch.float32))
@@ -127,11 +130,13 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
             return lambda t: xbc(o, t)
         if point == "conv1d.x":
             return lambda t: x_out(o, t)
+        if point == "ssd.state":  # the prefill's final state, copied into the fp16 cache (qMamba2.py:250-259)
+            return lambda t: o["state"].update(t.to(torch.float16))
         return {"conv1d.B": o["B"].observe, "conv1d.C": o["C"].observe}.get(point)
 
     _run(model, _hook(model, lambda layer, point: want(layer, point) if layer <= depth else None), windows,
          batch_size, step)
     return [Q2Scales(**{k: o[k].compute_scale() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
                      x_table=o["x"].scales(), B_scales=o["B"].scales(), C_scales=o["C"].scales(), reorder=g,
-                     s_x_tensor=o["s_x_tensor"].compute_scale())
+                     s_x_tensor=o["s_x_tensor"].compute_scale(), ssm_state_scale=o["state"].scales())
             for o, g in zip(obs, reorders)]

@@ -18,6 +18,8 @@ B_scales   B_conv_out:input                PerSSDGroupObserver, (ngroups,)
 C_scales   C_conv_out:input                PerSSDGroupObserver, (ngroups,)
 s_H        out_proj:input                  per-tensor min-max (the online Hadamard's output)
 s_x_tensor x_conv_out:input (non-grouped)  per-tensor percentile (--percentile_alpha), for x_groups=tensor only
+ssm_state  ssm_state_act:input             CachedStatesCrossHeadMinmaxObserver: (ngroups, head groups, dim groups,
+                                           d_state), the final prefill state; used only by the decode step
 =========  ==============================  =====================================================
 
 ``s_x_tensor`` is the one x scale of Quamba's non-grouped path (run_quamba_calibration, modelutils_mamba.py:125-132,
@@ -26,8 +28,7 @@ percentile_alpha 0.9995), observed in the same second pass as the others (a perc
 does not depend on their order). The grouped recipe never reads it; x_groups=tensor quantizes x at it in place
 of the group table (emulation.build).
 
-The ssm_state scale (``CachedStatesCrossHeadMinmaxObserver``) is used only by the decode step, which the
-harness does not run for Mamba-2; it is not observed. No percentile observer feeds q2-w8a8: Quamba2's
+No percentile observer feeds q2-w8a8: Quamba2's
 head-grouped calibration uses min-max observers only (modelutils_mamba.py:271-307; percentile is the
 non-grouped path, :160-167, whose x observer s_x_tensor reproduces).
 
@@ -67,6 +68,7 @@ class Q2Scales:
     s_H: float
     reorder: GroupReorder
     s_x_tensor: float | None = None  # None: not observed (a checkpoint's scales)
+    ssm_state_scale: torch.Tensor | None = None   # (ngroups, n_head_groups, n_dim_groups, d_state); decode only
 
     def info(self) -> dict:
         """Plain numbers for the provenance (the group tables and every scale)."""
@@ -76,6 +78,7 @@ class Q2Scales:
                 "B_scales": self.B_scales.tolist(), "C_scales": self.C_scales.tolist(),
                 "x_head_group_range": head_range.tolist(), "x_dim_group_range": dim_range.tolist(),
                 "head_index": self.reorder.head_index.tolist(),
+                "ssm_state_scale": None if self.ssm_state_scale is None else self.ssm_state_scale.tolist(),
                 **({} if self.s_x_tensor is None else {"s_x_tensor": self.s_x_tensor})}
 
 

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 
 from ..spec import Act, QTensor
 from .ops.quant import dequantize, round_to_dtype
+from .ops.q2_step import dequantize_q2_state
 from .ops.state_update import handover_codes
 
-__all__ = ["StateRule", "BlockState", "conv_window", "ssm_handover"]
+__all__ = ["StateRule", "BlockState", "Q2BlockState", "conv_window", "ssm_handover"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,52 @@ def ssm_handover(h: torch.Tensor, rule: StateRule) -> Act:
     if rule.s_h is not None:
         return handover_codes(h, rule.s_h)
     return round_to_dtype(h, rule.dtype)
+
+
+@dataclass
+class Q2BlockState:
+    """One Quamba2 W8A8 block's state between tokens, in the block's reordered channel and head order.
+
+    W8A8QMamba2's cache (enyac-group/Quamba c474646 quamba/qMamba2.py:1362-1400): the conv window holds int8 codes
+    of the last d_conv conv inputs (in_proj's x | B | C codes at s_x, s_B, s_C); the SSM state int8 codes at the
+    per-element ``ssm_state_scale``. ``allocate_inference_cache`` (:1362-1375, used with CUDA graphs,
+    ``cg=True``: mamba_ssm utils/generation.py:308-315) makes the SSM state int8, ``_get_states_from_cache``
+    (:1377-1400, the default ``cg=False`` of Quamba's generate.py:89, 179) fp16; both hold the same integer codes
+    (the prefill's hand-over and every step store rint-ed values in [-128, 127], exact in fp16), so the dtype
+    changes nothing and the harness keeps int8.
+
+    conv_codes: (batch, conv_dim, d_conv) int8; conv_scales: (conv_dim,); ssm_codes: (batch, nheads, headdim,
+    d_state) int8 (a float tensor holds the state's real values as they are); ssm_scales: (nheads, headdim,
+    d_state); ch_back: (d_inner,) the reordered -> model channel gather.
+    """
+
+    conv_codes: torch.Tensor
+    conv_scales: torch.Tensor
+    ssm_codes: torch.Tensor
+    ssm_scales: torch.Tensor
+    ch_back: torch.Tensor
+
+    def ssm_real(self) -> torch.Tensor:
+        """The SSM state's real values in the block's order (batch, nheads, headdim, d_state) fp32."""
+        if self.ssm_codes.dtype == torch.int8:
+            return dequantize_q2_state(self.ssm_codes, self.ssm_scales)
+        return self.ssm_codes.to(torch.float32)
+
+    @property
+    def ssm(self) -> torch.Tensor:
+        """The SSM state dequantized, in the model's channel order: (batch, d_inner, d_state) fp32."""
+        h = self.ssm_real()
+        return h.reshape(h.shape[0], -1, h.shape[-1])[:, self.ch_back]
+
+    @property
+    def conv(self) -> torch.Tensor:
+        """The window dequantized, x channels in the model's order: (batch, conv_dim, d_conv) fp32."""
+        w = self.conv_codes.to(torch.float32) * self.conv_scales.to(torch.float32)[:, None]
+        d = self.ch_back.numel()
+        return torch.cat([w[:, :d][:, self.ch_back], w[:, d:]], dim=1)
+
+    def conv_values(self) -> torch.Tensor:
+        return self.conv
+
+    def ssm_values(self) -> torch.Tensor:
+        return self.ssm

@@ -28,10 +28,11 @@ from .weightbank import WeightBank
 
 __all__ = ["calibrate_quamba2", "Q2_CALIB_VERSION"]
 
-Q2_CALIB_VERSION = 2  # bump when anything that changes the computed scales or groups changes (2: s_x_tensor)
+Q2_CALIB_VERSION = 3  # bump when anything that changes the computed scales or groups changes (2: s_x_tensor;
+                      # 3: ssm_state_scale)
 _FORMAT = "quamba-harness-calibration-q2"
 _FLOATS = ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H", "s_x_tensor")
-_TABLES = ("x_table", "B_scales", "C_scales")
+_TABLES = ("x_table", "B_scales", "C_scales", "ssm_state_scale")
 _GROUPS = ("channel_index", "head_index", "head_groups", "dim_groups")
 
 
@@ -56,7 +57,8 @@ def _from_json(d: dict, dims) -> Q2Scales:
     if r.head_groups.shape[0] != dims.ngroups or r.dim_groups.shape[:2] != r.head_groups.shape or \
             not bool((r.head_groups.sum(-1) == dims.nheads // dims.ngroups).all()) or \
             not bool((r.dim_groups.sum(-1) == dims.headdim).all()) or s.x_table.shape != r.dim_groups.shape or \
-            s.B_scales.shape != (dims.ngroups,) or s.C_scales.shape != (dims.ngroups,):
+            s.B_scales.shape != (dims.ngroups,) or s.C_scales.shape != (dims.ngroups,) or \
+            s.ssm_state_scale.shape != (*r.dim_groups.shape, dims.d_state):
         raise ValueError("the group tables do not fit the model")
     if bad := _bad(s):
         raise ValueError(f"scales that are not finite and positive: {', '.join(bad)}")

@@ -5,9 +5,9 @@ weights from the code the mode runs (emulation.q2_params.q2_params), the embeddi
 mode's own (WeightBank.embed, forwards.build_head); checkpoints.quamba2 lays them out as
 ``QuambaLMHeadModel.save_pretrained`` does (enyac-group/Quamba c474646 quamba/modelutils_mamba.py:853-873). So
 capturing q2-w8a8 from the export (with the float model for the channel order) gives the arrays of capturing it
-from the float model, bit for bit. One more pass over the calibration windows observes what the mode does not
-need but Quamba stores: the SSM state scales of the decode step and, with --quantize_lm_head, lm_head's input
-scale (emulation.q2_state_scales).
+from the float model, bit for bit. The SSM state scales of the decode step come from the same calibration; with
+--quantize_lm_head one more pass over the calibration windows observes lm_head's input scale
+(emulation.q2_lm_head_scale).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .forwards import build_head
 from .weightbank import WeightBank
 from ..checkpoints.quamba2 import q2_state_dict, write_quamba2
 from ..emulation.q2_params import q2_params
-from ..emulation.q2_state_scales import q2_export_scales
+from ..emulation.q2_lm_head_scale import q2_lm_head_scale
 from ..emulation.ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
 from ..modes import Q2_CALIBRATION_RECIPE, get_mode
 from ..spec import Mamba2Dims
@@ -68,14 +68,15 @@ def export_q2_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress) -> No
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
     embed = lambda ids: bank.embed(ids, True, torch.float16, "exact", "fp16")  # noqa: E731  (the calibration model's)
-    with progress.stage("observing the SSM states and lm_head's input", -(-windows.shape[0] // cfg.calib.batch_size),
-                        "batches"):
-        state_scales, lm_scale = q2_export_scales(dims, bank.raw, embed, windows, [s.reorder for s in result.scales],
-                                                  cfg.calib.batch_size, Q2_CALIBRATION_RECIPE, step=progress.advance)
+    lm_scale = None
+    if cfg.quantize_lm_head:
+        with progress.stage("observing lm_head's input", -(-windows.shape[0] // cfg.calib.batch_size), "batches"):
+            lm_scale = q2_lm_head_scale(dims, bank.raw, embed, windows, [s.reorder for s in result.scales],
+                                        cfg.calib.batch_size, Q2_CALIBRATION_RECIPE, step=progress.advance)
     blocks = []
     with progress.stage("quantizing the weights", dims.n_layer, "layers"):
         for i, s in enumerate(result.scales):
-            blocks.append(q2_state_dict(i, q2_params(bank.raw(i), s, dims), s, state_scales[i]))
+            blocks.append(q2_state_dict(i, q2_params(bank.raw(i), s, dims), s, s.ssm_state_scale))
             bank.release(i)
             progress.advance()
     vocab = dims.vocab_size
@@ -94,4 +95,4 @@ def export_q2_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress) -> No
     config = q2_config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding",
                        "W8A8B16O16Linear" if cfg.quantize_lm_head else "Linear")
     write_quamba2(tmp, config, blocks, embedding=embedding, lm_head=lm_head,
-                  lm_head_input_scale=lm_scale if cfg.quantize_lm_head else None, d_model=dims.d_model)
+                  lm_head_input_scale=lm_scale, d_model=dims.d_model)

@@ -155,9 +155,6 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
     # presets mean other modes on Mamba-2, and a mode that does not run on the model's architecture is refused
     recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
-    if (cfg.decode or cfg.generate) and (q2 := [r.name for r in recipes if r.prep == "quamba2"]):
-        raise RunError(f"--decode and --generate do not run {', '.join(q2)} yet (Quamba2's int8 decode step is "
-                       f"not emulated); run them with the float modes (fp32, 1)")
     xt = [r.name for r in recipes if r.x_groups == "tensor"]
     if xt and getattr(models.quamba, "prep", None) == "quamba2":
         raise RunError(f"mode(s) {', '.join(xt)} (x_groups=tensor) need the per-tensor x scale that only a calibration "
@@ -259,7 +256,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     if cfg.decode:  # the SSM state scale the W8A8 step re-quantizes at, per layer
         for prep, c in calibs.items():
             if isinstance(c, CalibrationResult):
-                infos[prep]["s_h"] = [s.s_h for s in c.scales]
+                infos[prep]["s_h"] = [s.s_h if hasattr(s, "s_h") else s.ssm_state_scale.tolist() for s in c.scales]
 
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}

@@ -11,7 +11,7 @@ with round_to_nearest (PTX cvt.rni.sat: half to even, saturating):
 
     q[.., j] = sat8(RNE(f32(a * f32(b[j] * f32(acc[.., j])))))
 
-(batch * seqlen = 1 takes ``w8a8o8_gemv``, :733-736, not emulated here.)
+(batch * seqlen = 1 takes ``w8a8o8_gemv``, :733-736: the decode step, ops.q2_step.q2_gemv.)
 
 conv1d (``Quamb2Conv1D``, quamba/qConvLayer.py:129-311; kernel csrc/causal_conv1d/
 quamba2_conv1d_fwd_kernel.cuh:163-270), per channel c of x | B | C (conv_dim channels):
