@@ -225,8 +225,9 @@ def test_the_recipe_states_its_architectures():
     assert get_mode("fp32").architectures == ("mamba1", "mamba2")
     with pytest.raises(ModeError, match=r"mode 'q2-w8a8' does not run on a mamba1 model.*run mode 0"):
         resolve_modes(["fp32", "q2-w8a8"])
-    assert [r.name for r in resolve_modes(["quant_only"], architecture="mamba2")] == ["q2-w8a8"]
-    assert [r.name for r in resolve_modes(["all"], architecture="mamba2")] == ["fp32", "1", "q2-w8a8"]
+    assert [r.name for r in resolve_modes(["quant_only"], architecture="mamba2")] == ["q2-w8a8", "q2-w4a8", "q2-w4a16"]
+    assert [r.name for r in resolve_modes(["all"], architecture="mamba2")] == ["fp32", "1", "q2-w8a8", "q2-w4a8",
+                                                                               "q2-w4a16"]
     with pytest.raises(ModeError, match="prep=quamba2 is Quamba2's W8A8 recipe"):
         replace(q2, name="x", act_dtype="fp32")
     assert [r.name for r in resolve_modes(["q2-w8a8"], architecture=None)] == ["q2-w8a8"]  # names only
@@ -311,5 +312,5 @@ def test_decode_with_q2_w8a8_is_exit_2(tmp_path, capsys):
         code = run_cli(capture_main, ["--model", TINY2, "--modes", "all", "--seq_len", "16", *flag,
                                       "--output_file", tmp_path / "d.npz"])
         err = capsys.readouterr().err
-        assert code == 2 and "do not run q2-w8a8 yet" in err, err
+        assert code == 2 and "do not run q2-w8a8, q2-w4a8, q2-w4a16 yet" in err, err
     assert not list(tmp_path.iterdir())

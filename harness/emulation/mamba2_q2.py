@@ -66,6 +66,10 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         # "output y is fp16" (Quamba c474646 quamba/qChunkScan.py:227-228)
         return v["dt"], round_to_dtype(y.reshape(b, L, d.d_inner), torch.float16), state
 
+    def _in_proj(self, normed) -> torch.Tensor:
+        """The int8 [z | xBC | dt] codes (W8A8B8O8LinearParallel; the W4A8 block overrides it)."""
+        return q2_in_proj(normed, self.q.in_proj, self.q.in_proj_b)
+
     def prefill(self, residual: torch.Tensor):
         raise NotImplementedError("Quamba2's W8A8 decode step (int8 conv and SSM states) is not emulated")
 
@@ -77,7 +81,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         residual = self._at("block.in", residual)
         normed = self.norm(residual)                                                   # QTensor at s_in
         self._at("norm.out", normed.dequantize())
-        proj = q2_in_proj(normed, q.in_proj, q.in_proj_b)                               # int8 codes, reordered
+        proj = self._in_proj(normed)                                                   # int8 codes, reordered
         z, xBC, dt = proj.split([d.d_inner, d.conv_dim, d.nheads], dim=-1)
         split_scales = (s.s_x, s.s_B, s.s_C)
         per_col = torch.tensor([s.s_x] * d.d_inner + [s.s_B] * gs + [s.s_C] * gs, dtype=torch.float32)

@@ -241,7 +241,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
     # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
     calibs = {}
-    for prep in dict.fromkeys(r.prep for r in todo if r.needs_calibration):
+    for prep in dict.fromkeys(r.calibration_key for r in todo if r.needs_calibration):
         calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
             _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep, progress=progress)
     infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
