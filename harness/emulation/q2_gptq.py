@@ -27,7 +27,7 @@ from .gptq import Hessian, gptq_group_size, gptq_int4, to_int4_weight
 from .mamba2_q2w4 import Q2W4Layer
 from .weights_mamba2 import float_layer_mamba2
 
-__all__ = ["gptq_q2", "q2w4_layers"]
+__all__ = ["gptq_q2", "q2w4_layers", "block_hessians"]
 
 
 def _feed(h: Hessian, out: torch.Tensor) -> None:
@@ -35,7 +35,8 @@ def _feed(h: Hessian, out: torch.Tensor) -> None:
         h.add(seq)
 
 
-def _hessians(block, residuals: list[torch.Tensor], dims: Mamba2Dims) -> tuple[Hessian, Hessian]:
+def block_hessians(block, residuals: list[torch.Tensor], dims: Mamba2Dims) -> tuple[Hessian, Hessian]:
+    """The Hessians of in_proj (its input: norm.out) and out_proj (had.out) over one forward of `block` per batch."""
     h_in, h_out = Hessian(dims.d_model), Hessian(dims.d_inner)
     want = {"norm.out": h_in, "had.out": h_out}
     handles = []
@@ -65,7 +66,7 @@ def gptq_q2(dims: Mamba2Dims, raws: list[dict], embed: Callable, windows: torch.
     out = []
     for i, raw in enumerate(raws):
         p = float_layer_mamba2(raw, True, torch.float16)
-        h_in, h_out = _hessians(build_mamba2_block(recipe, p, dims, i), residuals, dims)
+        h_in, h_out = block_hessians(build_mamba2_block(recipe, p, dims, i), residuals, dims)
         q_in, s_in = gptq_int4(p.in_proj, h_in.H, gptq_group_size(dims.d_model))
         q_out, s_out = gptq_int4(p.out_proj, h_out.H, gptq_group_size(dims.d_inner))
         out.append((to_int4_weight(q_in, s_in, channel), to_int4_weight(q_out, s_out, channel)))
