@@ -34,6 +34,7 @@ import math
 import torch
 
 from .ops.int4 import ZERO_POINT, Int4Weight
+from .ops.quant import round_half_even
 
 __all__ = ["Hessian", "gptq_int4", "gptq_group_size", "int4_quant", "marlin_codes", "PERCDAMP", "GROUP_SIZE"]
 
@@ -68,7 +69,7 @@ def gptq_group_size(in_features: int) -> int:
 
 def int4_quant(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """``quant`` (gptq_utils.py:74-85): w (out,) or (out, k), s broadcastable -> the fp16 value, as float32."""
-    q = torch.round(w / s)
+    q = round_half_even(w / s)  # torch.round: half to even
     q = torch.where(torch.isnan(q), torch.zeros_like(q), q)  # ".int() will replace NaN with 0" (:80, CUDA)
     q = torch.clamp(q + ZERO_POINT, 0, _MAXQ)
     return ((q - ZERO_POINT) * s).to(torch.float32).to(torch.float16).to(w.dtype)
@@ -127,7 +128,7 @@ def marlin_codes(q_fp16: torch.Tensor, group_scales_fp16: torch.Tensor) -> torch
     g = in_dim // group_scales_fp16.shape[1]
     w = q_fp16.to(torch.float16).reshape(out_dim, -1, g)
     s = group_scales_fp16.to(torch.float16).unsqueeze(-1)
-    v = ((w / s) + ZERO_POINT).round()
+    v = round_half_even((w / s) + ZERO_POINT)  # fp16 quotient, fp16 + 8, then torch's round (half even)
     v = torch.where(torch.isnan(v), torch.zeros_like(v), v)  # CPU int cast of NaN then clamp -> 0
     return v.clamp(0, _MAXQ).reshape(out_dim, in_dim).to(torch.uint8)
 
