@@ -173,3 +173,15 @@ def test_main_job_on_the_shipped_mamba2(tmp_path, capsys):
     assert rel("q2-w4a16", "norm.out") < rel("q2-w8a8", "norm.out") / 10
     gptq = cap.manifest["provenance"]["calibration_by_prep"]["quamba2-w4a16"]["gptq"]
     assert gptq["group_size"] == {"in_proj": 192, "out_proj": 128}  # d_model 192 is no multiple of 128
+
+
+def test_w4a8_cache_keeps_the_channel_scales(model, tmp_path):
+    bank, windows = model
+    first = calibrate(bank, windows, SETTINGS, 0, ["a"], tmp_path, "quamba2-w4a8")
+    again = calibrate(bank, windows, SETTINGS, 0, ["a"], tmp_path, "quamba2-w4a8")
+    assert first.info["source"] == "computed" and again.info["source"] == "reused"
+    assert again.info["w8a8"]["source"] == "reused"  # the W8A8 scales from their own cache files
+    for part in ("in_proj", "out_proj"):
+        x, y = getattr(first.scales[0], part), getattr(again.scales[0], part)
+        assert torch.equal(x.channel_scales, y.channel_scales) and torch.equal(x.group_scales, y.group_scales)
+    assert again.scales[0].scales.s_in == first.scales[0].scales.s_in
