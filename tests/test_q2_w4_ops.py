@@ -68,14 +68,13 @@ def test_w4a8_o8_and_o16_match_their_references():
 
 
 def test_w4a8_epilogue_multiplies_the_channel_scale_first():
-    # acc * s_ch * s_tok in fp32 left to right: a case where (acc * s_tok) * s_ch rounds differently
-    w = Int4Weight(torch.tensor([[9]], dtype=torch.uint8), torch.tensor([[1.0]], dtype=torch.float16),
-                   torch.tensor([0.1]), 1)
-    for code in range(1, 128):
-        x = QTensor(torch.tensor([[code]], dtype=torch.int8), 0.3)
-        a = torch.tensor(float(code)) * torch.tensor(0.1) * torch.tensor(0.3)
-        b = torch.tensor(float(code)) * torch.tensor(0.3) * torch.tensor(0.1)
-        if a.item() != b.item():
-            break
-    y = w4a8_linear(QTensor(torch.tensor([[code]], dtype=torch.int8), 0.3), w, out_int8=False)
-    assert y.item() == float(a.to(torch.float16))
+    # fp32(acc) * s_ch * s_tok left to right (marlin_qqq_gemm_kernel.cuh:744-749); acc = 127*5 + 64*1 = 699 is a
+    # case (found by search) where (acc * s_tok) * s_ch rounds to another fp16
+    s_ch, s_tok = 0.005062565673142672, 0.039411090314388275
+    w = Int4Weight(torch.tensor([[13, 9]], dtype=torch.uint8), torch.tensor([[1.0, 1.0]], dtype=torch.float16),
+                   torch.tensor([s_ch]), 1)
+    x = QTensor(torch.tensor([[127, 64]], dtype=torch.int8), s_tok)
+    acc, ch, tok = torch.tensor(699.0), torch.tensor(s_ch), torch.tensor(s_tok)
+    right, wrong = float(((acc * ch) * tok).to(torch.float16)), float(((acc * tok) * ch).to(torch.float16))
+    assert right != wrong
+    assert w4a8_linear(x, w, out_int8=False).item() == right == w4a8_linear_ref(x, w, False).item()
