@@ -88,7 +88,7 @@ def test_gptq_takes_each_layer_s_inputs_from_the_quantized_layers_before(model):
     assert not torch.equal(other.codes, calib.scales[1].in_proj.codes)
 
 
-def test_w4a8_block_runs_the_marlin_qqq_linears(model):
+def test_w4a8_block_runs_the_marlin_qqq_linears(model, tmp_path):
     bank, windows = model
     calib = calibrate(bank, windows, SETTINGS, 1, [], None, "quamba2-w4a8")
     w8 = calibrate(bank, windows, SETTINGS, 1, [], None, "quamba2")
@@ -103,8 +103,13 @@ def test_w4a8_block_runs_the_marlin_qqq_linears(model):
     # the split's output scale divides the channel scale (marlin_utils.py:254-256), z | x | B | C | dt
     gs = d.ngroups * d.d_state
     out = torch.tensor([s.s_z] * d.d_inner + [s.s_x] * d.d_inner + [s.s_B] * gs + [s.s_C] * gs + [s.s_dt] * d.nheads)
-    fused = replace(w4.in_proj, channel_scales=w4.in_proj.channel_scales / out)
-    assert torch.equal(got, w4a8_linear_ref(q, fused, True))
+    # the block takes the fused form (as a Quamba2 checkpoint stores it); the cache holds GPTQ's unfused one
+    cached = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a8")
+    with np.load(cached.info["cache_files"][1]) as f:
+        unfused = torch.from_numpy(f["in_proj.channel_scales"])
+    assert torch.equal(cached.scales[1].in_proj.channel_scales, w4.in_proj.channel_scales)
+    assert torch.equal(w4.in_proj.channel_scales, unfused / out)
+    assert torch.equal(got, w4a8_linear_ref(q, w4.in_proj, True))
     hq = block.had(torch.randn(1, 9, d.d_inner, generator=torch.Generator().manual_seed(0)))
     assert torch.equal(block.out_proj(hq), w4a8_linear_ref(hq, w4.out_proj, False))
 

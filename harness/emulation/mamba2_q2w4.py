@@ -34,8 +34,9 @@ __all__ = ["Q2W4Layer", "EmuW4A8Linear", "EmuW4A16Linear", "EmuQ2W4A8Block", "bu
 
 @dataclass(frozen=True)
 class Q2W4Layer:
-    """One block's GPTQ result (Marlin-QQQ Int4Weights for W4A8, Marlin for W4A16, no output scale fused) and,
-    for W4A8, its W8A8 scales (None for W4A16)."""
+    """One block's int4 linears as the kernels hold them (Marlin-QQQ for W4A8: in_proj's channel scales with each
+    split's output scale divided in, as a Quamba2 checkpoint stores them, checkpoints.quamba2_w4; Marlin for
+    W4A16) and, for W4A8, its W8A8 scales (None for W4A16)."""
 
     in_proj: Int4Weight
     out_proj: Int4Weight
@@ -99,7 +100,7 @@ def build_q2w4a8_block(layer: int, dims: Mamba2Dims, raw: dict, w4: Q2W4Layer, c
     base = build_q2_block(layer, dims, q2_params(raw, s, dims), s, chunked)
     block = EmuQ2W4A8Block(layer, dims, base.q, s, chunked=chunked, norm=base.norm, had=base.had,
                            out_proj=EmuW4A8Linear(w4.out_proj))
-    block.set_in_proj(in_proj_out_scales(w4.in_proj, s, dims))
+    block.set_in_proj(w4.in_proj)
     return block
 
 

@@ -24,7 +24,7 @@ import torch
 from ..spec import HookPoint, Mamba2Dims
 from .build import build_mamba2_block
 from .gptq import Hessian, gptq_group_size, gptq_int4, to_int4_weight
-from .mamba2_q2w4 import Q2W4Layer
+from .mamba2_q2w4 import Q2W4Layer, in_proj_out_scales
 from .weights_mamba2 import float_layer_mamba2
 
 __all__ = ["gptq_q2", "q2w4_layers", "block_hessians"]
@@ -78,7 +78,10 @@ def gptq_q2(dims: Mamba2Dims, raws: list[dict], embed: Callable, windows: torch.
     return out
 
 
-def q2w4_layers(weights: list[tuple], scales: list | None) -> list[Q2W4Layer]:
-    """GPTQ's weights with the W8A8 scales of each block (None for W4A16)."""
-    return [Q2W4Layer(w_in, w_out, None if scales is None else scales[i]) for i, (w_in, w_out) in enumerate(weights)]
+def q2w4_layers(weights: list[tuple], scales: list | None, dims: Mamba2Dims) -> list[Q2W4Layer]:
+    """GPTQ's weights with the W8A8 scales of each block (None for W4A16); for W4A8 the splits' output scales
+    are divided into in_proj's channel scales (``w4a8_quantize(out_scales=)``, marlin_utils.py:254-256)."""
+    if scales is None:
+        return [Q2W4Layer(w_in, w_out, None) for w_in, w_out in weights]
+    return [Q2W4Layer(in_proj_out_scales(w_in, s, dims), w_out, s) for (w_in, w_out), s in zip(weights, scales)]
 

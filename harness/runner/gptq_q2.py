@@ -153,6 +153,6 @@ def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: Calibratio
         info["source"] = "reused"
     if paths:
         info["cache_files"] = [str(p) for p in paths]
-    layers: list[Q2W4Layer] = q2w4_layers(weights, q2.scales if q2 is not None else None)
+    layers: list[Q2W4Layer] = q2w4_layers(weights, q2.scales if q2 is not None else None, bank.dims)
     info.update(seconds=round(time.perf_counter() - start, 3), layers=[x.info() for x in layers])
     return CalibrationResult(layers, info)
