@@ -92,11 +92,12 @@ def test_mamba1_only_mode_is_exit_2(m2, tmp_path, capsys):
     assert "ssm.u" in capsys.readouterr().err
 
 
-def test_export_refuses_a_mamba2_model(m2, tmp_path, capsys):
+def test_export_refuses_a_mamba2_w4_recipe(m2, tmp_path, capsys):
+    """A Mamba-2 model exports as Quamba2 W8A8 (tests/test_quamba2_export.py); its W4 recipes are not written."""
     from harness.cli import export_main
     _, d = m2
-    assert run_cli(export_main, ["--model", d, "--output_dir", tmp_path / "q"]) == 2
-    assert "Quamba2 export is not implemented" in capsys.readouterr().err and not (tmp_path / "q").exists()
+    assert run_cli(export_main, ["--model", d, "--output_dir", tmp_path / "q", "--recipe", "w4a16"]) == 2
+    assert "Marlin" in capsys.readouterr().err and not (tmp_path / "q").exists()
 
 
 def test_points_of_a_bad_model_directory_is_exit_2(tmp_path, capsys):

@@ -125,7 +125,20 @@ def test_split_weights_are_quantized_per_split():
     wc, ws, bcodes, bs = q2_conv_weights(torch.tensor([[1.0], [0.5], [4.0], [2.0]]), torch.tensor([0.1, 0.2, 3.0, 6.0]),
                                          x_dim=2, bc=1)
     assert wc[:, 0].tolist() == [127, 64, 127, 127] and bcodes.tolist() == [64, 127, 127, 127]
-    assert ws[1] == float(np.float16(4.0) / np.float16(127)) and bs[2] == float(np.float16(6.0) / np.float16(127))
+    assert ws[1] == float(np.float32(4.0) / np.float32(127)) and bs[2] == float(np.float32(6.0) / np.float32(127))
+
+
+def test_conv_weights_are_quantized_in_fp32():
+    """Quamb2Conv1D casts weight and bias to fp32 before the absmax (qConvLayer.py:240, :256): fp32 scale and
+    division. 0.603515625 at absmax f16(0.7) is code 109 in fp32 (109.46) but 110 in fp16."""
+    from harness.emulation.weights_q2 import q2_conv_weights
+
+    w = torch.tensor([[0.7], [0.603515625], [1.0], [1.0]]).to(torch.float16).float()
+    wc, ws, bcodes, bs = q2_conv_weights(w, w[:, 0].clone(), x_dim=2, bc=1)
+    s = np.float32(np.float32(np.float16(0.7)) / np.float32(127))
+    assert ws[0] == float(s) and bs[0] == float(s)
+    want = int(np.rint(np.float32(np.float32(0.603515625) / s)))
+    assert want == 109 and wc[1, 0].item() == want and bcodes[1].item() == want
 
 
 def test_gated_norm_is_groupwise_and_close_to_its_float64_reference():

@@ -154,6 +154,8 @@ def test_recipes_and_presets():
         resolve_modes(["q2-w4a16"], architecture="mamba1")
     with pytest.raises(ModeError, match="weights=int4 is Quamba2's GPTQ"):
         replace(get_mode("1"), name="x", weights="int4")
+    with pytest.raises(ModeError, match="apply to q2-w8a8's block only"):  # the W4 blocks do not read them
+        replace(get_mode("q2-w4a8"), name="x", x_groups="tensor")
 
 
 def test_main_job_on_the_shipped_mamba2(tmp_path, capsys):

@@ -307,7 +307,7 @@ def _config(**changes):
     (_mutate("backbone.layers.0.mixer.selective_scan.z_scale", lambda v: v * 2),
      "conv1d.input_scale"),
     (_config(ssm_layer="W4A8QMamba"), "ssm_cfg.layer 'W4A8QMamba' (4-bit weights) is not supported; supported: Quamba1 W8A8"),
-    (_config(ssm_layer="W8A8QMamba2"), "a Mamba-2 (Quamba2) checkpoint"),
+    (_config(ssm_layer="W8A8QMamba2"), "config.json (Quamba2): sizes must be positive"),  # read as Quamba2's
     (_config(is_hybrid=True), "a hybrid"),
     (_config(embedding_cfg={"layer": "W4O16Embedding"}), "embedding_cfg.layer 'W4O16Embedding' is not supported"),
     # added for surviving mutants: the norm's name in the message; a scale tensor of the right shape, wrong dtype

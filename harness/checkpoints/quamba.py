@@ -138,6 +138,7 @@ class QuambaCheckpoint:
     """A validated Quamba1 W8A8 directory; tensors are memory-mapped and read on first use."""
 
     format = "quamba-w8a8"
+    prep = "quamba"  # the prep whose rotated int8 codes and scales it holds
 
     def __init__(self, path: Path, cfg: dict, sd: dict, dims: ModelDims, kinds: dict) -> None:
         self.path, self.cfg, self._sd, self.dims, self.kinds = path, cfg, sd, dims, kinds

@@ -13,8 +13,8 @@ __all__ = ["build_export_parser", "export_main"]
 
 def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Calibrate every layer of a float Mamba model and write a "
-                                "Quamba1 W8A8 checkpoint (config.json, pytorch_model.bin, tokenizer) as Quamba's "
-                                "save_pretrained does.")
+                                "Quamba1 W8A8 checkpoint (a Mamba-2 model: Quamba2 W8A8) (config.json, pytorch_model.bin, "
+                                "tokenizer) as Quamba's save_pretrained does.")
     opt(p, "model", type=Path, required=True, help="the float model directory (transformers or mamba_ssm layout)")
     opt(p, "output_dir", type=Path, required=True, help="new (or empty) directory to write")
     opt(p, "tokenizer", type=Path, default=None, help="directory with tokenizer.json (default: the model directory)")
@@ -23,6 +23,8 @@ def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
     opt(p, "quantize_lm_head", action="store_true",
          help="store lm_head as W8A8B16O16Linear and norm_f with its output scale (Quamba's --quantize_lm_head; "
               "one more calibration pass through every layer); default: fp16, as Quamba1")
+    opt(p, "recipe", default="w8a8", choices=("w8a8", "w4a8", "w4a16"),
+        help="Quamba's recipe (a Mamba-2 model: Quamba2's; only w8a8 is written yet; a Mamba-1 model: w8a8)")
     g = p.add_argument_group("calibration (as for capture; the calibration cache is shared)")
     add_calibration_options(g)
     opt(p, "quiet", action="store_true", help="print only errors and the output directory")
@@ -43,7 +45,8 @@ def _export(argv: list[str] | None, prog: str | None, progress) -> int:
                                                  args.calib_batch_size, args.seed),
                        calib_file=args.calib_file,
                        cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
-                       quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head)
+                       quantize_embedding=args.quantize_embedding, quantize_lm_head=args.quantize_lm_head,
+                       recipe=args.recipe)
     try:
         export(cfg, emit=(lambda _s: None) if args.quiet else print, progress=progress.silenced(args.quiet))
     except INPUT_ERRORS as e:

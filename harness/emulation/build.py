@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from ..modes import ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate, SsmImpl, Store, Weights
+from ..modes import ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate, SsmImpl, Store, Weights, XGroups
 from .modules import (
     ConvInput,
     EmuBackbone,
@@ -59,7 +59,7 @@ from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD
 from .weights_mamba2 import Mamba2Params, float_layer_mamba2
 from .mamba2_q2 import build_q2_block
 from .mamba2_q2w4 import Q2W4Layer, build_q2w4a8_block, with_w4a16_linears
-from .q2_params import Q2Scales, q2_params
+from .q2_params import Q2Params, Q2Scales, q2_params
 
 assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
 
@@ -207,11 +207,23 @@ def build_mamba2_block(recipe: ModeRecipe, p: Mamba2Params, dims: Mamba2Dims, la
     )
 
 
-def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict, scales: Q2Scales, dims: Mamba2Dims, layer: int):
+def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict | None, scales: Q2Scales, dims: Mamba2Dims, layer: int,
+                          params: Q2Params | None = None):
     """One Quamba2 W8A8 block (prep=quamba2): the checkpoint's tensors reordered by the calibrated head/dim
-    groups, folded and rotated in fp16, quantized (q2_params); ssm_impl=kernel the chunked SSD, reference the
-    token-by-token recurrence, on the same dequantized inputs."""
-    return build_q2_block(layer, dims, q2_params(raw, scales, dims), scales, recipe.ssm_impl == SsmImpl.KERNEL)
+    groups, folded and rotated in fp16, quantized (q2_params), or `params` as a Quamba2 checkpoint stores them;
+    ssm_impl=kernel the chunked SSD, reference the token-by-token recurrence, on the same dequantized inputs;
+    x_groups=tensor: every entry of the x scale table is the per-tensor s_x_tensor (the grouped conv and SSD then
+    quantize x at one scale; a calibration from the float model only); state_dtype: the block's decode state
+    (EmuQ2Mamba2Block.state_dtype)."""
+    if recipe.x_groups == XGroups.TENSOR:
+        if scales.s_x_tensor is None or params is not None:
+            raise ValueError(f"mode {recipe.name!r} (x_groups=tensor) needs the per-tensor x scale s_x_tensor, "
+                             f"which layer {layer} does not have (a Quamba2 checkpoint stores the grouped table "
+                             f"only): calibrate from the float model")
+        scales = replace(scales, x_table=torch.full_like(scales.x_table, scales.s_x_tensor))
+    params = q2_params(raw, scales, dims) if params is None else params
+    return build_q2_block(layer, dims, params, scales, recipe.ssm_impl == SsmImpl.KERNEL,
+                          state_dtype=str(recipe.state_dtype))
 
 
 def build_q2w4_mamba2_block(recipe: ModeRecipe, raw: dict, w4: Q2W4Layer, dims: Mamba2Dims, layer: int):
@@ -245,7 +257,9 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
     if dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2 and recipe.weights == Weights.INT4:
         blocks = [build_q2w4_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
     elif dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2:
-        blocks = [build_q2_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
+        given = getattr(bank, "q2_given", lambda _i: None)  # a Quamba2 checkpoint's own codes (WeightBank.q2_given)
+        blocks = [build_q2_mamba2_block(recipe, None, scales[i], dims, i, params=p) if (p := given(i)) is not None
+                  else build_q2_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
     elif dims.architecture == "mamba2":
         blocks = [build_mamba2_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), dims, i)
                   for i in range(depth + 1)]

@@ -12,8 +12,14 @@ The block runs on the reordered channels and heads (emulation.q2_params). Its ta
 (codes x scales, fp32) put back in the model's own channel and head order, so that they compare with the
 float modes position by position; ``had.out`` cannot be put back (a Hadamard of reordered channels is not a
 reordering of the Hadamard), it stays in the reordered basis (docs/modes.md).
+
+Diagnostics (docs/analysis.md "Quamba2 x groups"): ``x_probe``, when a caller sets it, is called after the
+conv with the fp32 values of x that the grouped quantizer saw and their int8 codes, both in the reordered
+channel order; ``x_groups()`` describes the groups. Unset (the default), the forward does nothing more.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -22,9 +28,10 @@ from .mamba2 import EmuMamba2Block
 from .modules import EmuHadamard, EmuLinear, EmuRMSNorm
 from .ops.linear import Epilogue
 from .ops.q2_ssd import Q2SSDParams, q2_ssd_inputs
-from .ops.q2_w8a8 import q2_conv1d, q2_gated_norm, q2_in_proj
+from .ops.q2_w8a8 import q2_conv1d_quantize, q2_conv1d_values, q2_gated_norm, q2_in_proj
 from .ops.quant import round_to_dtype
 from .ops.ssd import ssd_chunked, ssd_ref
+from .grouping_q2 import group_ranges
 from .q2_params import Q2Params, Q2Scales
 
 __all__ = ["EmuQ2Mamba2Block", "build_q2_block", "Q2_GNORM_EPS"]
@@ -42,11 +49,18 @@ def _inverse(index: torch.Tensor) -> torch.Tensor:
 class EmuQ2Mamba2Block(EmuMamba2Block):
     """One Quamba2 W8A8 Mamba-2 block; the HookPoints of EmuMamba2Block at the same sites."""
 
+    x_probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # (x values, x codes), reordered
+
     def __init__(self, layer: int, dims: Mamba2Dims, params: Q2Params, scales: Q2Scales, *, chunked: bool,
-                 norm: EmuRMSNorm, had: EmuHadamard, out_proj: EmuLinear) -> None:
+                 norm: EmuRMSNorm, had: EmuHadamard, out_proj: EmuLinear, state_dtype: str = "int8") -> None:
         super().__init__(layer, dims, norm=norm, in_proj=None, conv1d=None, dt_bias=params.fp16.dt_bias, ssd=None,
                          gnorm=None, had=had, out_proj=out_proj)
         self.q, self.s, self.chunked = params, scales, chunked
+        # the state_dtype knob: the SSM state the decode step starts from and keeps; "int8": Quamba2's cache, the
+        # prefill's final state quantized at ssm_state_scale (quamba/triton/quant_ssd_combined.py:162,
+        # quant_ssm_states.py:119) and re-quantized after every step; "fp32": never quantized. The prefill's own
+        # outputs (y, every tap) never read the quantized state: forward is the same for both.
+        self.state_dtype = state_dtype
         self.ch_back = _inverse(scales.reorder.channel_index.to(torch.int64))  # reordered -> model order
         self.head_back = _inverse(scales.reorder.head_index.to(torch.int64))
 
@@ -70,6 +84,17 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         """The int8 [z | xBC | dt] codes (W8A8B8O8LinearParallel; the W4A8 block overrides it)."""
         return q2_in_proj(normed, self.q.in_proj, self.q.in_proj_b)
 
+    def x_groups(self) -> dict:
+        """The grouping of x in the reordered channel order: SSD groups, headdim, the cumulative head and dim group
+        ranges, every channel's output scale (fp32), and the scale table (x [g, head groups, dim groups], B and C
+        per SSD group, the conv input's s_x)."""
+        head_range, dim_range = group_ranges(self.s.reorder)
+        return {"ngroups": self.dims.ngroups, "headdim": self.dims.headdim, "head_range": head_range.numpy(),
+                "dim_range": dim_range.numpy(), "channel_scales": self.q.x_scales.cpu().numpy(),
+                "table": {"x_table": self.s.x_table.tolist(), "x_head_group_range": head_range.tolist(),
+                          "x_dim_group_range": dim_range.tolist(), "B_scales": self.s.B_scales.tolist(),
+                          "C_scales": self.s.C_scales.tolist(), "s_x": self.s.s_x}}
+
     def prefill(self, residual: torch.Tensor):
         raise NotImplementedError("Quamba2's W8A8 decode step (int8 conv and SSM states) is not emulated")
 
@@ -90,7 +115,10 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         self._at("in_proj.xBC", torch.cat([self._ch(xBC_real[..., :d.d_inner]), xBC_real[..., d.d_inner:]], -1))
         self._at("in_proj.dt", (dt.to(torch.float32) * torch.tensor(s.s_dt, dtype=torch.float32))[..., self.head_back])
         w_codes, w_scales, b_codes, b_scales = q.conv
-        conv = q2_conv1d(xBC, split_scales, w_codes, w_scales, b_codes, b_scales, q.conv_out, x_dim=d.d_inner)
+        values = q2_conv1d_values(xBC, split_scales, w_codes, w_scales, b_codes, b_scales, x_dim=d.d_inner)
+        conv = q2_conv1d_quantize(values, q.conv_out)
+        if self.x_probe is not None:
+            self.x_probe(values[..., :d.d_inner], conv[..., :d.d_inner])
         q_x, q_B, q_C = conv.split([d.d_inner, gs, gs], dim=-1)
         self._at("conv1d.x", self._ch(q_x.to(torch.float32) * q.x_scales))
         self._at("conv1d.B", q_B.to(torch.float32) * s.B_scales.repeat_interleave(d.d_state))
@@ -108,12 +136,13 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         return out, self._at("block.residual", residual + out)
 
 
-def build_q2_block(layer: int, dims: Mamba2Dims, params: Q2Params, scales: Q2Scales, chunked: bool) -> EmuQ2Mamba2Block:
+def build_q2_block(layer: int, dims: Mamba2Dims, params: Q2Params, scales: Q2Scales, chunked: bool, *,
+                   state_dtype: str = "int8") -> EmuQ2Mamba2Block:
     """The block with Quamba2's norm (int8 at s_in, RNE), online Hadamard (int8 at s_H, roundf, the kernel's
     fp32 butterflies) and out_proj (W8A8B16O16, the weight scale first, fp16 out), as Quamba1's W8A8 ones:
     W8A8QMamba2 uses the same QRMSNorm, QHadamard and W8A8B16O16Linear classes (qMamba2.py:1152-1160)."""
     return EmuQ2Mamba2Block(
-        layer, dims, params, scales, chunked=chunked,
+        layer, dims, params, scales, chunked=chunked, state_dtype=state_dtype,
         norm=EmuRMSNorm(None, dims.norm_eps, QuantOut(scales.s_in, Rounding.HALF_EVEN)),
         had=EmuHadamard(QuantOut(scales.s_H, Rounding.HALF_AWAY), fht=True),
         out_proj=EmuLinear(params.out_proj, Epilogue.WEIGHT_THEN_RATIO, FloatOut(torch.float16)))

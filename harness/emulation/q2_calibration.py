@@ -8,7 +8,8 @@ model) over the calibration windows:
    then the head/dim grouping of every block (emulation.grouping_q2; reorder_utils.py:138-170);
 2. the same model with the reordered weights (emulation.q2_params.reorder_raw), every observer of
    ``run_quamba2_calibration`` (modelutils_mamba.py:236-372): min-max per tensor, the cross-head min-max of x,
-   the per-SSD-group min-max of B and C (emulation.q2_params lists them).
+   the per-SSD-group min-max of B and C (emulation.q2_params lists them), and the per-tensor percentile of x that
+   Quamba's non-grouped path would take (``s_x_tensor``, for the x_groups=tensor variant).
 
 The mean in pass 1 is an fp32 sum of the fp16 values in a fixed order, rounded to fp16 (torch.mean of an fp16
 CUDA tensor accumulates in fp32 in its own order; the stored fp16 mean rarely differs).
@@ -23,7 +24,7 @@ from ..spec import HookPoint, Mamba2Dims
 from .build import build_mamba2_block
 from .grouping_q2 import group_wise_sort_indices
 from .modules import EmuBackbone
-from .observers import MinMaxObserver
+from .observers import MinMaxObserver, PercentileObserver
 from .observers_q2 import CrossHeadMinmaxObserver
 from .ops import portable
 from .q2_params import Q2Scales, reorder_raw
@@ -90,9 +91,10 @@ def _channel_stats(model: EmuBackbone, depth: int, windows: torch.Tensor, batch_
 
 
 def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, windows: torch.Tensor, depth: int,
-                 batch_size: int, recipe, *, step: Callable | None = None) -> list[Q2Scales]:
+                 batch_size: int, recipe, *, step: Callable | None = None, alpha: float = 0.9995) -> list[Q2Scales]:
     """Scales of blocks 0..depth. raw(i): block i's checkpoint tensors (fp32); embed(ids): the rotated fp16
-    embedding; recipe: the float calibration recipe (fp16 weights and activations, rotated, chunked SSD)."""
+    embedding; recipe: the float calibration recipe (fp16 weights and activations, rotated, chunked SSD);
+    alpha: the percentile of s_x_tensor (Quamba's non-grouped x observer, modelutils_mamba.py:132)."""
     if dims.nheads // dims.ngroups < 4 or dims.headdim < 4:
         raise ValueError(f"Quamba2 groups each SSD group's heads into 4 head groups and each head's channels into 4 "
                          f"dim groups; this model has {dims.nheads // dims.ngroups} heads per SSD group and headdim "
@@ -104,7 +106,12 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
     gs = dims.ngroups * dims.d_state
     obs = [{**{k: MinMaxObserver() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
             "x": CrossHeadMinmaxObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups),
-            "B": PerSSDGroupObserver(dims.d_state), "C": PerSSDGroupObserver(dims.d_state)} for g in reorders]
+            "B": PerSSDGroupObserver(dims.d_state), "C": PerSSDGroupObserver(dims.d_state),
+            "s_x_tensor": PercentileObserver(alpha)} for g in reorders]
+
+    def x_out(o: dict, t: torch.Tensor) -> None:
+        o["x"].update(t.to(torch.float16).to(torch.float32))
+        o["s_x_tensor"].observe(t)
 
     def xbc(o: dict, t: torch.Tensor) -> None:
         x, B, C = t.split([dims.d_inner, gs, gs], dim=-1)
@@ -119,11 +126,12 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
         if point == "in_proj.xBC":
             return lambda t: xbc(o, t)
         if point == "conv1d.x":
-            return lambda t: o["x"].update(t.to(torch.float16).to(torch.float32))
+            return lambda t: x_out(o, t)
         return {"conv1d.B": o["B"].observe, "conv1d.C": o["C"].observe}.get(point)
 
     _run(model, _hook(model, lambda layer, point: want(layer, point) if layer <= depth else None), windows,
          batch_size, step)
     return [Q2Scales(**{k: o[k].compute_scale() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
-                     x_table=o["x"].scales(), B_scales=o["B"].scales(), C_scales=o["C"].scales(), reorder=g)
+                     x_table=o["x"].scales(), B_scales=o["B"].scales(), C_scales=o["C"].scales(), reorder=g,
+                     s_x_tensor=o["s_x_tensor"].compute_scale())
             for o, g in zip(obs, reorders)]

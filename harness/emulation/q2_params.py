@@ -17,12 +17,19 @@ x_table    x_conv_out:input                CrossHeadMinmaxObserver, (ngroups, he
 B_scales   B_conv_out:input                PerSSDGroupObserver, (ngroups,)
 C_scales   C_conv_out:input                PerSSDGroupObserver, (ngroups,)
 s_H        out_proj:input                  per-tensor min-max (the online Hadamard's output)
+s_x_tensor x_conv_out:input (non-grouped)  per-tensor percentile (--percentile_alpha), for x_groups=tensor only
 =========  ==============================  =====================================================
 
+``s_x_tensor`` is the one x scale of Quamba's non-grouped path (run_quamba_calibration, modelutils_mamba.py:125-132,
+161-167: ``PerTensorPercentileObserver`` at ``x_conv_out``, the conv + SiLU output of x, qMamba2.py:221-229;
+percentile_alpha 0.9995), observed in the same second pass as the others (a percentile of |x| over all channels
+does not depend on their order). The grouped recipe never reads it; x_groups=tensor quantizes x at it in place
+of the group table (emulation.build).
+
 The ssm_state scale (``CachedStatesCrossHeadMinmaxObserver``) is used only by the decode step, which the
-harness does not run for Mamba-2; it is not observed. No percentile observer runs on this path: Quamba2's
+harness does not run for Mamba-2; it is not observed. No percentile observer feeds q2-w8a8: Quamba2's
 head-grouped calibration uses min-max observers only (modelutils_mamba.py:271-307; percentile is the
-non-grouped path, :160-167).
+non-grouped path, :160-167, whose x observer s_x_tensor reproduces).
 
 Reorder (reorder_mamba, quamba/reorder_utils.py:173-199): z and x rows of in_proj and x rows of conv1d take
 the channel order, dt rows of in_proj, A_log, D and dt_bias the head order, the gated norm's weight and
@@ -59,6 +66,7 @@ class Q2Scales:
     C_scales: torch.Tensor
     s_H: float
     reorder: GroupReorder
+    s_x_tensor: float | None = None  # None: not observed (a checkpoint's scales)
 
     def info(self) -> dict:
         """Plain numbers for the provenance (the group tables and every scale)."""
@@ -67,7 +75,8 @@ class Q2Scales:
                 "s_dt": self.s_dt, "s_H": self.s_H, "x_table": self.x_table.tolist(),
                 "B_scales": self.B_scales.tolist(), "C_scales": self.C_scales.tolist(),
                 "x_head_group_range": head_range.tolist(), "x_dim_group_range": dim_range.tolist(),
-                "head_index": self.reorder.head_index.tolist()}
+                "head_index": self.reorder.head_index.tolist(),
+                **({} if self.s_x_tensor is None else {"s_x_tensor": self.s_x_tensor})}
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,14 @@ weight's dtype, codes clamp(round(w / s))), which is ops.quant.quantize_weight_f
   a Python double stored as fp32 (:698, :709-711); the rows padded to a multiple of 16 get b = 0 (:701-703;
   the padding is not kept here, it never reaches an output);
 * conv1d (``Quamb2Conv1D.from_fp16``, quamba/qConvLayer.py:240-271): weight (conv_dim, K) and bias split
-  as x | B | C, each with its own scale.
+  as x | B | C, each with its own scale, **in fp32**: both are cast ``.to(torch.float32)`` before the absmax
+  (:240, :256), so the scale and the division are fp32 (ops.quant.quantize_param_fp32), not fp16 as in_proj.
 """
 from __future__ import annotations
 
 import torch
 
-from .ops.quant import f32, quantize_weight_fp16
+from .ops.quant import f32, quantize_param_fp32, quantize_weight_fp16
 
 __all__ = ["q2_in_proj_weight", "q2_conv_weights"]
 
@@ -40,12 +41,12 @@ def q2_in_proj_weight(w: torch.Tensor, sizes: list[int],
 
 
 def q2_conv_weights(weight: torch.Tensor, bias: torch.Tensor | None, x_dim: int, bc: int):
-    """weight: (conv_dim, K) fp16 values; bias: (conv_dim,) or None; bc = ngroups * d_state.
+    """weight: (conv_dim, K) fp16 values (quantized in fp32, qConvLayer.py:240); bias: (conv_dim,) or None; bc = ngroups * d_state.
     Returns (weight codes, (wx, wB, wC) scales, bias codes or None, (bx, bB, bC) scales or None)."""
     sizes = [x_dim, bc, bc]
-    wq = [quantize_weight_fp16(p) for p in _splits(weight, sizes)]
+    wq = [quantize_param_fp32(p) for p in _splits(weight, sizes)]
     w_codes, w_scales = torch.cat([q.codes for q in wq]), tuple(q.scale for q in wq)
     if bias is None:
         return w_codes, w_scales, None, None
-    bq = [quantize_weight_fp16(p) for p in _splits(bias, sizes)]
+    bq = [quantize_param_fp32(p) for p in _splits(bias, sizes)]
     return w_codes, w_scales, torch.cat([q.codes for q in bq]), tuple(q.scale for q in bq)

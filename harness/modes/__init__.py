@@ -34,10 +34,14 @@ __all__ = [
     "MAMBA2_PRESETS",
     "architecture_problem",
     "Q2_CALIBRATION_RECIPE",
+    "Q2_KNOBS",
+    "XGroups",
+    "StateDtype",
 ]
 
 from .knobs import (FORMAT_KNOBS, KNOB_TYPES, KNOBS, MAMBA2_PRESETS, PRESETS, ActDtype, ConvIn, ConvOut, ModeError,
                     NumberFormat, Prep, Rotate, SsmImpl, SsmU, Store, Weights, parse_layer_range)
+from .knobs import Q2_KNOBS, StateDtype, XGroups
 from .recipe import ModeRecipe
 from .registry import (BUILTIN_MODES, CALIBRATION_RECIPES, Q2_CALIBRATION_RECIPE, ModeRegistry, architecture_problem,
                        get_mode, list_modes)

@@ -6,7 +6,8 @@ import re
 from enum import StrEnum
 
 __all__ = ["ModeError", "KNOBS", "Weights", "Rotate", "Store", "ConvIn", "ConvOut", "SsmU", "SsmImpl", "ActDtype",
-           "Prep", "KNOB_TYPES", "NumberFormat", "FORMAT_KNOBS", "parse_layer_range", "PRESETS", "MAMBA2_PRESETS"]
+           "Prep", "KNOB_TYPES", "NumberFormat", "FORMAT_KNOBS", "parse_layer_range", "PRESETS", "MAMBA2_PRESETS",
+           "XGroups", "StateDtype", "Q2_KNOBS", "Q2_KNOB_TYPES"]
 
 
 class ModeError(ValueError):
@@ -89,6 +90,25 @@ KNOB_TYPES: dict[str, type[StrEnum]] = {
 }
 assert all(set(KNOBS[k]) == {m.value for m in t} for k, t in KNOB_TYPES.items()) and set(KNOBS) == set(KNOB_TYPES)
 
+# Quamba2's variant knobs (docs/modes.md "Variant knobs of q2-w8a8"): prep=quamba2 only; the first value is the
+# default, which the built-in rows leave as it is and the stats record only when changed (beside KNOB_TYPES, so the
+# built-in rows and their stats stay as they were).
+class XGroups(StrEnum):
+    """The conv's x output scales: per (SSD group, head group, dim group), or one per tensor (percentile)."""
+    GROUPED = "grouped"
+    TENSOR = "tensor"
+
+
+class StateDtype(StrEnum):
+    """The SSM state handed from the prefill to the decode step and kept between steps: Quamba2's int8 at the
+    grouped ssm_state_scale, or fp32 (never quantized)."""
+    INT8 = "int8"
+    FP32 = "fp32"
+
+
+Q2_KNOB_TYPES: dict[str, type[StrEnum]] = {"x_groups": XGroups, "state_dtype": StateDtype}
+Q2_KNOBS: dict[str, tuple[str, ...]] = {k: tuple(m.value for m in t) for k, t in Q2_KNOB_TYPES.items()}
+
 # Number formats as knobs (docs/formats.md): "none" (the recipe's own arithmetic) or a format of harness.formats
 # (spec.FORMAT_NAMES; emulation.build checks the two lists agree). Off by default: the built-in modes never set
 # them and record them only when set, so their numbers and stats are unchanged.
@@ -119,7 +139,8 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 
 # What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
-# Float recipes and Quamba2's W8A8 (q2-w8a8); q2-w4a8 and q2-w4a16 are not built yet.
+# Float recipes and Quamba2's W8A8 (q2-w8a8), W4A8 (q2-w4a8) and W4A16 (q2-w4a16); `essential` leaves out the
+# two W4 recipes (their GPTQ takes a few calibration forwards).
 MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1", "q2-w8a8", "q2-w4a8", "q2-w4a16"),
                                               "essential": ("fp32", "1", "q2-w8a8"),
                                               "quant_only": ("q2-w8a8", "q2-w4a8", "q2-w4a16")}

@@ -7,6 +7,7 @@ from enum import StrEnum
 
 from .knobs import (FORMAT_KNOBS, KNOB_TYPES, KNOBS, PRESETS, ActDtype, ConvIn, ConvOut, ModeError, NumberFormat, Prep,
                     Rotate, SsmImpl, SsmU, Store, Weights, parse_layer_range)
+from .knobs import Q2_KNOB_TYPES, Q2_KNOBS, StateDtype, XGroups
 
 __all__ = ["ModeRecipe"]
 
@@ -35,6 +36,9 @@ class ModeRecipe:
     state_format: NumberFormat = NumberFormat.NONE
     # per-layer format knobs: ((layer range, ((knob, value), ...)), ...), e.g. from {"0-3": {...}, "4-": {...}}
     layers: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    # Quamba2's variant knobs (knobs.Q2_KNOBS; prep=quamba2 only)
+    x_groups: XGroups = XGroups.GROUPED
+    state_dtype: StateDtype = StateDtype.INT8
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in PRESETS:
@@ -49,15 +53,22 @@ class ModeRecipe:
         for knob in FORMAT_KNOBS:
             object.__setattr__(self, knob, _format_value(self.name, knob, getattr(self, knob)))
         object.__setattr__(self, "layers", _layers_value(self.name, self.layers))
+        for knob, allowed in Q2_KNOBS.items():
+            if getattr(self, knob) not in allowed:
+                raise ModeError(f"mode {self.name!r}: knob {knob}={getattr(self, knob)!r} is not valid; "
+                                f"valid values: {', '.join(allowed)}")
+            object.__setattr__(self, knob, Q2_KNOB_TYPES[knob](getattr(self, knob)))
         for problem in _inconsistencies(self):
             raise ModeError(f"mode {self.name!r}: {problem}")
 
     def knobs(self) -> dict[str, StrEnum]:
-        """Every knob; the format knobs and the per-layer table only where set (the stats' "recipe")."""
+        """Every knob; the format knobs, the per-layer table and Quamba2's variant knobs only where set (the stats'
+        "recipe")."""
         knobs = {k: getattr(self, k) for k in KNOBS}
         knobs.update({k: getattr(self, k) for k in FORMAT_KNOBS if getattr(self, k) != NumberFormat.NONE})
         if self.layers:
             knobs["layers"] = {r: dict(kv) for r, kv in self.layers}
+        knobs.update({k: getattr(self, k) for k, allowed in Q2_KNOBS.items() if getattr(self, k) != allowed[0]})
         return knobs
 
     def for_layer(self, i: int) -> "ModeRecipe":
@@ -162,6 +173,14 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
                    + " (ssm_impl kernel or reference)")
     if r.weights == Weights.INT4 and r.prep != Prep.QUAMBA2:
         out.append("weights=int4 is Quamba2's GPTQ (q2-w4a8, q2-w4a16): it needs prep=quamba2")
+    changed = [f"{k}={getattr(r, k)}" for k, v in Q2_KNOBS.items() if getattr(r, k) != v[0]]
+    if r.prep != Prep.QUAMBA2 and changed:
+        out.append(f"{' and '.join(changed)} apply to Quamba2's W8A8 only (prep=quamba2, base q2-w8a8, Mamba-2): "
+                   f"this recipe (prep={r.prep}) has no grouped x scales or Quamba2 state to change; "
+                   f"use {' '.join(f'{k}={v[0]}' for k, v in Q2_KNOBS.items())}")
+    if r.weights == Weights.INT4 and changed:
+        out.append(f"{' and '.join(changed)} apply to q2-w8a8's block only; the W4 recipes (weights=int4) keep "
+                   f"{' '.join(f'{k}={v[0]}' for k, v in Q2_KNOBS.items())}")
     if r.conv_in == ConvIn.DYNAMIC and r.weights != Weights.INT8:
         out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
     return out

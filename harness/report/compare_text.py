@@ -6,6 +6,7 @@ from typing import Mapping
 
 from ..metrics.compare import failed_modes
 from .data import layer_and_site
+from .q2text import q2_group_text, q2_groups_of
 from .text import comparison_tables, failed_lines, sample_mean_table, sensitivity_rankings, sensitivity_tables
 
 __all__ = ["compare_output", "gate_line"]
@@ -15,7 +16,8 @@ def compare_output(comparison: dict, stats: dict, tensors: Mapping[str, list[str
                    modes_asked: list[str] | None, tensors_asked: list[str] | None) -> tuple[str, list[str]]:
     """(the text for stdout, the lines for stderr). Adds to `comparison` (what --json writes) "failed_modes"
     (metrics.compare.failed_modes of the modes asked for) and, with sensitivity or isolated data,
-    "sensitivity_ranking" (report.text.sensitivity_rankings), both with --modes and --tensors applied."""
+    "sensitivity_ranking" (report.text.sensitivity_rankings), and "q2_groups" (Quamba2's x group diagnostics,
+    report.q2text), all with --modes and --tensors applied."""
     failed = failed_modes(stats, tensors, reference, lambda m: m in tensors or modes_asked is None or m in modes_asked)
     comparison["failed_modes"] = failed
     entries = stats.get("modes") if isinstance(stats.get("modes"), dict) else {}
@@ -30,6 +32,10 @@ def compare_output(comparison: dict, stats: dict, tensors: Mapping[str, list[str
     if sensitivity or any(t.endswith(".block.isolated") for rows in comparison["modes"].values() for t in rows):
         comparison["sensitivity_ranking"] = sensitivity_rankings(comparison, sensitivity, layers)
         parts.append(sensitivity_tables(comparison, sensitivity, reference, layers))
+    q2 = q2_groups_of(stats, None if modes_asked is None else set(modes_asked), layers)  # Quamba2's x groups
+    if q2:
+        comparison["q2_groups"] = q2
+        parts.append(q2_group_text(q2))
     return "\n".join(p for p in parts if p), failed_lines(failed, reference)
 
 

@@ -28,9 +28,9 @@ from .weightbank import WeightBank
 
 __all__ = ["calibrate_quamba2", "Q2_CALIB_VERSION"]
 
-Q2_CALIB_VERSION = 1  # bump when anything that changes the computed scales or groups changes
+Q2_CALIB_VERSION = 2  # bump when anything that changes the computed scales or groups changes (2: s_x_tensor)
 _FORMAT = "quamba-harness-calibration-q2"
-_FLOATS = ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")
+_FLOATS = ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H", "s_x_tensor")
 _TABLES = ("x_table", "B_scales", "C_scales")
 _GROUPS = ("channel_index", "head_index", "head_groups", "dim_groups")
 
@@ -116,7 +116,8 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
     paths = [Path(cache_dir) / f"calib-q2-{k[:40]}.json" for k in keys] if cache_dir is not None else []
     info = {"prep": "quamba2", "settings": asdict(settings), "tokens": int(windows.numel()), "keys": keys,
             "observers": "min-max per tensor; cross-head min-max of x; per-SSD-group min-max of B, C "
-                         "(Quamba c474646 quamba/modelutils_mamba.py:236-372)"}
+                         "(Quamba c474646 quamba/modelutils_mamba.py:236-372); s_x_tensor: per-tensor percentile "
+                         "of x, alpha --percentile_alpha (the non-grouped path's, :125-132, 161-167)"}
     scales, problems = _cached(paths, keys, bank.dims) if paths else ([], [])
     if paths and len(scales) == depth + 1:
         return CalibrationResult(scales, {**info, "source": "reused", "cache_files": [str(p) for p in paths],
@@ -130,7 +131,7 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
     with progress.stage(f"calibrating (prep=quamba2, {windows.shape[0]} x {windows.shape[1]} tokens, "
                         f"layers 0..{depth}, two passes)", 2 * batches, "batches"):
         scales = calibrate_q2(bank.dims, bank.raw, embed, windows, depth, settings.batch_size, Q2_CALIBRATION_RECIPE,
-                              step=progress.advance)
+                              step=progress.advance, alpha=settings.alpha)
     for i, s in enumerate(scales):
         if bad := _bad(s):
             raise ValueError(f"Quamba2 calibration gave scales that are not finite and positive in layer {i}: "

@@ -1,4 +1,5 @@
-"""``python -m harness export``: calibrate every layer of a float model and write a Quamba1 W8A8 checkpoint.
+"""``python -m harness export``: calibrate every layer of a float model and write a Quamba1 W8A8 checkpoint
+(a Mamba-2 model: a Quamba2 W8A8 checkpoint, runner.export_q2).
 
 The weights are prepared and quantized by the code the built-in int8 modes run
 (``WeightBank.layer(i, "int8", True, "quamba")``, ``WeightBank.embed``), the scales come from the same
@@ -29,6 +30,7 @@ from ..spec import FloatOut
 from ..checkpoints.quamba import is_quamba_dir, write_quamba
 from ..store.files import StorageError, is_regular
 from .weightbank import WeightBank, lm_head_weight
+from .export_q2 import check_q2_export, export_q2_files
 
 __all__ = ["ExportConfig", "ExportError", "export", "TOKENIZER_FILES", "INPUT_ERRORS"]
 
@@ -50,6 +52,7 @@ class ExportConfig:
     cache_dir: Path | None = None
     quantize_embedding: bool = False
     quantize_lm_head: bool = False
+    recipe: str = "w8a8"  # Quamba2's recipes for a Mamba-2 model (export_q2.Q2_RECIPES); Mamba-1: w8a8 only
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -107,15 +110,21 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     if is_quamba_dir(cfg.model):
         raise ExportError(f"--model {cfg.model} is already a quantized Quamba checkpoint; export needs the float model")
     ckpt = open_checkpoint(cfg.model)
-    if ckpt.dims.architecture != "mamba1":
-        raise ExportError(f"--model {cfg.model} is a {ckpt.dims.architecture} model; export writes Quamba1 W8A8 "
-                          f"checkpoints of Mamba-1 models (Quamba2 export is not implemented yet)")
+    if ckpt.dims.architecture == "mamba2" and (problem := check_q2_export(ckpt.dims, cfg.recipe)):
+        raise ExportError(f"--model {cfg.model}: {problem}")
+    if ckpt.dims.architecture == "mamba1" and cfg.recipe != "w8a8":
+        raise ExportError(f"--recipe {cfg.recipe}: a Mamba-1 model is exported with Quamba1's W8A8 recipe; valid: w8a8")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
     tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
     tok_files = [tok_dir / n for n in TOKENIZER_FILES if is_regular(tok_dir / n, refuse_in(tok_dir / n))]  # copied
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
     with progress.stage("reading the calibration text"):
         windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+    if dims.architecture == "mamba2":  # Quamba2's W8A8 (runner.export_q2)
+        _write_dir(out, tok_files, lambda tmp: export_q2_files(cfg, ckpt, windows.ids, tmp, emit, progress), progress)
+        emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
+             f" and the tokenizer files")
+        return out
     bank = WeightBank(ckpt)
     result = calibrate(bank, windows.ids, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir, "quamba",
                        progress=progress)
@@ -147,12 +156,20 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
         lm_head = quantize_weight_fp16(lm_head)
     config = _config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding",
                      "W8A8B16O16Linear" if cfg.quantize_lm_head else "Linear")
+    _write_dir(out, tok_files, lambda tmp: write_quamba(tmp, dims, config, layers, result.scales, embedding=embedding,
+                                                        lm_head=lm_head, lm_head_input_scale=lm_scale), progress)
+    emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
+         f" and the tokenizer files")
+    return out
+
+
+def _write_dir(out: Path, tok_files: list[Path], write: Callable[[Path], None], progress: Progress) -> None:
+    """write(tmp) into a new temporary directory beside `out`, the tokenizer files copied, renamed into place."""
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     progress.phase = f"writing {out}"
     try:
         tmp.mkdir(parents=True)
-        write_quamba(tmp, dims, config, layers, result.scales, embedding=embedding, lm_head=lm_head,
-                     lm_head_input_scale=lm_scale)
+        write(tmp)
         for file in tok_files:
             shutil.copy(file, tmp / file.name)
         if out.exists():
@@ -161,9 +178,6 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
-         f" and the tokenizer files")
-    return out
 
 
 INPUT_ERRORS = (ExportError, ModelDirError, DataError, StorageError)

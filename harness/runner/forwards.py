@@ -28,6 +28,7 @@ from ..emulation.build import act_dtype, build_backbone
 from ..emulation.capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, point_name
 from ..runtime.memory import release_freed
 from ..metrics.errors import tensor_stats
+from ..metrics.q2groups import XGroupSums
 from ..modes import ModeRecipe, Rotate, Weights
 from ..emulation.modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
 from ..emulation.ops.hadamard import hadamard_transform
@@ -139,6 +140,7 @@ class ModeRun:
     logits: list[np.ndarray] = field(default_factory=list)             # per sample (1, seq, vocab) fp32
     block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per sample, own basis
     residuals: list[torch.Tensor] = field(default_factory=list)  # per sample, while the blocks run
+    x_groups: dict[int, XGroupSums] = field(default_factory=dict)  # layer -> Quamba2's x group sums (q2 modes)
 
 
 def _to_mode_basis(x: torch.Tensor, rotate: bool) -> torch.Tensor:
@@ -273,9 +275,10 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
         per_sample: dict[str, list[np.ndarray]] = {}
         codes: dict[str, list] = {}
         meta: dict[str, tuple] = {}
+        sums = _x_group_sums(block) if layer_hooked else None
         for k in range(len(samples)):
             block_in = run.residuals[k]
-            with capture(model, wanted) as captured:
+            with capture(model, wanted) as captured, _probing(block, sums):
                 mixed, run.residuals[k] = block(block_in)
             for point in layer_hooked:
                 if point not in captured:
@@ -303,6 +306,8 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
                 meta[name] = (name, ISOLATED, None, None, "float32")
             if point_name(layer, "block.in") in own:
                 run.block_inputs[k][layer] = captured[point_name(layer, "block.in")].values
+        if sums is not None:
+            run.x_groups[layer] = sums
         if per_sample and raw is not None:
             raw(per_sample, codes, meta)
         elif per_sample:
@@ -311,6 +316,25 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
             release_freed()  # the block's activations, gone to the file, leave the process too
         if step is not None:
             step()
+
+
+def _x_group_sums(block) -> XGroupSums | None:
+    """Quamba2's x group sums for a block that quantizes x by groups (it has ``x_groups``), else None."""
+    groups = getattr(block, "x_groups", None)
+    return None if groups is None else XGroupSums(**groups())
+
+
+@contextlib.contextmanager
+def _probing(block, sums: XGroupSums | None):
+    """The block hands its pre-quantization x and codes to `sums` during the forward (not the isolated replay)."""
+    if sums is None:
+        yield
+        return
+    block.x_probe = lambda values, codes: sums.add(values.cpu().numpy(), codes.cpu().numpy())
+    try:
+        yield
+    finally:
+        del block.x_probe
 
 
 def _original_basis(shared: SharedOps | None, layer: int, site: str, values: torch.Tensor) -> torch.Tensor:

@@ -152,6 +152,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
             _generate(ctx, forward, entry, collector, loop, is_ref)
         if is_ref:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
+        if run.x_groups:  # Quamba2's x group diagnostics (metrics.q2groups)
+            entry["layers"] = {f"L{i}": {"q2_groups": sums.stats()} for i, sums in sorted(run.x_groups.items())}
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))
         record_nonfinite(name, entry, problems)
         if cfg.samples > 1 and not is_ref:

@@ -20,7 +20,8 @@ from .calibration import CalibrationResult
 from ..runtime.log import warn
 from ..modes import Prep, Rotate, Weights
 from ..checkpoints.loading import Checkpoint, ModelDirError, Tokenizer, load_tokenizer, open_checkpoint, refuse_in
-from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir, open_quamba
+from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir
+from ..checkpoints.quamba2 import open_any_quamba
 from ..store.files import is_regular
 from .weightbank import WeightBank
 
@@ -28,6 +29,7 @@ __all__ = ["Models", "open_models", "check_pair", "checkpoint_calibration", "nee
 
 PAIR_MIN_FRACTION = 0.99
 _DIMS = ("d_model", "d_inner", "d_state", "d_conv", "dt_rank", "n_layer")
+_DIMS2 = ("ngroups", "headdim", "nheads", "chunk_size")  # Mamba-2 (a Quamba2 checkpoint)
 
 
 @dataclass
@@ -43,7 +45,7 @@ class Models:
 
     def gives_scales(self, prep: str) -> bool:
         """A Quamba checkpoint holds the scales (and codes) of prep=quamba: no calibration for those."""
-        return self.quamba is not None and prep == "quamba"
+        return self.quamba is not None and prep == getattr(self.quamba, "prep", "quamba")
 
     def needs_calibration(self, recipes) -> bool:
         """Whether some recipe needs scales that must be calibrated (so the calibration text is read)."""
@@ -90,26 +92,32 @@ def open_models(model: Path, mamba_model_path: Path | None) -> Models:
     if not is_quamba_dir(model):
         ckpt = open_checkpoint(model)
         return Models(WeightBank(ckpt), ckpt, None, None)
-    q = open_quamba(model)
+    q = open_any_quamba(model)
     float_ckpt = open_checkpoint(_float_dir(Path(mamba_model_path), Path(model).name)) if mamba_model_path else None
     if float_ckpt is not None:
         fd, qd = asdict(float_ckpt.dims), asdict(q.dims)
-        diff = [f"{k} {fd[k]} vs {qd[k]}" for k in _DIMS if fd[k] != qd[k]]
+        diff = [f"{k} {fd.get(k)} vs {qd.get(k)}" for k in _DIMS + _DIMS2 if (k in fd or k in qd) and fd.get(k) != qd.get(k)]
         if float_ckpt.dims.vocab_size > q.dims.vocab_size:
             diff.append(f"vocab {float_ckpt.dims.vocab_size} vs {q.dims.vocab_size}")
         if diff:
             raise ModelDirError(f"--mamba_model_path {float_ckpt.path} does not belong to {model}: "
                                 f"{', '.join(diff)} (float vs quantized)")
+        if hasattr(q, "attach_float"):  # Quamba2: the channel and head order comes from the float model
+            q.attach_float(float_ckpt)
     return Models(WeightBank(float_ckpt, given=q), q, float_ckpt, q)
 
 
-def needs_float(recipe) -> bool:
-    """True when a recipe cannot run from a quantized checkpoint alone (it holds prep=quamba's rotated codes)."""
-    return recipe.weights != Weights.INT8 or recipe.rotate != Rotate.YES or recipe.prep != Prep.QUAMBA
+def needs_float(recipe, prep: str = "quamba") -> bool:
+    """True when a recipe cannot run from a quantized checkpoint alone (it holds the rotated codes of its prep:
+    Quamba1's prep=quamba, Quamba2's prep=quamba2)."""
+    return recipe.weights != Weights.INT8 or recipe.rotate != Rotate.YES or recipe.prep != Prep(prep)
 
 
 def check_pair(models: Models, depth: int) -> dict:
-    """Fraction of the checkpoint's weight codes (blocks 0..depth) within one code of the float model's."""
+    """Fraction of the checkpoint's weight codes (blocks 0..depth) within one code of the float model's; for a
+    Quamba2 checkpoint, the fraction of its channels and heads whose in_proj rows match the float model's exactly."""
+    if hasattr(models.quamba, "attach_float"):
+        return _check_pair_q2(models, depth)
     fields = ("in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj")
     within = total = exact = 0
     per_tensor = {}
@@ -134,7 +142,21 @@ def check_pair(models: Models, depth: int) -> dict:
             "per_tensor": per_tensor, "matched": fraction >= PAIR_MIN_FRACTION}
 
 
+def _check_pair_q2(models: Models, depth: int) -> dict:
+    q = models.quamba
+    for i in range(depth + 1):
+        q.reorder(i)
+    per_layer = {f"L{i}": q.order_summary.get(i) for i in range(depth + 1)}
+    fraction = min((min(v.values()) for v in per_layer.values() if v), default=1.0)
+    return {"float_model": str(models.float_ckpt.path), "layers": list(range(depth + 1)),
+            "within_one_code": fraction, "identical": fraction, "per_tensor": per_layer,
+            "order": "channel and head order recovered by matching in_proj rows (checkpoints.quamba2_order)",
+            "matched": fraction >= PAIR_MIN_FRACTION}
+
+
 def checkpoint_calibration(q: QuambaCheckpoint, depth: int) -> CalibrationResult:
     scales = [q.layer_scales(i) for i in range(depth + 1)]
-    return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path),
-                                      "scales": [s.as_dict() for s in scales], "seconds": 0.0})
+    prep = getattr(q, "prep", "quamba")
+    return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path), "prep": prep,
+                                      "scales": [s.as_dict() if prep == "quamba" else s.info() for s in scales],
+                                      "seconds": 0.0})

@@ -158,6 +158,11 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     if (cfg.decode or cfg.generate) and (q2 := [r.name for r in recipes if r.prep == "quamba2"]):
         raise RunError(f"--decode and --generate do not run {', '.join(q2)} yet (Quamba2's int8 decode step is "
                        f"not emulated); run them with the float modes (fp32, 1)")
+    xt = [r.name for r in recipes if r.x_groups == "tensor"]
+    if xt and getattr(models.quamba, "prep", None) == "quamba2":
+        raise RunError(f"mode(s) {', '.join(xt)} (x_groups=tensor) need the per-tensor x scale that only a calibration "
+                       f"from the float model observes, but {cfg.model} is a Quamba2 checkpoint (its x scales are the "
+                       f"grouped table): run them with the float model as --model")
     n_layer = ckpt.dims.n_layer
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
@@ -169,7 +174,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         points += [point_name(i, ISOLATED) for i in sorted({parse_point(p)[0] for p in points})]
     if cfg.end_to_end or cfg.sensitivity or cfg.generate:  # the whole model runs: every block is read and calibrated
         depth = n_layer - 1
-    float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r)]
+    float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r, models.quamba.prep)]
     if float_less:
         raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights, no rotation or "
                        f"prep=exact), but {cfg.model} is a quantized Quamba checkpoint: pass --mamba_model_path DIR "

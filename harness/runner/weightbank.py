@@ -49,7 +49,11 @@ class WeightBank:
 
     def _uses_given(self, weights: str, rotate: bool, prep: str) -> bool:
         """A given Quamba checkpoint holds exactly the int8 weights of prep=quamba, rotated."""
-        return self.given is not None and weights == "int8" and rotate and prep == "quamba"
+        return self.given is not None and weights == "int8" and rotate and prep == getattr(self.given, "prep", "quamba")
+
+    def q2_given(self, layer: int):
+        """A given Quamba2 checkpoint's Q2Params of the block (emulation.q2_params), else None."""
+        return self.given.q2_params(layer) if self._uses_given("int8", True, "quamba2") else None
 
     def _float(self, what: str) -> Checkpoint:
         if self.ckpt is None:

@@ -178,9 +178,15 @@ _TENSOR = obj({
     "nan_count": num(integer=True), "inf_count": num(integer=True), "quantized": boolean, "capture_dtype": string(),
     "overflow_upper": _STAT, "overflow_lower": _STAT, "scale": num(positive=True),
     "saturated_fraction": _STAT, "clipped_fraction": _STAT})
+_CELLS, _PER_GROUP = list_of(list_of(list_of(num()))), list_of(list_of(num()))  # [g][hg][dg], [g][k]
+_BY_GROUP = obj({"cells": _CELLS, "head_groups": _PER_GROUP, "dim_groups": _PER_GROUP, "all": num()},
+                required=("cells", "head_groups", "dim_groups", "all"))
+_Q2_GROUPS = obj({"sqnr_db": _BY_GROUP, "saturation": _BY_GROUP, "count": _CELLS,
+                  "scales": map_of(one_of(num(), list_of(num()), _PER_GROUP, _CELLS))},
+                 required=("sqnr_db", "saturation", "scales"))  # metrics.q2groups
 _MODE = obj({"status": string(), "title": string(), "error": string(), "traceback": string(),
              "recipe": map_of(one_of(string(), num(), boolean, map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
-             "input": _RESEARCH, "output": _RESEARCH})
+             "input": _RESEARCH, "output": _RESEARCH, "layers": map_of(obj({"q2_groups": _Q2_GROUPS}))})
 _ROW = obj({"identical": boolean, "input_differs": boolean, "max_abs_index": list_of(num(integer=True)),
             "undefined": map_of(string())}, rest=_STAT)
 _COMPARISON = obj({"reference": string(), "modes": map_of(map_of(_ROW)), "skipped": map_of(map_of(string())),

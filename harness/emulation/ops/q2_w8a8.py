@@ -48,7 +48,8 @@ from . import portable
 from .portable import exp as portable_exp
 from .quant import fma_f32, round_half_away, round_half_even
 
-__all__ = ["q2_in_proj", "q2_in_proj_ref", "x_channel_scales", "conv_out_scales", "q2_conv1d", "q2_conv1d_ref",
+__all__ = ["q2_in_proj", "q2_in_proj_ref", "x_channel_scales", "x_channel_scales_ref", "conv_out_scales", "q2_conv1d",
+           "q2_conv1d_ref", "q2_conv1d_values", "q2_conv1d_quantize",
            "q2_gated_norm", "q2_gated_norm_ref"]
 
 
@@ -84,8 +85,28 @@ def x_channel_scales(x_out_scales: torch.Tensor, head_group_range: torch.Tensor,
     x_out_scales: (ngroups, n_head_groups, n_dim_groups) fp32; head_group_range: (ngroups, n_head_groups)
     int32 cumulative head ends per SSD group; dim_group_range: (ngroups, n_head_groups, n_dim_groups) int32
     cumulative channel ends within a head. Returns (x_dim,) fp32; a channel outside every range gets 0
-    (the kernel leaves scale_out at 0 there).
+    (the kernel leaves scale_out at 0 there). All channels at once; x_channel_scales_ref is the loop.
     """
+    ngroups, n_hg, n_dg = x_out_scales.shape
+    group_size = x_dim // ngroups
+    c = torch.arange(x_dim)
+    g, head, dim = c // group_size, (c % group_size) // headdim, c % headdim
+    h_end = head_group_range.to(torch.int64)[g]                              # (x_dim, n_hg)
+    h_start = torch.cat([torch.zeros_like(h_end[:, :1]), h_end[:, :-1]], 1)
+    in_h = (h_start <= head[:, None]) & (head[:, None] < h_end)              # the first match wins, as the loop
+    hg = torch.where(in_h.any(1), in_h.to(torch.int8).argmax(1), n_hg)
+    d_end = dim_group_range.to(torch.int64)[g, hg.clamp(max=n_hg - 1)]      # (x_dim, n_dg)
+    d_start = torch.cat([torch.zeros_like(d_end[:, :1]), d_end[:, :-1]], 1)
+    in_d = (d_start <= dim[:, None]) & (dim[:, None] < d_end)
+    dg = in_d.to(torch.int8).argmax(1)
+    found = (hg < n_hg) & in_d.any(1)
+    out = x_out_scales.to(torch.float32)[g, hg.clamp(max=n_hg - 1), dg]
+    return torch.where(found, out, torch.zeros((), dtype=torch.float32))
+
+
+def x_channel_scales_ref(x_out_scales: torch.Tensor, head_group_range: torch.Tensor, dim_group_range: torch.Tensor,
+                         x_dim: int, headdim: int) -> torch.Tensor:
+    """Oracle of x_channel_scales: the kernel's lookup written out channel by channel."""
     ngroups = x_out_scales.shape[0]
     group_size = x_dim // ngroups
     out = torch.zeros(x_dim, dtype=torch.float32)
@@ -128,6 +149,19 @@ def q2_conv1d(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: 
     w_scales; bias: (conv_dim,) int8 at b_scales or None; out_scales: (conv_dim,) fp32 (conv_out_scales).
     Returns (batch, seqlen, conv_dim) int8 codes.
     """
+    return q2_conv1d_quantize(q2_conv1d_values(xBC, in_scales, weight, w_scales, bias, b_scales, x_dim=x_dim),
+                              out_scales)
+
+
+def q2_conv1d_quantize(v: torch.Tensor, out_scales: torch.Tensor) -> torch.Tensor:
+    """The kernel's output quantizer: sat8(roundf(v / s_out[c])) (quamba2_conv1d_fwd_kernel.cuh:254-270)."""
+    return round_half_away(v / out_scales.to(torch.float32)).clamp(-128, 127).to(torch.int8)
+
+
+def q2_conv1d_values(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,
+                     w_scales: tuple[float, float, float], bias: torch.Tensor | None,
+                     b_scales: tuple[float, float, float], *, x_dim: int) -> torch.Tensor:
+    """The fp32 conv + SiLU values that q2_conv1d's quantizer sees (arguments as q2_conv1d's)."""
     conv_dim, K = weight.shape
     bc = (conv_dim - x_dim) // 2
     xq, wq = xBC.to(torch.float32), weight.to(torch.float32)
@@ -140,8 +174,7 @@ def q2_conv1d(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: 
     scale_in = _per_channel(tuple(s_in.tolist()), x_dim, bc)
     bias_term = torch.zeros(conv_dim, dtype=torch.float32) if bias is None else \
         _per_channel(b_scales, x_dim, bc) * bias.to(torch.float32)
-    v = silu_kernel(fma_f32(scale_in, acc, bias_term))
-    return round_half_away(v / out_scales.to(torch.float32)).clamp(-128, 127).to(torch.int8)
+    return silu_kernel(fma_f32(scale_in, acc, bias_term))
 
 
 def q2_conv1d_ref(xBC: torch.Tensor, in_scales: tuple[float, float, float], weight: torch.Tensor,

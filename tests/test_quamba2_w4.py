@@ -1,0 +1,88 @@
+"""Quamba2 W4A8, W4A16 and hybrid W4AX checkpoints: the blocks' Marlin linears unpacked to the codes and scales
+packed in by hand (tests/marlin_fixture.py), every other tensor handed back, and bad checkpoints refused."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from harness.checkpoints.loading import ModelDirError
+from harness.checkpoints.quamba2 import open_any_quamba
+from harness.checkpoints.quamba2_w4 import read_w4_blocks
+from marlin_fixture import w4_config, w4_state_dict
+
+
+def _write(path, sd, cfg):
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, path / "pytorch_model.bin")
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+CASES = {"w4a8": ([["W4A8"], ["W4A8"]], False), "w4a16": ([["W4A16"], ["W4A16"]], False),
+         "hybrid": ([["W4A8"], ["W4A8", "W4A16"]], True)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_blocks_unpack_to_the_packed_codes_and_scales(case, tmp_path):
+    recipes, hybrid = CASES[case]
+    sd, truth = w4_state_dict(recipes, hybrid=hybrid)
+    dims, blocks = read_w4_blocks(_write(tmp_path / "q", sd, w4_config(recipes, hybrid)))
+    assert dims.d_inner == 512 and [sorted(b) for b in blocks] == [sorted(r) for r in recipes]
+    for (i, recipe, name), (codes, scales) in truth.items():
+        w = getattr(blocks[i][recipe], name)
+        assert torch.equal(w.codes, codes), (i, recipe, name)
+        assert torch.equal(w.group_scales, scales["groups"])
+        if recipe == "W4A8":
+            assert torch.equal(w.channel_scales, scales["channel"])
+            assert blocks[i][recipe].in_scale == pytest.approx(0.05) and "conv1d.x_out_scales" in blocks[i][recipe].tensors
+        else:
+            assert w.channel_scales is None and blocks[i][recipe].in_scale is None
+            assert blocks[i][recipe].tensors["conv1d.weight"].shape == (576, 1, 4)
+
+
+def _bad(change, recipes=(("W4A8",), ("W4A8",)), hybrid=False):
+    recipes = [list(r) for r in recipes]
+    sd, _ = w4_state_dict(recipes, hybrid=hybrid)
+    cfg = w4_config(recipes, hybrid)
+    change(sd, cfg)
+    return sd, cfg
+
+
+M = "backbone.layers.1.mixer."
+BAD = {
+    "missing s_channel": (_bad(lambda sd, c: sd.pop(M + "in_proj.s_channel")), "in_proj.s_channel' is missing"),
+    "packed weight shape": (_bad(lambda sd, c: sd.__setitem__(M + "out_proj.weight", sd[M + "out_proj.weight"][:, :64])),
+                            "out_proj.weight' is a int32 tensor of shape [32, 64]"),
+    "negative group scale": (_bad(lambda sd, c: sd[M + "in_proj.s_group"].__setitem__((0, 0), -1.0)),
+                             "in_proj.s_group' holds 1 group scales"),
+    "zero channel scale": (_bad(lambda sd, c: sd[M + "out_proj.s_channel"].__setitem__((0, 0), 0.0)),
+                           "out_proj.s_channel' holds 1 scales"),
+    "NaN input scale": (_bad(lambda sd, c: sd.__setitem__(M + "in_proj.input_scale", torch.tensor(math.nan))),
+                        "in_proj.input_scale' is nan"),
+    "W4A16 float tensor as int": (_bad(lambda sd, c: sd.__setitem__(M + "D", torch.ones(8, dtype=torch.int8)),
+                                       (("W4A16",), ("W4A16",))), "'backbone.layers.1.mixer.D' is a int8 tensor"),
+    "hybrid class mismatch": (_bad(lambda sd, c: c["ssm_cfg"]["layer"][1].update(W4A8="W4A16QMamba2"),
+                                   (("W4A8",), ("W4A8",)), True), "layer 1: ssm_cfg.layer"),
+    "hybrid list length": (_bad(lambda sd, c: c["norm_cfg"]["norm"].pop(), (("W4A8",), ("W4A8",)), True),
+                           "lists of n_layer = 2 tables"),
+    "not a W4 layer": (_bad(lambda sd, c: c["ssm_cfg"].update(layer="W8A8QMamba2")), "as a W4 checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_w4_checkpoint_names_the_key(case, tmp_path):
+    (sd, cfg), needle = BAD[case]
+    with pytest.raises(ModelDirError) as e:
+        read_w4_blocks(_write(tmp_path / "q", sd, cfg))
+    assert needle in str(e.value)
+
+
+def test_a_run_refuses_w4_checkpoints_by_name(tmp_path):
+    """Until the q2-w4a8/q2-w4a16 modes exist a run names the recipe and what is supported."""
+    sd, _ = w4_state_dict([["W4A16"], ["W4A16"]])
+    path = _write(tmp_path / "q", sd, w4_config([["W4A16"], ["W4A16"]]))
+    with pytest.raises(ModelDirError, match="W4A16 \\(Marlin int4 weights\\) is not supported; supported: Quamba2 W8A8"):
+        open_any_quamba(path)
