@@ -175,7 +175,8 @@ def test_captured_parts_are_the_mixers_tensors(model):
 
 
 def test_mamba1_only_modes_are_refused_on_mamba2():
-    assert [r.name for r in resolve_modes(["all"], architecture="mamba2")] == ["fp32", "1", "q2-w8a8"]
+    assert [r.name for r in resolve_modes(["all"], architecture="mamba2")] == ["fp32", "1", "q2-w8a8", "q2-w4a8",
+                                                                               "q2-w4a16"]
     assert [r.name for r in resolve_modes(["essential"], architecture="mamba2")] == ["fp32", "1", "q2-w8a8"]
     with pytest.raises(ModeError, match=r"mode '2-1' does not run on a mamba2 model.*valid there: fp32, 1, q2-w8a8"):
         resolve_modes(["fp32", "2-1"], architecture="mamba2")

@@ -39,7 +39,7 @@ def run(m2, tmp_path_factory):
 
 
 def test_all_on_mamba2_runs_its_modes_with_every_point(run):
-    assert list(run.by_mode) == ["fp32", "1", "q2-w8a8"] and not run.failed  # `all` on a Mamba-2 model
+    assert list(run.by_mode) == ["fp32", "1", "q2-w8a8", "q2-w4a8", "q2-w4a16"] and not run.failed  # `all` on Mamba-2
     fp = run.by_mode["fp32"]
     for layer in (0, 1):
         for p in MAMBA2_POINTS:
@@ -63,7 +63,7 @@ def test_logits_equal_transformers_and_isolated_is_the_reference(run, m2):
     e2e = run.stats["end_to_end"]
     assert e2e["fp32"]["kl"]["mean"] == 0 and 0 < e2e["1"]["kl"]["mean"] < 1e-3
     sens = run.stats["sensitivity"]
-    assert set(sens) == {"1", "q2-w8a8"} and all(set(sens[m]) == {"0", "1"} for m in sens)
+    assert set(sens) == {"1", "q2-w8a8", "q2-w4a8", "q2-w4a16"} and all(set(sens[m]) == {"0", "1"} for m in sens)
     assert all(r["kl"] > 0 for m in sens for r in sens[m].values())
     assert e2e["q2-w8a8"]["kl"]["mean"] > e2e["1"]["kl"]["mean"]  # int8 costs more than fp16
     data = load_report_data(run.path)  # what the HTML report reads

@@ -11,12 +11,12 @@ def test_builtin_table_matches_modes_md():
     # docs/spec/modes.md `prep`: built-in quantized modes quamba, fp32 (and mode 1, unchanged) exact
     assert {m: r.prep for m, r in BUILTIN_MODES.items()} == {
         "fp32": "exact", "1": "exact", **{m: "quamba" for m in ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3")},
-        "q2-w8a8": "quamba2"}
+        "q2-w8a8": "quamba2", "q2-w4a8": "quamba2", "q2-w4a16": "quamba2"}
     assert get_mode("3").in_proj_out == "fp" and get_mode("3").conv_in == "dynamic"
     assert get_mode("2-3").ssm_u == "requant" and get_mode("2-4").ssm_u == "fp32"
     assert get_mode("1").rotate == "no" and get_mode("1").weights == "fp16"
     assert not get_mode("fp32").needs_calibration and get_mode("2-0").needs_calibration
-    assert list(BUILTIN_MODES) == ["fp32", "1", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3", "q2-w8a8"]
+    assert list(BUILTIN_MODES) == ["fp32", "1", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3", "q2-w8a8", "q2-w4a8", "q2-w4a16"]
 
 
 def test_presets():

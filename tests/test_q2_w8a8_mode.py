@@ -239,8 +239,9 @@ def test_the_recipe_states_its_architectures():
     assert get_mode("fp32").architectures == ("mamba1", "mamba2")
     with pytest.raises(ModeError, match=r"mode 'q2-w8a8' does not run on a mamba1 model.*run mode 0"):
         resolve_modes(["fp32", "q2-w8a8"])
-    assert [r.name for r in resolve_modes(["quant_only"], architecture="mamba2")] == ["q2-w8a8"]
-    assert [r.name for r in resolve_modes(["all"], architecture="mamba2")] == ["fp32", "1", "q2-w8a8"]
+    assert [r.name for r in resolve_modes(["quant_only"], architecture="mamba2")] == ["q2-w8a8", "q2-w4a8", "q2-w4a16"]
+    assert [r.name for r in resolve_modes(["all"], architecture="mamba2")] == ["fp32", "1", "q2-w8a8", "q2-w4a8",
+                                                                               "q2-w4a16"]
     with pytest.raises(ModeError, match="prep=quamba2 is Quamba2's W8A8 recipe"):
         replace(q2, name="x", act_dtype="fp32")
     assert [r.name for r in resolve_modes(["q2-w8a8"], architecture=None)] == ["q2-w8a8"]  # names only
@@ -317,3 +318,13 @@ def test_too_few_heads_per_ssd_group_is_a_clear_error(tmp_path):
     bank = WeightBank(open_checkpoint(tmp_path))
     with pytest.raises(ValueError, match="2 heads per SSD group and headdim 8"):
         calibrate(bank, torch.zeros(2, 8, dtype=torch.int64), SETTINGS, 0, [], None, "quamba2")
+
+
+def test_decode_with_the_w4_modes_is_exit_2(tmp_path, capsys):
+    """The W4 modes have no emulated step: --decode / --generate with them say so before any work (q2-w8a8 runs)."""
+    for flag in (["--decode", "2"], ["--generate", "2"]):
+        code = run_cli(capture_main, ["--model", TINY2, "--modes", "all", "--seq_len", "16", *flag,
+                                      "--output_file", tmp_path / "d.npz"])
+        err = capsys.readouterr().err
+        assert code == 2 and "do not run q2-w4a8, q2-w4a16 (the Marlin W4 step" in err, err
+    assert not list(tmp_path.iterdir())

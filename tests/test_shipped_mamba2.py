@@ -48,7 +48,8 @@ def test_every_analysis_runs_on_it(tmp_path, capsys):
     assert (tmp_path / "m2_report.html").stat().st_size > 10_000
     cap = load_capture(out)
     stats = cap.manifest
-    assert stats["provenance"]["model"]["architecture"] == "mamba2" and cap.modes() == ["fp32", "1", "q2-w8a8"]
+    assert stats["provenance"]["model"]["architecture"] == "mamba2" and cap.modes() == ["fp32", "1", "q2-w8a8", "q2-w4a8",
+                                                                                          "q2-w4a16"]
     assert cap.array("fp32", "logits").shape == (2, 1, 96, 4096)  # 96 tokens: one full chunk and a partial one
     assert np.array_equal(cap.array("fp32", "L2.block.isolated"), cap.array("fp32", "L2.block.out"))
     assert "L1.block.out" not in cap.tensors("fp32")  # --layers 0 -1: layers 0 and 2 only

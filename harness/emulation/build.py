@@ -56,14 +56,15 @@ from .ops.formats import FORMATS, fake_quantize
 from .state import StateRule
 from .weights import LayerParams
 from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD
-from .weights_mamba2 import Mamba2Params
+from .weights_mamba2 import Mamba2Params, float_layer_mamba2
 from .mamba2_q2 import build_q2_block
+from .mamba2_q2w4 import Q2W4Layer, build_q2w4a8_block, with_w4a16_linears
 from .q2_params import Q2Params, Q2Scales, q2_params
 
 assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
 
 __all__ = ["build_block", "build_mamba2_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource",
-           "layer_formats", "build_q2_mamba2_block"]
+           "layer_formats", "build_q2_mamba2_block", "build_q2w4_mamba2_block"]
 
 def act_dtype(recipe: ModeRecipe) -> torch.dtype:
     return FLOAT_DTYPES[recipe.act_dtype]
@@ -225,6 +226,15 @@ def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict | None, scales: Q2Scales
                           state_dtype=str(recipe.state_dtype))
 
 
+def build_q2w4_mamba2_block(recipe: ModeRecipe, raw: dict, w4: Q2W4Layer, dims: Mamba2Dims, layer: int):
+    """One Quamba2 W4A8 block (w4.scales: the W8A8 scales; raw reordered by them, then q2-w8a8's parts with
+    GPTQ's Marlin-QQQ linears) or W4A16 block (no scales: the fp16 rotated block with Marlin linears)."""
+    chunked = recipe.ssm_impl == SsmImpl.KERNEL
+    if w4.scales is not None:
+        return build_q2w4a8_block(layer, dims, raw, w4, chunked)
+    return with_w4a16_linears(build_mamba2_block(recipe, float_layer_mamba2(raw, True, torch.float16), dims, layer), w4)
+
+
 class WeightSource(Protocol):
     """Where build_backbone takes a mode's weights from (harness.runner.weightbank.WeightBank)."""
 
@@ -244,7 +254,9 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
         raise ValueError(f"mode {recipe.name!r} quantizes activations and needs calibrated scales")
     rotate = recipe.rotate == Rotate.YES
     dims = bank.dims
-    if dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2:
+    if dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2 and recipe.weights == Weights.INT4:
+        blocks = [build_q2w4_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
+    elif dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2:
         given = getattr(bank, "q2_given", lambda _i: None)  # a Quamba2 checkpoint's own codes (WeightBank.q2_given)
         blocks = [build_q2_mamba2_block(recipe, None, scales[i], dims, i, params=p) if (p := given(i)) is not None
                   else build_q2_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]

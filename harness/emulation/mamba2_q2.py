@@ -86,6 +86,10 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         # "output y is fp16" (Quamba c474646 quamba/qChunkScan.py:227-228)
         return v["dt"], round_to_dtype(y.reshape(b, L, d.d_inner), torch.float16), state
 
+    def _in_proj(self, normed) -> torch.Tensor:
+        """The int8 [z | xBC | dt] codes (W8A8B8O8LinearParallel; the W4A8 block overrides it)."""
+        return q2_in_proj(normed, self.q.in_proj, self.q.in_proj_b)
+
     def x_groups(self) -> dict:
         """The grouping of x in the reordered channel order: SSD groups, headdim, the cumulative head and dim group
         ranges, every channel's output scale (fp32), and the scale table (x [g, head groups, dim groups], B and C
@@ -147,7 +151,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         residual = self._at("block.in", residual)
         normed = self.norm(residual)                                                   # QTensor at s_in
         self._at("norm.out", normed.dequantize())
-        z, xBC, dt = self._tap_proj(q2_in_proj(normed, q.in_proj, q.in_proj_b))        # int8 codes, reordered
+        z, xBC, dt = self._tap_proj(self._in_proj(normed))                            # int8 codes, reordered
         w_codes, w_scales, b_codes, b_scales = q.conv
         values = q2_conv1d_values(xBC, (s.s_x, s.s_B, s.s_C), w_codes, w_scales, b_codes, b_scales,
                                   x_dim=self.dims.d_inner)

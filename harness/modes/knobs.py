@@ -16,7 +16,7 @@ class ModeError(ValueError):
 
 # knob -> allowed values (docs/spec/modes.md "The knobs")
 KNOBS: dict[str, tuple[str, ...]] = {
-    "weights": ("fp32", "fp16", "int8"),
+    "weights": ("fp32", "fp16", "int8", "int4"),
     "rotate": ("yes", "no"),
     "norm_out": ("fp", "int8"),
     "in_proj_out": ("fp", "int8"),
@@ -37,6 +37,7 @@ class Weights(StrEnum):
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"
+    INT4 = "int4"  # Quamba2's GPTQ int4 weights (q2-w4a8, q2-w4a16; prep=quamba2 only)
 
 
 class Rotate(StrEnum):
@@ -138,6 +139,8 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 
 # What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
-# Float recipes and Quamba2's W8A8 (q2-w8a8); q2-w4a8 and q2-w4a16 are not built yet.
-MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1", "q2-w8a8"), "essential": ("fp32", "1", "q2-w8a8"),
-                                              "quant_only": ("q2-w8a8",)}
+# Float recipes and Quamba2's W8A8 (q2-w8a8), W4A8 (q2-w4a8) and W4A16 (q2-w4a16); `essential` leaves out the
+# two W4 recipes (their GPTQ takes a few calibration forwards).
+MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1", "q2-w8a8", "q2-w4a8", "q2-w4a16"),
+                                              "essential": ("fp32", "1", "q2-w8a8"),
+                                              "quant_only": ("q2-w8a8", "q2-w4a8", "q2-w4a16")}

@@ -95,13 +95,21 @@ class ModeRecipe:
             return ("mamba1",)
         return ("mamba1", "mamba2")
 
+    @property
+    def calibration_key(self) -> str:
+        """Which calibration the recipe reads (one per key in a run): its prep, or for Quamba2's int4 recipes
+        "quamba2-w4a8" (the W8A8 scales plus GPTQ on the reordered model) or "quamba2-w4a16" (GPTQ only)."""
+        if self.prep == Prep.QUAMBA2 and self.weights == Weights.INT4:
+            return "quamba2-w4a8" if self.norm_out == Store.INT8 else "quamba2-w4a16"
+        return str(self.prep)
+
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
 
     @property
     def needs_calibration(self) -> bool:
         """True when any activation is quantized, i.e. the recipe reads calibrated scales."""
-        return (self.weights == Weights.INT8 or self.norm_out == Store.INT8 or self.in_proj_out == Store.INT8
+        return (self.weights in (Weights.INT8, Weights.INT4) or self.norm_out == Store.INT8 or self.in_proj_out == Store.INT8
                 or self.conv_out == ConvOut.INT8 or self.ssm_u in (SsmU.INT8, SsmU.GRID, SsmU.REQUANT) or self.had_out == Store.INT8)
 
 
@@ -136,6 +144,10 @@ def _layers_value(mode: str, layers: object) -> tuple:
 # prep=quamba2's fixed knobs (W8A8QMamba2, quamba/qMamba2.py:1071-1334; docs/modes.md "Mamba-2")
 _Q2_W8A8 = {"weights": "int8", "rotate": "yes", "norm_out": "int8", "in_proj_out": "int8", "conv_in": "static",
             "conv_out": "int8", "ssm_u": "int8", "had_out": "int8", "act_dtype": "fp16"}
+# W4A8QMamba2 (qMamba2.py:735-994): W8A8's activations with GPTQ int4 weights; W4A16QMamba2 (:381-639): fp16
+_Q2_RECIPES = (_Q2_W8A8, {**_Q2_W8A8, "weights": "int4"},
+               {"weights": "int4", "rotate": "yes", "norm_out": "fp", "in_proj_out": "fp", "conv_in": "static",
+                "conv_out": "fp32", "ssm_u": "fp32", "had_out": "fp", "act_dtype": "fp16"})
 
 
 def _inconsistencies(r: ModeRecipe) -> list[str]:
@@ -155,14 +167,20 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
     if r.prep == Prep.QUAMBA and r.weights == Weights.FP32:
         out.append("prep=quamba needs weights=fp16 or int8: Quamba prepares its weights in fp16; "
                    "use prep=exact for fp32 weights")
-    if r.prep == Prep.QUAMBA2 and any(str(getattr(r, k)) != v for k, v in _Q2_W8A8.items()):
-        out.append("prep=quamba2 is Quamba2's W8A8 recipe: it needs " + " ".join(f"{k}={v}" for k, v in _Q2_W8A8.items())
+    if r.prep == Prep.QUAMBA2 and not any(all(str(getattr(r, k)) == v for k, v in fixed.items()) for fixed in _Q2_RECIPES):
+        out.append("prep=quamba2 is Quamba2's W8A8 recipe (or its W4A8, W4A16 ones): it needs "
+                   + "; or ".join(" ".join(f"{k}={v}" for k, v in fixed.items()) for fixed in _Q2_RECIPES)
                    + " (ssm_impl kernel or reference)")
+    if r.weights == Weights.INT4 and r.prep != Prep.QUAMBA2:
+        out.append("weights=int4 is Quamba2's GPTQ (q2-w4a8, q2-w4a16): it needs prep=quamba2")
     changed = [f"{k}={getattr(r, k)}" for k, v in Q2_KNOBS.items() if getattr(r, k) != v[0]]
     if r.prep != Prep.QUAMBA2 and changed:
         out.append(f"{' and '.join(changed)} apply to Quamba2's W8A8 only (prep=quamba2, base q2-w8a8, Mamba-2): "
                    f"this recipe (prep={r.prep}) has no grouped x scales or Quamba2 state to change; "
                    f"use {' '.join(f'{k}={v[0]}' for k, v in Q2_KNOBS.items())}")
+    if r.weights == Weights.INT4 and changed:
+        out.append(f"{' and '.join(changed)} apply to q2-w8a8's block only; the W4 recipes (weights=int4) keep "
+                   f"{' '.join(f'{k}={v[0]}' for k, v in Q2_KNOBS.items())}")
     if r.conv_in == ConvIn.DYNAMIC and r.weights != Weights.INT8:
         out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
     return out

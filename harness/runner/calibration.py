@@ -183,6 +183,9 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
     if prep == "quamba2":  # Quamba2's W8A8 calibration of a Mamba-2 model, its own cache entries
         from .calibration_q2 import calibrate_quamba2
         return calibrate_quamba2(bank, windows, settings, depth, prefix_hashes, cache_dir, progress=progress)
+    if prep in ("quamba2-w4a8", "quamba2-w4a16"):  # + Quamba's GPTQ (runner.gptq_q2)
+        from .gptq_q2 import calibrate_q2w4
+        return calibrate_q2w4(bank, windows, settings, depth, prefix_hashes, cache_dir, prep, progress=progress)
     keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings, prep)
     info: dict = {"prep": prep, "settings": asdict(settings), "keys": keys, "tokens": int(windows.numel())}
     problems = []

@@ -45,7 +45,7 @@ class RunContext:
 
     def scales(self, recipe: ModeRecipe) -> list[LayerScales] | None:
         """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
-        calib = self.calibs.get(recipe.prep)
+        calib = self.calibs.get(recipe.calibration_key)
         if recipe.needs_calibration and isinstance(calib, Exception):
             raise RuntimeError(f"calibration failed: {calib}")
         return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None

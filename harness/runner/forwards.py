@@ -99,7 +99,7 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -
 
 
 def _head_key(recipe: ModeRecipe) -> tuple[torch.dtype, bool, str]:
-    return FLOAT_DTYPES["fp16" if recipe.weights == Weights.INT8 else recipe.weights], recipe.rotate == Rotate.YES, recipe.prep
+    return FLOAT_DTYPES["fp16" if recipe.weights in (Weights.INT8, Weights.INT4) else recipe.weights], recipe.rotate == Rotate.YES, recipe.prep
 
 
 def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:

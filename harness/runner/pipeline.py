@@ -155,6 +155,9 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
     # presets mean other modes on Mamba-2, and a mode that does not run on the model's architecture is refused
     recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
+    if (cfg.decode or cfg.generate) and (w4 := [r.name for r in recipes if r.weights == "int4"]):
+        raise RunError(f"--decode and --generate do not run {', '.join(w4)} (the Marlin W4 step is not emulated); "
+                       f"they run fp32, 1 and q2-w8a8 on a Mamba-2 model")
     xt = [r.name for r in recipes if r.x_groups == "tensor"]
     if xt and getattr(models.quamba, "prep", None) == "quamba2":
         raise RunError(f"mode(s) {', '.join(xt)} (x_groups=tensor) need the per-tensor x scale that only a calibration "
@@ -243,7 +246,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
     # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
     calibs = {}
-    for prep in dict.fromkeys(r.prep for r in todo if r.needs_calibration):
+    for prep in dict.fromkeys(r.calibration_key for r in todo if r.needs_calibration):
         calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
             _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep, progress=progress)
     infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}

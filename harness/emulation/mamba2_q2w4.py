@@ -1,0 +1,110 @@
+"""Quamba2's W4A8 and W4A16 Mamba-2 blocks (enyac-group/Quamba c474646 quamba/qMamba2.py).
+
+* W4A8 (``W4A8QMamba2``, qMamba2.py:735-994): the W8A8 block (emulation.mamba2_q2: int8 norm output, grouped
+  int8 conv, quantized SSD, gated norm, online Hadamard to int8) with Marlin-QQQ linears: in_proj
+  ``W4A8B8O8LinearParallel`` (int8 out, the split's output scale fused into the channel scale,
+  qLinearLayer.py:454-502) and out_proj ``W4A8B16O16Linear`` (fp16 out, :172-215). Its scales are
+  q2-w8a8's (Quamba calibrates and reorders before GPTQ, modelutils_mamba.py:801-833), its weights GPTQ's on
+  the reordered, rotated fp16 model.
+* W4A16 (``W4A16QMamba2``, qMamba2.py:381-639): the fp16 Mamba-2 (the block norm stays fp16,
+  ``quantize_norm_fn`` returns it unchanged, modelutils_mamba.py:569; mamba_ssm's conv and SSD in fp16, the
+  fp16 Hadamard) with Marlin ``W4A16B16O16Linear`` in_proj and out_proj (fp16 out). No calibration of
+  activations and no reorder (modelutils_mamba.py:820-825); GPTQ on the rotated fp16 model.
+
+``Q2W4Layer`` is what calibration hands to the build for one block: the int4 weights (and, for W4A8, the
+W8A8 scales).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..spec import Mamba2Dims, QTensor
+from .mamba2 import EmuMamba2Block
+from .mamba2_q2 import EmuQ2Mamba2Block, build_q2_block
+from .ops.int4 import Int4Weight
+from .ops.q2_w4 import w4a8_linear, w4a16_linear
+from .q2_params import Q2Scales, q2_params
+
+__all__ = ["Q2W4Layer", "EmuW4A8Linear", "EmuW4A16Linear", "EmuQ2W4A8Block", "build_q2w4a8_block",
+           "with_w4a16_linears", "in_proj_out_scales"]
+
+
+@dataclass(frozen=True)
+class Q2W4Layer:
+    """One block's int4 linears as the kernels hold them (Marlin-QQQ for W4A8: in_proj's channel scales with each
+    split's output scale divided in, as a Quamba2 checkpoint stores them, checkpoints.quamba2_w4; Marlin for
+    W4A16) and, for W4A8, its W8A8 scales (None for W4A16)."""
+
+    in_proj: Int4Weight
+    out_proj: Int4Weight
+    scales: Q2Scales | None
+
+    def info(self) -> dict:
+        def one(w: Int4Weight) -> dict:
+            return {"group_size": w.group_size, "codes_sum": int(w.codes.to(torch.int64).sum()),
+                    "group_scale_max": float(w.group_scales.to(torch.float32).max())}
+        return {"in_proj": one(self.in_proj), "out_proj": one(self.out_proj),
+                **({"w8a8": self.scales.info()} if self.scales is not None else {})}
+
+
+class EmuW4A16Linear(nn.Module):
+    """Marlin W4A16: fp16 in, fp16 out (ops.q2_w4.w4a16_linear)."""
+
+    def __init__(self, weight: Int4Weight) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return w4a16_linear(x, self.weight)
+
+    step = forward
+
+
+class EmuW4A8Linear(nn.Module):
+    """Marlin-QQQ W4A8B16O16: int8 in (its per-tensor scale is s_tok), fp16 out (ops.q2_w4.w4a8_linear)."""
+
+    def __init__(self, weight: Int4Weight) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: QTensor) -> torch.Tensor:
+        return w4a8_linear(x, self.weight, out_int8=False)
+
+
+def in_proj_out_scales(w: Int4Weight, s: Q2Scales, dims: Mamba2Dims) -> Int4Weight:
+    """``w4a8_quantize(..., out_scales=)`` (marlin_utils.py:254-256): s_channel / the split's output scale,
+    z | x | B | C | dt (qMamba2.py:857-866), in fp32."""
+    gs = dims.ngroups * dims.d_state
+    out = torch.tensor([s.s_z] * dims.d_inner + [s.s_x] * dims.d_inner + [s.s_B] * gs + [s.s_C] * gs
+                       + [s.s_dt] * dims.nheads, dtype=torch.float32)
+    return Int4Weight(w.codes, w.group_scales, w.channel_scales / out, w.group_size)
+
+
+class EmuQ2W4A8Block(EmuQ2Mamba2Block):
+    """The q2-w8a8 block with the Marlin-QQQ in_proj (int8 codes of every split at its own scale)."""
+
+    def set_in_proj(self, weight: Int4Weight) -> None:
+        self.w4_in = weight
+
+    def _in_proj(self, normed) -> torch.Tensor:
+        return w4a8_linear(normed, self.w4_in, out_int8=True)
+
+
+def build_q2w4a8_block(layer: int, dims: Mamba2Dims, raw: dict, w4: Q2W4Layer, chunked: bool) -> EmuQ2W4A8Block:
+    """The W4A8 block: q2-w8a8's parts (emulation.mamba2_q2.build_q2_block) with GPTQ's Marlin-QQQ linears."""
+    s = w4.scales
+    assert s is not None, "a W4A8 block needs the W8A8 scales"
+    base = build_q2_block(layer, dims, q2_params(raw, s, dims), s, chunked)
+    block = EmuQ2W4A8Block(layer, dims, base.q, s, chunked=chunked, norm=base.norm, had=base.had,
+                           out_proj=EmuW4A8Linear(w4.out_proj))
+    block.set_in_proj(w4.in_proj)
+    return block
+
+
+def with_w4a16_linears(block: EmuMamba2Block, w4: Q2W4Layer) -> EmuMamba2Block:
+    """The fp16 rotated Mamba-2 block (build.build_mamba2_block) with Marlin W4A16 in_proj and out_proj."""
+    block.in_proj, block.out_proj = EmuW4A16Linear(w4.in_proj), EmuW4A16Linear(w4.out_proj)
+    return block
