@@ -99,8 +99,11 @@ class _Steps:
         return arrays, tensors
 
 
-def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank) -> DecodeResult:
-    """The prefill over plan's prompt and plan.steps teacher-forced steps of fwd's mode (CPU)."""
+def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank, states: list[BlockState] | None = None) -> DecodeResult:
+    """The prefill over plan's prompt and plan.steps teacher-forced steps of fwd's mode (CPU).
+
+    states: every block's state after the mode's prefill over the prompt, handed over by the capture run
+    (``forwards.run_mode(keep_states=True)``: the same prefill, bit for bit); None runs that prefill here."""
     recipe = fwd.recipe
     rotate = recipe.rotate == Rotate.YES
     depth = bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth
@@ -113,7 +116,8 @@ def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank) -> DecodeResult
     L = plan.prompt_len
     with torch.no_grad():
         full = _prefill_outputs(model, head, plan.ids, layers, rotate)
-        _, states = model.prefill(plan.ids[:, :L])
+        if states is None:
+            _, states = model.prefill(plan.ids[:, :L])
         for k in range(plan.steps):
             with capture(model, hooked) as got:
                 residual, states = model.step(plan.ids[:, L + k:L + k + 1], states)
@@ -185,12 +189,14 @@ def per_step_rows(ref_get: Callable[[str], np.ndarray], arrays: dict[str, np.nda
     return rows
 
 
-def decode_mode(ctx: RunContext, fwd: Forward, deliver: Callable, entry: dict, ref: tuple | None) -> None:
+def decode_mode(ctx: RunContext, fwd: Forward, deliver: Callable, entry: dict, ref: tuple | None,
+                states: list[BlockState] | None = None) -> None:
     """Run the decode steps of one mode of the run, hand its arrays to `deliver` (the mode loop's on_layer:
     checked, compared, streamed into the pair) and record ``entry["decode"]``. ref: (get, names) of the
-    reference's arrays for the per-step comparison, None for the reference itself."""
+    reference's arrays for the per-step comparison, None for the reference itself. states: the capture
+    prefill's states (``run_decode``), None to run the prefill again."""
     plan = DecodePlan(ctx.decode_ids, ctx.cfg.seq_len)
-    result = run_decode(fwd, plan, ctx.bank)
+    result = run_decode(fwd, plan, ctx.bank, states)
     deliver(result.arrays, result.tensors)
     entry["decode"] = {"prompt_len": plan.prompt_len, "steps": plan.steps, "consistency": result.consistency}
     if ref is not None:

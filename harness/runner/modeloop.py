@@ -139,7 +139,7 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
         forward = _forward(ctx, recipe, run_.wanted)
         if ctx.units is None:
             run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared,
-                           step=progress.advance)
+                           step=progress.advance, keep_states=ctx.decode_ids is not None)
         else:  # the mode's units in other processes (runner.dispatch): one progress line per unit
             run = ctx.units.run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared)
         if run.logits:
@@ -147,7 +147,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
         if ctx.decode_ids is not None:
             decode_mode(ctx, forward, on_layer, entry,
-                        None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names))
+                        None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names),
+                        run.states)  # the capture prefill's states: no second prefill over the prompt
         if cfg.generate:
             _generate(ctx, forward, entry, collector, loop, is_ref)
         if is_ref:
