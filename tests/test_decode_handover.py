@@ -1,4 +1,5 @@
-"""--decode takes the step's starting state from the capture prefill (docs/decode.md "Cost"): no number moves.
+"""--decode and --generate take the steps' starting state from the capture prefill (docs/decode.md "Cost"):
+no number moves.
 
 The capture prefill over the prompt runs each block's ``prefill`` (forward's computation plus the state it
 hands over), and the decode steps start from those states instead of running the prefill over the prompt a
@@ -87,6 +88,28 @@ def test_every_array_and_stat_equals_the_run_with_its_own_prefill(tmp_path, monk
     calib = len(handed_over) - 2 * 9
     assert handed_over[calib:] == [16, 16 + N] * 9
     assert lengths[calib:] == [16, 16 + N, 16] * 9
+
+
+def test_generate_equals_the_run_with_its_own_prefill(tmp_path, monkeypatch):
+    """--generate: the capture prefill's final residual and states start the greedy steps; the same ids, arrays
+    and stats as with greedy_ids' own prefill, and the prompt's prefill runs once per mode."""
+    argv = ["--modes", "all", "1", *FAST_CLI, "--generate", 6, "--quiet"]
+    new, old = tmp_path / "new" / "G.npz", tmp_path / "old" / "G.npz"
+    new.parent.mkdir(), old.parent.mkdir()
+    lengths = _prefill_lengths(monkeypatch)
+    assert run_cli(capture_main, [*argv, "--output_file", new]) == 0
+    handed_over = list(lengths)
+    lengths.clear()
+    original = modeloop._generate
+    monkeypatch.setattr(modeloop, "_generate", lambda *a: original(*a[:6]))
+    assert run_cli(capture_main, [*argv, "--output_file", old]) == 0
+    a, b = _digest(new, str(new.parent)), _digest(old, str(old.parent))
+    assert a["arrays"] == b["arrays"] and sum(k.endswith("__generated_ids") for k in a["arrays"]) == 9
+    differ = [k for k in set(a["stats"]) | set(b["stats"]) if a["stats"].get(k) != b["stats"].get(k)
+              and k != "npz.sha256"]
+    assert differ == [], differ[:10]
+    calib = len(handed_over) - 9
+    assert handed_over[calib:] == [16] * 9 and lengths[calib:] == [16, 16] * 9
 
 
 def test_the_capture_run_hands_over_the_prefill_state_bit_for_bit(hf_dir):

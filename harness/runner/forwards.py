@@ -142,6 +142,7 @@ class ModeRun:
     residuals: list[torch.Tensor] = field(default_factory=list)  # per sample, while the blocks run
     x_groups: dict[int, XGroupSums] = field(default_factory=dict)  # layer -> Quamba2's x group sums (q2 modes)
     states: list | None = None  # with keep_states: each block's BlockState after the prefill (one sample)
+    final_residual: torch.Tensor | None = None  # with keep_states: the residual after the last block built
 
 
 def _to_mode_basis(x: torch.Tensor, rotate: bool) -> torch.Tensor:
@@ -234,7 +235,8 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
     raw: instead of on_layer, ``raw(per_sample, codes, meta)`` per block, before stacking (``layer_arrays``
     stacks them): a unit of one sample in another process (harness.runner.units) hands these back.
     keep_states: the blocks run their ``prefill`` (the same computation) and the result's ``states`` holds
-    each block's state for the first decode step (--decode: one sample), so no second prefill is needed.
+    each block's state for the first decode step, ``final_residual`` the residual after the last block
+    (--decode, --generate: one sample), so no second prefill over the prompt is needed.
     """
     recipe, device = fwd.recipe, fwd.device
     model = to_device(build_backbone(recipe, bank, fwd.scales, bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth),
@@ -254,6 +256,8 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
         _run_blocks(fwd, model, ref_inputs, run, on_layer or collect, step=step, raw=raw, keep_states=keep_states)
         if head is not None:
             run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
+    if keep_states:
+        run.final_residual = run.residuals[0]
     run.residuals = []
     return run
 
