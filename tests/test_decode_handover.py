@@ -112,6 +112,25 @@ def test_generate_equals_the_run_with_its_own_prefill(tmp_path, monkeypatch):
     assert handed_over[calib:] == [16] * 9 and lengths[calib:] == [16, 16] * 9
 
 
+def test_mamba2_and_quamba2_equal_the_run_with_their_own_prefill(tmp_path, monkeypatch):
+    """Mamba-2's float step and Quamba2's W8A8 step (its Q2BlockState), --decode and --generate together."""
+    argv = ["--model", ROOT / "models" / "mamba2-tiny", "--modes", "fp32", "1", "q2-w8a8", "--seq_len", 16,
+            "--decode", 4, "--generate", 4, "--taps", "all", "--end-to-end", "--calib_data_num", 4,
+            "--calib_seqlen", 32, "--no_cache", "--quiet"]
+    new, old = tmp_path / "new" / "D.npz", tmp_path / "old" / "D.npz"
+    new.parent.mkdir(), old.parent.mkdir()
+    assert run_cli(capture_main, [*argv, "--output_file", new]) == 0
+    _without_handover(monkeypatch)
+    original = modeloop._generate
+    monkeypatch.setattr(modeloop, "_generate", lambda *a: original(*a[:6]))
+    assert run_cli(capture_main, [*argv, "--output_file", old]) == 0
+    a, b = _digest(new, str(new.parent)), _digest(old, str(old.parent))
+    assert a["arrays"] == b["arrays"] and sum("q2-w8a8__decode." in k for k in a["arrays"]) >= 10
+    differ = [k for k in set(a["stats"]) | set(b["stats"]) if a["stats"].get(k) != b["stats"].get(k)
+              and k != "npz.sha256"]
+    assert differ == [], differ[:10]
+
+
 def test_the_capture_run_hands_over_the_prefill_state_bit_for_bit(hf_dir):
     """run_mode(keep_states=True), with ops shared across the modes, against EmuBackbone.prefill alone."""
     bank, scales, ids = observed_bank(hf_dir, 12)
