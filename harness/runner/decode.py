@@ -99,8 +99,12 @@ class _Steps:
         return arrays, tensors
 
 
-def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank) -> DecodeResult:
-    """The prefill over plan's prompt and plan.steps teacher-forced steps of fwd's mode (CPU)."""
+def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank,
+               states: list[BlockState] | None = None) -> DecodeResult:
+    """The prefill over plan's prompt and plan.steps teacher-forced steps of fwd's mode (CPU).
+
+    states: every block's state after the mode's prefill over the prompt, handed over by the capture run
+    (``forwards.run_mode(keep_states=True)``: the same prefill, bit for bit); None runs that prefill here."""
     recipe = fwd.recipe
     rotate = recipe.rotate == Rotate.YES
     depth = bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth
@@ -113,25 +117,34 @@ def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank) -> DecodeResult
     L = plan.prompt_len
     with torch.no_grad():
         full = _prefill_outputs(model, head, plan.ids, layers, rotate)
-        _, states = model.prefill(plan.ids[:, :L])
-        for k in range(plan.steps):
-            with capture(model, hooked) as got:
+        if states is None:
+            _, states = model.prefill(plan.ids[:, :L])
+        with capture(model, hooked) as got:  # the hooks once for every step (each step records every point anew)
+            for k in range(plan.steps):
+                got.clear()
                 residual, states = model.step(plan.ids[:, L + k:L + k + 1], states)
-            for point in hooked:
-                if point not in got:
-                    continue  # a site the recipe does not have (had.out without rotation)
-                cap = got[point]
-                values = cap.values
-                if rotate and fwd.basis == "original" and decode_site(point)[1] in RESIDUAL_BASIS:
-                    values = _to_original(values, True)
-                steps.add(point, values, cap.codes, cap.scale, cap.dtype)
-            for layer in layers:
-                for point, (values, q) in _state_capture(layer, states[layer]).items():
-                    steps.add(point, values, None if q is None else q.codes, None if q is None else q.scale, "float32")
-            if head is not None:
-                steps.add("logits", head(residual).to(torch.float32), None, None, "float32")
+                _record_step(steps, got, hooked, rotate and fwd.basis == "original")
+                for layer in layers:
+                    for point, (values, q) in _state_capture(layer, states[layer]).items():
+                        steps.add(point, values, None if q is None else q.codes, None if q is None else q.scale,
+                                  "float32")
+                if head is not None:
+                    steps.add("logits", head(residual).to(torch.float32), None, None, "float32")
     arrays, tensors = steps.arrays(fwd)
     return DecodeResult(arrays, tensors, _consistency(arrays, full, L, rotate and fwd.basis == "rotated"))
+
+
+def _record_step(steps: _Steps, got: dict, hooked: list[str], to_original: bool) -> None:
+    """One step's captured points into `steps` (residual-stream points of a rotated mode back in the original
+    basis when to_original)."""
+    for point in hooked:
+        if point not in got:
+            continue  # a site the recipe does not have (had.out without rotation)
+        cap = got[point]
+        values = cap.values
+        if to_original and decode_site(point)[1] in RESIDUAL_BASIS:
+            values = _to_original(values, True)
+        steps.add(point, values, cap.codes, cap.scale, cap.dtype)
 
 
 def _prefill_outputs(model, head, ids: torch.Tensor, layers: list[int], rotated: bool) -> dict[str, np.ndarray]:
@@ -185,12 +198,14 @@ def per_step_rows(ref_get: Callable[[str], np.ndarray], arrays: dict[str, np.nda
     return rows
 
 
-def decode_mode(ctx: RunContext, fwd: Forward, deliver: Callable, entry: dict, ref: tuple | None) -> None:
+def decode_mode(ctx: RunContext, fwd: Forward, deliver: Callable, entry: dict, ref: tuple | None,
+                states: list[BlockState] | None = None) -> None:
     """Run the decode steps of one mode of the run, hand its arrays to `deliver` (the mode loop's on_layer:
     checked, compared, streamed into the pair) and record ``entry["decode"]``. ref: (get, names) of the
-    reference's arrays for the per-step comparison, None for the reference itself."""
+    reference's arrays for the per-step comparison, None for the reference itself. states: the capture
+    prefill's states (``run_decode``), None to run the prefill again."""
     plan = DecodePlan(ctx.decode_ids, ctx.cfg.seq_len)
-    result = run_decode(fwd, plan, ctx.bank)
+    result = run_decode(fwd, plan, ctx.bank, states)
     deliver(result.arrays, result.tensors)
     entry["decode"] = {"prompt_len": plan.prompt_len, "steps": plan.steps, "consistency": result.consistency}
     if ref is not None:

@@ -141,6 +141,8 @@ class ModeRun:
     block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per sample, own basis
     residuals: list[torch.Tensor] = field(default_factory=list)  # per sample, while the blocks run
     x_groups: dict[int, XGroupSums] = field(default_factory=dict)  # layer -> Quamba2's x group sums (q2 modes)
+    states: list | None = None  # with keep_states: each block's BlockState after the prefill (one sample)
+    final_residual: torch.Tensor | None = None  # with keep_states: the residual after the last block built
 
 
 def _to_mode_basis(x: torch.Tensor, rotate: bool) -> torch.Tensor:
@@ -216,7 +218,8 @@ class Forward:
 
 
 def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None, on_layer=None,
-             shared: SharedOps | None = None, *, step: Callable[[], None] | None = None, raw=None) -> ModeRun:
+             shared: SharedOps | None = None, *, step: Callable[[], None] | None = None, raw=None,
+             keep_states: bool = False) -> ModeRun:
     """Run one mode on every sample; the points L{i}.block.isolated in `fwd.points` are replayed on
     ref_inputs, or on the mode's own block inputs when ref_inputs is None (the reference itself).
     The result's ``block_inputs`` are the mode's own inputs of the isolated layers and `fwd.keep_inputs`
@@ -231,6 +234,9 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
     step: called when a block has run on every sample (progress).
     raw: instead of on_layer, ``raw(per_sample, codes, meta)`` per block, before stacking (``layer_arrays``
     stacks them): a unit of one sample in another process (harness.runner.units) hands these back.
+    keep_states: the blocks run their ``prefill`` (the same computation) and the result's ``states`` holds
+    each block's state for the first decode step, ``final_residual`` the residual after the last block
+    (--decode, --generate: one sample), so no second prefill over the prompt is needed.
     """
     recipe, device = fwd.recipe, fwd.device
     model = to_device(build_backbone(recipe, bank, fwd.scales, bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth),
@@ -247,9 +253,11 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
             run.per_sample[name] = per_sample_of(arr, len(fwd.samples))
 
     with on_device(device):
-        _run_blocks(fwd, model, ref_inputs, run, on_layer or collect, step=step, raw=raw)
+        _run_blocks(fwd, model, ref_inputs, run, on_layer or collect, step=step, raw=raw, keep_states=keep_states)
         if head is not None:
             run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
+    if keep_states:
+        run.final_residual = run.residuals[0]
     run.residuals = []
     return run
 
@@ -260,7 +268,7 @@ def per_sample_of(arr: np.ndarray, n: int) -> list[np.ndarray]:
 
 
 def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, run: ModeRun, deliver, *,
-                step: Callable[[], None] | None = None, raw=None) -> None:
+                step: Callable[[], None] | None = None, raw=None, keep_states: bool = False) -> None:
     recipe, samples, points, basis, device = fwd.recipe, fwd.samples, fwd.points, fwd.basis, fwd.device
     rotate = recipe.rotate == Rotate.YES
     iso_layers = {parse_point(p)[0] for p in points if parse_point(p)[1] == ISOLATED}
@@ -269,6 +277,10 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
     if own:
         run.block_inputs = [{} for _ in samples]
     run.residuals = [model.embed(ids.to(device)) for ids in samples]
+    if keep_states:
+        if len(samples) != 1:
+            raise ValueError(f"keep_states needs one sample, got {len(samples)}")
+        run.states = []
     for layer, block in enumerate(model.blocks):
         layer_hooked = [p for p in hooked if parse_point(p)[0] == layer]  # in the order of `points`
         wanted = layer_hooked + sorted(p for p in own if parse_point(p)[0] == layer and p not in layer_hooked)
@@ -279,7 +291,11 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
         for k in range(len(samples)):
             block_in = run.residuals[k]
             with capture(model, wanted) as captured, _probing(block, sums):
-                mixed, run.residuals[k] = block(block_in)
+                if keep_states:  # forward's computation, plus the state it hands to the first step
+                    mixed, run.residuals[k], state = block.prefill(block_in)
+                    run.states.append(state)
+                else:
+                    mixed, run.residuals[k] = block(block_in)
             for point in layer_hooked:
                 if point not in captured:
                     continue  # a site the recipe does not have (had.out without rotation)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..emulation.build import build_backbone
+from ..emulation.state import BlockState
 from .forwards import Forward, build_head
 from .weightbank import WeightBank
 
@@ -21,11 +22,17 @@ GENERATED = "generated_ids"  # the tensor name (capture.array_key: mode_{m}__gen
 
 
 @torch.no_grad()
-def greedy_ids(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank) -> np.ndarray:
-    """N greedy tokens of fwd's mode after prompt (1, L): int64 (1, N). Ties go to the lowest id (torch.argmax)."""
+def greedy_ids(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank,
+               prefill: tuple[torch.Tensor, list[BlockState]] | None = None) -> np.ndarray:
+    """N greedy tokens of fwd's mode after prompt (1, L): int64 (1, N). Ties go to the lowest id (torch.argmax).
+
+    prefill: (the residual after the last block, every block's state) of the mode's prefill over prompt, handed
+    over by the capture run (``forwards.run_mode(keep_states=True)`` of the whole model); None runs it here."""
     model = build_backbone(fwd.recipe, bank, fwd.scales, bank.dims.n_layer - 1)
     head = build_head(fwd.recipe, bank)
-    residual, states = model.prefill(prompt)
+    if prefill is None or len(prefill[1]) != len(model.blocks):  # a capture of fewer blocks cannot hand over
+        prefill = model.prefill(prompt)
+    residual, states = prefill
     token = head(residual[:, -1:]).argmax(-1)                     # (1, 1)
     out = [token]
     for _ in range(steps - 1):

@@ -94,9 +94,10 @@ class _ModeRun:
 
 
 def _generate(ctx: RunContext, forward: Forward, entry: dict, collector: Collector, loop: ModeLoopResult,
-              is_ref: bool) -> None:
-    """--generate N: the mode's greedy ids (stored, not compared as numbers) and where they leave the reference's."""
-    ids = greedy_ids(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank)
+              is_ref: bool, prefill: tuple | None = None) -> None:
+    """--generate N: the mode's greedy ids (stored, not compared as numbers) and where they leave the reference's.
+    prefill: the capture run's (final residual, states), None to run the prefill again."""
+    ids = greedy_ids(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank, prefill)
     collector.store_only(forward.recipe.name, {GENERATED: ids})
     entry["generate"] = {"ids": ids[0].tolist()}
     if is_ref:
@@ -139,7 +140,7 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
         forward = _forward(ctx, recipe, run_.wanted)
         if ctx.units is None:
             run = run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared,
-                           step=progress.advance)
+                           step=progress.advance, keep_states=ctx.decode_ids is not None or bool(cfg.generate))
         else:  # the mode's units in other processes (runner.dispatch): one progress line per unit
             run = ctx.units.run_mode(forward, ctx.bank, None if is_ref else loop.ref_inputs, on_layer, run_.shared)
         if run.logits:
@@ -147,9 +148,11 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
             on_layer(logits, {"logits": {"point": "logits", "basis": None, **tensor_stats(logits["logits"])}})
         if ctx.decode_ids is not None:
             decode_mode(ctx, forward, on_layer, entry,
-                        None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names))
+                        None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names),
+                        run.states)  # the capture prefill's states: no second prefill over the prompt
         if cfg.generate:
-            _generate(ctx, forward, entry, collector, loop, is_ref)
+            _generate(ctx, forward, entry, collector, loop, is_ref,
+                      None if run.states is None else (run.final_residual, run.states))
         if is_ref:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         if run.x_groups:  # Quamba2's x group diagnostics (metrics.q2groups)
