@@ -87,17 +87,17 @@ def _dequant(w) -> torch.Tensor:
     return (w.codes.to(torch.float32) - 8) * groups
 
 
-def recover_order_w4(in_proj, scales, tensors: dict, raw: dict, dims: Mamba2Dims) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(channel_index, head_index, summary) of one W4 block (checkpoints.quamba2_w4ckpt). W4A8 (scales given): the
+def recover_order_w4(in_proj, recipe: str, tensors: dict, raw: dict, dims: Mamba2Dims) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(channel_index, head_index, summary) of one W4 block (checkpoints.quamba2_w4ckpt). W4A8: the
     GPTQ int4 rows of in_proj are not the float rows quantized on a grid we can reproduce, so each checkpoint
     channel takes the float channel whose folded, rotated fp16 z and x rows (the rows GPTQ quantized,
     runner.gptq_q2) are the most similar (cosine, z and x each normalised: their channel scales differ), each
-    head the most similar dt row; the summary gives the fraction matched with similarity >= MATCH_MIN. W4A16 (no
-    scales) is not reordered (modelutils_mamba.py:820-825): the identity, and the fraction of channels whose
+    head the most similar dt row; the summary gives the fraction matched with similarity >= MATCH_MIN. W4A16 is
+    not reordered (modelutils_mamba.py:820-825): the identity, and the fraction of channels whose
     fp16 conv1d row and of heads whose fp16 dt_bias equal the float model's."""
     E, H = dims.d_inner, dims.nheads
     p = float_layer_mamba2(raw, True, torch.float16)
-    if scales is None:
+    if recipe == "W4A16":
         conv = tensors["conv1d.weight"][:E, 0].to(torch.float32)
         ch = (conv == p.conv_weight[:E]).all(dim=1).to(torch.float64).mean().item()
         hd = (tensors["dt_bias"].to(torch.float32) == p.dt_bias).to(torch.float64).mean().item()

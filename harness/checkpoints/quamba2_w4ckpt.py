@@ -63,8 +63,8 @@ class Quamba2W4Checkpoint(Quamba2Checkpoint):
         from .quamba2_order import recover_order_w4
 
         def source(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            b, s = self.blocks[i], Quamba2Checkpoint.layer_scales(self, i) if self.recipe == "W4A8" else None
-            channels, heads, summary = recover_order_w4(b.in_proj, s, b.tensors, float_ckpt.raw_layer(i), self.dims)
+            b = self.blocks[i]
+            channels, heads, summary = recover_order_w4(b.in_proj, b.recipe, b.tensors, float_ckpt.raw_layer(i), self.dims)
             self.order_summary[i] = summary
             return channels, heads
 
