@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError
-from .quamba import _describe, _got, _kind_ok, _top_spec
+from .quamba import _describe, _got, _kind_ok, _read_config, _top_spec
 from .quamba2 import Quamba2Checkpoint
 from .quamba2_w4 import W4_MIXERS, W4Block, check_w4_blocks, load_w4, w4_plan
 from .quamba_checks import _layer_kind, check_values
@@ -117,8 +117,10 @@ class Quamba2W4Checkpoint(Quamba2Checkpoint):
                 "int4": "Marlin" + ("-QQQ" if self.recipe == "W4A8" else "") + " unpacked (emulation.ops.marlin)"}
 
 
-def _refuse_hybrid(path: Path, plan: list) -> None:
-    layers = "; ".join(f"layer {i}: {'+'.join(r for r, _m, _n in mixers)}" for i, mixers in enumerate(plan))
+def _refuse_hybrid(path: Path, table) -> None:
+    """table: ssm_cfg.layer (a list of {recipe: class} per layer, or whatever the config holds)."""
+    layers = "; ".join(f"layer {i}: {'+'.join(m) if isinstance(m, dict) else repr(m)}" for i, m in enumerate(table)) \
+        if isinstance(table, list) else f"ssm_cfg.layer {table!r}"
     raise ModelDirError(
         f"{path}: a hybrid W4AX checkpoint ({layers}) is not supported: Quamba's hybrid model has a W4O16Embedding, a "
         f"QRMSNorm norm_f and a W4A8B16O16Linear lm_head (quamba_mixer_seq.py:201, 239, 408-409), which the harness "
@@ -130,13 +132,15 @@ def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
     """Validate config, every block key (checkpoints.quamba2_w4) and the embedding, norm_f and lm_head keys, or
     raise ModelDirError naming what is wrong and what is valid."""
     path = Path(path)
+    cfg = _read_config(path)
+    ssm = cfg.get("ssm_cfg") if cfg is not None and isinstance(cfg.get("ssm_cfg"), dict) else {}
+    if cfg is not None and (cfg.get("is_hybrid") or isinstance(ssm.get("layer"), list)):
+        _refuse_hybrid(path, ssm.get("layer"))  # before any size or tensor is read
     cfg, sd, f = load_w4(path)
     try:
         dims, plan = w4_plan(path, cfg)
     except (KeyError, TypeError) as e:
         raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
-    if cfg.get("is_hybrid") or isinstance(cfg["ssm_cfg"].get("layer"), list):
-        _refuse_hybrid(path, plan)
     recipe = plan[0][0][0]
     norm = _layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
     kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),
