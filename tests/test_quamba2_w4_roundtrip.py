@@ -36,7 +36,7 @@ def runs(tmp_path_factory):
     assert run_cli(capture_main, ["--model", f, "--modes", "q2-w4a8", "q2-w4a16", "--output_file", root / "f.npz",
                                   *cap]) == 0
     stats = json.loads((root / "f_stats.json").read_text())["provenance"]["calibration_by_prep"]
-    return root, f, cap, {k: stats[k]["cache_files"] for k in ("quamba2-w4a8", "quamba2-w4a16")}
+    return root, f, cap, common, {k: stats[k]["cache_files"] for k in ("quamba2-w4a8", "quamba2-w4a16")}
 
 
 def _gptq(path: str) -> dict:
@@ -73,6 +73,8 @@ def _w4_checkpoint(root, f, files: list[str], recipe: str):
     cfg["ssm_cfg"]["layer"] = f"{recipe}QMamba2"
     cfg["norm_cfg"] = {"norm": "QRMSNorm" if recipe == "W4A8" else "RMSNorm"}
     d = root / f"quamba2-f-{recipe.lower()}"
+    if d.exists():
+        return d
     d.mkdir()
     torch.save(out, d / "pytorch_model.bin")
     (d / "config.json").write_text(json.dumps(cfg))
@@ -82,7 +84,7 @@ def _w4_checkpoint(root, f, files: list[str], recipe: str):
 
 @pytest.mark.parametrize("recipe", ["W4A8", "W4A16"])
 def test_round_trip_through_a_w4_checkpoint_is_bit_identical(recipe, runs):
-    root, f, cap, files = runs
+    root, f, cap, _, files = runs
     mode = f"q2-{recipe.lower()}"
     d = _w4_checkpoint(root, f, files[f"quamba2-{recipe.lower()}"], recipe)
     q, o = root / f"{recipe}-q.npz", root / f"{recipe}-o.npz"
@@ -115,3 +117,29 @@ def test_match_nearest_takes_each_rows_most_similar_partner():
     ours[1] = theirs[perm[0]]  # two rows want the same partner: the closer keeps it, the other takes the next best
     index, _ = match_nearest(ours, theirs)
     assert index[1] == perm[0] and sorted(index.tolist()) == list(range(40))
+
+
+@pytest.mark.parametrize("recipe", ["W4A8", "W4A16"])
+def test_the_w4_export_is_the_hand_packed_checkpoint(recipe, runs):
+    """`export --recipe w4a8|w4a16` (runner.export_q2w4, its own Marlin packing) writes, key for key and bit for bit,
+    the checkpoint packed above with the test's packing from Quamba's source; capturing from it gives the mode's
+    arrays from the float model."""
+    root, f, cap, common, files = runs
+    hand = _w4_checkpoint(root, f, files[f"quamba2-{recipe.lower()}"], recipe)
+    out = root / f"export-{recipe.lower()}"
+    assert run_cli(main, ["export", "--model", f, "--output_dir", out, "--recipe", recipe.lower(), "--quiet", *common]) == 0
+    mine, theirs = (torch.load(d / "pytorch_model.bin", weights_only=True) for d in (out, hand))
+    assert set(mine) == set(theirs)
+    for k, v in theirs.items():
+        assert type(mine[k]) is type(v), k
+        if isinstance(v, torch.Tensor):
+            assert mine[k].dtype == v.dtype and mine[k].shape == v.shape and torch.equal(mine[k], v), k
+        else:
+            assert mine[k] == v, k
+    assert json.loads((out / "config.json").read_text()) == json.loads((hand / "config.json").read_text())
+    mode = f"q2-{recipe.lower()}"
+    q = root / f"export-{recipe}.npz"
+    assert run_cli(capture_main, ["--model", out, "--mamba_model_path", f, "--modes", mode, "--output_file", q, *cap]) == 0
+    ref, got = np.load(root / "f.npz"), np.load(q)
+    for k in [k for k in ref.files if k.startswith(f"mode_{mode}__")]:
+        assert np.array_equal(ref[k], got[k]), k
