@@ -94,3 +94,15 @@ def test_other_modes_need_the_float_model(mode, ckpts, tmp_path, capsys):
     assert rc == 2
     assert "--mamba_model_path" in capsys.readouterr().err
     assert not (tmp_path / "f.npz").exists()
+
+
+@pytest.mark.parametrize("key", ["backbone.layers.1.mixer.in_proj.s_group", "backbone.layers.0.mixer.conv1d.x_scale",
+                                 "lm_head.weight"])
+def test_a_malformed_w4_checkpoint_is_exit_2_naming_the_key(key, tmp_path, capsys):
+    path, sd, _ = _write(tmp_path / "quamba2-bad-w4a8", "W4A8")
+    sd = dict(sd)
+    del sd[key]
+    torch.save(sd, path / "pytorch_model.bin")
+    out = tmp_path / "b.npz"
+    rc = run_cli(capture_main, ["--model", path, "--modes", "q2-w4a8", "--output_file", out, "--quiet"])
+    assert rc == 2 and f"{key!r} is missing" in capsys.readouterr().err and not out.exists()
