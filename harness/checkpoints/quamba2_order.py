@@ -87,7 +87,8 @@ def _dequant(w) -> torch.Tensor:
     return (w.codes.to(torch.float32) - 8) * groups
 
 
-def recover_order_w4(in_proj, recipe: str, tensors: dict, raw: dict, dims: Mamba2Dims) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def recover_order_w4(in_proj, recipe: str, tensors: dict, raw: dict,
+                     dims: Mamba2Dims) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(channel_index, head_index, summary) of one W4 block (checkpoints.quamba2_w4ckpt). W4A8: the
     GPTQ int4 rows of in_proj are not the float rows quantized on a grid we can reproduce, so each checkpoint
     channel takes the float channel whose folded, rotated fp16 z and x rows (the rows GPTQ quantized,

@@ -32,7 +32,6 @@ from .quamba2_w4 import W4_MIXERS, W4Block, check_w4_blocks, load_w4, w4_plan
 from .quamba_checks import _layer_kind, check_values
 from ..emulation.mamba2_q2w4 import Q2W4Layer
 from ..emulation.weights_mamba2 import Mamba2Params
-from ..spec import QTensor
 
 __all__ = ["Quamba2W4Checkpoint", "open_quamba2_w4", "is_w4_config", "SUPPORTED_W4"]
 
@@ -64,7 +63,8 @@ class Quamba2W4Checkpoint(Quamba2Checkpoint):
 
         def source(i: int) -> tuple[torch.Tensor, torch.Tensor]:
             b = self.blocks[i]
-            channels, heads, summary = recover_order_w4(b.in_proj, b.recipe, b.tensors, float_ckpt.raw_layer(i), self.dims)
+            raw = float_ckpt.raw_layer(i)
+            channels, heads, summary = recover_order_w4(b.in_proj, b.recipe, b.tensors, raw, self.dims)
             self.order_summary[i] = summary
             return channels, heads
 
@@ -79,7 +79,8 @@ class Quamba2W4Checkpoint(Quamba2Checkpoint):
 
     def layer_scales(self, i: int) -> Q2W4Layer:
         b = self.blocks[i]
-        return Q2W4Layer(b.in_proj, b.out_proj, Quamba2Checkpoint.layer_scales(self, i) if self.recipe == "W4A8" else None)
+        w8a8 = Quamba2Checkpoint.layer_scales(self, i) if self.recipe == "W4A8" else None
+        return Q2W4Layer(b.in_proj, b.out_proj, w8a8)
 
     def q2_params(self, i: int):
         """W4A8: Q2Params of the stored activation path (the linears are placeholders, the block runs the Marlin
@@ -145,10 +146,11 @@ def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
     norm = _layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
     kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),
              "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}
-    for what, got, want in (("norm_cfg.norm", norm, _NORM[recipe]), ("embedding_cfg.layer", kinds["embedding"], "Embedding"),
-                            ("lm_head_cfg.layer", kinds["lm_head"], "Linear")):
+    for what, got, want in (("norm_cfg.norm", norm, _NORM[recipe]), ("lm_head_cfg.layer", kinds["lm_head"], "Linear"),
+                            ("embedding_cfg.layer", kinds["embedding"], "Embedding")):
         if got != want:
-            raise ModelDirError(f"{path}: {what} {got!r} with {recipe}QMamba2 is not supported; supported: {SUPPORTED_W4}")
+            raise ModelDirError(f"{path}: {what} {got!r} with {recipe}QMamba2 is not supported; "
+                                f"supported: {SUPPORTED_W4}")
     top = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
     for key, kind in top.items():
         if key not in sd:

@@ -182,7 +182,8 @@ def pack_marlin(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """Int4Weight [out, K] -> W4A16B16O16Linear's ``weight`` [K/16, 2N] int32 and ``scale`` [K/g, N] fp16, N the
     out-features padded to 256 (qLinearLayer.py:24-26)."""
     n = -(-w.codes.shape[0] // 256) * 256
-    _check(torch.zeros(w.codes.shape[1] // _TILE, n * _TILE // _PACK, dtype=torch.int32), w.codes.shape[1], n, w.group_size)
+    k = w.codes.shape[1]
+    _check(torch.zeros(k // _TILE, n * _TILE // _PACK, dtype=torch.int32), k, n, w.group_size)
     return _pack_codes(w.codes, n, w4a16_weight_perm()), _perm_rows(_padded_groups(w, n), scale_perms()[0], n)
 
 
