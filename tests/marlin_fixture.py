@@ -53,30 +53,42 @@ def _pad(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def pack_linear(codes: torch.Tensor, w4a8: bool, gen: torch.Generator) -> tuple[dict, dict]:
-    """codes [out, in] 0..15 -> (the module's state-dict entries by suffix, the true scales): W4A8B8O8LinearParallel /
-    W4A8B16O16Linear (workspace, weight, input_scale, s_channel, s_group; qLinearLayer.py:139-215, 420-505) or
-    W4A16B16O16Linear (workspace, weight, scale; :13-75). Out-features padded to 64 / 256 with zero codes."""
+def pack_given(codes: torch.Tensor, groups: torch.Tensor, channel: torch.Tensor | None) -> dict:
+    """codes [out, in] 0..15, group scales [out, in / 128] fp16 (W4A8: s / s_channel), channel scales [out] fp32
+    (W4A8, the output scale already divided in for in_proj) or None (W4A16) -> the module's state-dict entries by
+    suffix: W4A8B8O8LinearParallel / W4A8B16O16Linear (workspace, weight, s_channel, s_group; qLinearLayer.py:
+    139-215, 420-505) or W4A16B16O16Linear (workspace, weight, scale; :13-75). Out-features padded to 64 / 256:
+    zero codes, zero group scales, s_channel 1e-6 (w4a8_quantize, marlin_utils.py:258-262)."""
+    w4a8 = channel is not None
     out, k = codes.shape
     n = _pad(out, 64 if w4a8 else 256)
     q = torch.zeros(k, n, dtype=torch.int32)
     q[:, :out] = codes.t().to(torch.int32)
-    groups = (torch.rand(k // 128, n, generator=gen) + 0.5).to(torch.float16)
-    groups[:, out:] = 0
+    g = torch.zeros(k // 128, n, dtype=torch.float16)
+    g[:, :out] = groups.t()
     perm, single = scale_perms()
     entries = {"workspace": torch.zeros((n // 64) * 16, dtype=torch.int32), "weight": quamba_pack(q, quamba_perm(not w4a8))}
-    sg = groups.reshape((-1, len(perm)))[:, perm].reshape((-1, n)).contiguous()
-    if w4a8:
-        channel = (torch.rand(1, n, generator=gen) * 0.01 + 1e-3).to(torch.float32)
-        channel[:, out:] = 1e-6  # w4a8_quantize pads s_channel with 1e-6 (:262)
-        entries.update({"input_scale": torch.tensor(0.05), "s_channel":
-                        channel.reshape((-1, len(single)))[:, single].reshape((-1, n)).contiguous(), "s_group": sg})
-        return entries, {"groups": groups[:, :out].t(), "channel": channel[0, :out]}
-    entries["scale"] = sg
-    return entries, {"groups": groups[:, :out].t()}
+    sg = g.reshape((-1, len(perm)))[:, perm].reshape((-1, n)).contiguous()
+    if not w4a8:
+        return {**entries, "scale": sg}
+    ch = torch.full((1, n), 1e-6, dtype=torch.float32)
+    ch[0, :out] = channel
+    return {**entries, "s_channel": ch.reshape((-1, len(single)))[:, single].reshape((-1, n)).contiguous(), "s_group": sg}
 
 
-def w4_state_dict(recipes: list[list[str]], seed: int = 0, hybrid: bool = False, **dims) -> tuple[dict, dict]:
+def pack_linear(codes: torch.Tensor, w4a8: bool, gen: torch.Generator, size: float = 1.0) -> tuple[dict, dict]:
+    """codes [out, in] 0..15 -> (the module's state-dict entries by suffix, the true scales), seeded scales."""
+    out, k = codes.shape
+    groups = ((torch.rand(out, k // 128, generator=gen) + 0.5) * size).to(torch.float16)
+    if not w4a8:
+        return pack_given(codes, groups, None), {"groups": groups}
+    channel = (torch.rand(out, generator=gen) * 0.01 + 1e-3).to(torch.float32)
+    return {**pack_given(codes, groups, channel), "input_scale": torch.tensor(0.05)}, \
+        {"groups": groups, "channel": channel}
+
+
+def w4_state_dict(recipes: list[list[str]], seed: int = 0, hybrid: bool = False, vocab: int = 64,
+                  size: float = 1.0) -> tuple[dict, dict]:
     """A W4 checkpoint's state dict (d_model 256, headdim 64, d_state 16, ngroups 2: K >= 256 for Marlin's groups)
     and the codes and scales packed in it: {(layer, recipe, linear): (codes, scales)}."""
     g = torch.Generator().manual_seed(seed)
@@ -84,7 +96,7 @@ def w4_state_dict(recipes: list[list[str]], seed: int = 0, hybrid: bool = False,
     d_inner, nheads = 2 * d_model, 2 * d_model // headdim
     n_in = 2 * d_inner + 2 * ngroups * d_state + nheads
     base = handmade_q2_state_dict(seed, d_model=d_model, n_layer=len(recipes), d_state=d_state, ngroups=ngroups,
-                                  headdim=headdim, vocab=64)
+                                  headdim=headdim, vocab=vocab)
     sd = {k: v for k, v in base.items() if not k.startswith("backbone.layers.")}
     truth = {}
     for i, layer in enumerate(recipes):
@@ -107,18 +119,18 @@ def w4_state_dict(recipes: list[list[str]], seed: int = 0, hybrid: bool = False,
                 sd[m + "norm.weight"] = torch.ones(d_inner, dtype=torch.float16)
             for name, out, k in (("in_proj", n_in, d_model), ("out_proj", d_model, d_inner)):
                 codes = torch.randint(0, 16, (out, k), generator=g).to(torch.uint8)
-                entries, scales = pack_linear(codes, recipe == "W4A8", g)
+                entries, scales = pack_linear(codes, recipe == "W4A8", g, size)
                 sd.update({f"{m}{name}.{key}": v for key, v in entries.items()})
                 truth[(i, recipe, name)] = (codes, scales)
     return sd, truth
 
 
-def w4_config(recipes: list[list[str]], hybrid: bool = False) -> dict:
+def w4_config(recipes: list[list[str]], hybrid: bool = False, vocab: int = 64) -> dict:
     """config.json (modelutils_mamba.py:863-900): one recipe for every layer, or hybrid per-layer tables."""
     cls = {"W4A8": "W4A8QMamba2", "W4A16": "W4A16QMamba2"}
     norm = {"W4A8": "QRMSNorm", "W4A16": "RMSNorm"}
     ssm = {"d_state": 16, "headdim": 64, "ngroups": 2, "chunk_size": 8}
-    cfg = {"d_model": 256, "d_intermediate": 0, "n_layer": len(recipes), "vocab_size": 64, "attn_layer_idx": [],
+    cfg = {"d_model": 256, "d_intermediate": 0, "n_layer": len(recipes), "vocab_size": vocab, "attn_layer_idx": [],
            "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True, "fused_add_norm": True,
            "pad_vocab_size_multiple": 8, "tie_embeddings": False, "embedding_cfg": {"layer": "Embedding"},
            "lm_head_cfg": {"layer": "Linear"}}

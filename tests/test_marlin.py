@@ -59,3 +59,30 @@ def test_the_two_permutations_differ():
 def test_per_channel_packing_is_refused():
     with pytest.raises(ValueError, match="group size"):
         unpack_marlin(torch.zeros(8, 256, dtype=torch.int32), torch.ones(1, 128, dtype=torch.float16), 128, 128)
+
+
+@pytest.mark.parametrize("qqq, out, k", [(False, 300, 384), (False, 256, 256), (True, 150, 256), (True, 64, 384)])
+def test_pack_equals_quambas_packing_and_unpacks_back(qqq, out, k):
+    """The W4 export's packing gives the tensors the test packs from Quamba's source (pack_given, with its padding)
+    and the unpacking gives the weight back."""
+    from harness.emulation.ops.marlin import pack_marlin, pack_marlin_qqq
+    from marlin_fixture import pack_given
+
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (out, k), generator=g).to(torch.uint8)
+    codes[0, :8] = 15  # the top nibble set: words that are negative as int32
+    groups = (torch.rand(out, k // 128, generator=g) + 0.5).to(torch.float16)
+    channel = (torch.rand(out, generator=g) * 0.01 + 1e-3) if qqq else None
+    w = Int4Weight(codes, groups, channel)
+    want = pack_given(codes, groups, channel)
+    if qqq:
+        weight, s_group, s_channel = pack_marlin_qqq(w)
+        assert torch.equal(weight, want["weight"]) and torch.equal(s_group, want["s_group"])
+        assert torch.equal(s_channel, want["s_channel"])
+        back = unpack_marlin_qqq(weight, s_group, s_channel, out)
+        assert torch.equal(back.channel_scales, channel)
+    else:
+        weight, scale = pack_marlin(w)
+        assert torch.equal(weight, want["weight"]) and torch.equal(scale, want["scale"])
+        back = unpack_marlin(weight, scale, out)
+    assert torch.equal(back.codes, codes) and torch.equal(back.group_scales, groups)

@@ -80,9 +80,20 @@ def test_bad_w4_checkpoint_names_the_key(case, tmp_path):
     assert needle in str(e.value)
 
 
-def test_a_run_refuses_w4_checkpoints_by_name(tmp_path):
-    """Until the q2-w4a8/q2-w4a16 modes exist a run names the recipe and what is supported."""
-    sd, _ = w4_state_dict([["W4A16"], ["W4A16"]])
-    path = _write(tmp_path / "q", sd, w4_config([["W4A16"], ["W4A16"]]))
-    with pytest.raises(ModelDirError, match="W4A16 \\(Marlin int4 weights\\) is not supported; supported: Quamba2 W8A8"):
+def test_a_run_refuses_hybrid_checkpoints_naming_the_layers(tmp_path):
+    """A hybrid checkpoint is refused (checkpoints.quamba2_w4ckpt): its layers' recipes and what is supported."""
+    recipes = [["W4A8"], ["W4A8", "W4A16"]]
+    sd, _ = w4_state_dict(recipes, hybrid=True)
+    path = _write(tmp_path / "q", sd, w4_config(recipes, hybrid=True))
+    with pytest.raises(ModelDirError, match="hybrid W4AX checkpoint \\(layer 0: W4A8; layer 1: W4A8\\+W4A16\\) "
+                                            "is not supported.*W4O16Embedding.*supported: Quamba2 W4 checkpoints"):
         open_any_quamba(path)
+
+
+@pytest.mark.parametrize("field, value", [("embedding_cfg", "W4O16Embedding"), ("lm_head_cfg", "W4A16B16O16Linear")])
+def test_w4_embeddings_and_heads_are_refused_by_name(field, value, tmp_path):
+    sd, _ = w4_state_dict([["W4A16"], ["W4A16"]])
+    cfg = w4_config([["W4A16"], ["W4A16"]])
+    cfg[field] = {"layer": value}
+    with pytest.raises(ModelDirError, match=f"{field}.layer '{value}' with W4A16QMamba2 is not supported"):
+        open_any_quamba(_write(tmp_path / "q", sd, cfg))

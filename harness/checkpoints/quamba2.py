@@ -50,6 +50,10 @@ def open_any_quamba(path: Path | str) -> QuambaCheckpoint:
     """A Quamba checkpoint directory (is_quamba_dir): Quamba2's or Quamba1's reader by its config."""
     cfg = _read_config(Path(path))
     if cfg is not None and is_quamba2_config(cfg):
+        from .quamba2_w4ckpt import is_w4_config, open_quamba2_w4
+
+        if is_w4_config(cfg):
+            return open_quamba2_w4(path)
         return open_quamba2(path)
     ssm = cfg.get("ssm_cfg") if cfg is not None and isinstance(cfg.get("ssm_cfg"), dict) else {}
     layer = ssm.get("layer", "W8A8QMamba")
@@ -144,7 +148,7 @@ class Quamba2Checkpoint(QuambaCheckpoint):
         split = lambda k: tuple(self._scalar(f"{m}conv1d.{k}{s}_scale") for s in "xBC")  # noqa: E731
         conv = (self._m(i, "conv1d.weight").contiguous(), split("w"),
                 self._m(i, "conv1d.bias").contiguous() if has_bias else None, split("b") if has_bias else None)
-        s = self.layer_scales(i)
+        s = Quamba2Checkpoint.layer_scales(self, i)  # the W8A8 scales (a W4A8 checkpoint's layer_scales wraps them)
         head_range, dim_range = self._m(i, "conv1d.x_head_group_range"), self._m(i, "conv1d.x_dim_group_range")
         x_scales = x_channel_scales(s.x_table, head_range, dim_range, x_dim=d.d_inner, headdim=d.headdim)
         q = "qchunk_scan."

@@ -1,8 +1,8 @@
 """Quamba2 W4A8, W4A16 and hybrid W4AX checkpoints: every block key checked, the Marlin linears unpacked into
 ``Int4Weight`` (emulation.ops.marlin), the activation scales and the other tensors handed back validated.
 
-The q2-w4a8 and q2-w4a16 modes are not built on this branch: ``read_w4_blocks`` is what they call (one
-``W4Block`` per layer and recipe). enyac-group/Quamba c474646:
+``read_w4_blocks`` gives one ``W4Block`` per layer and recipe; checkpoints.quamba2_w4ckpt runs the q2-w4a8 and
+q2-w4a16 modes from them. enyac-group/Quamba c474646:
 
 * non-hybrid: ``ssm_cfg.layer`` ``W4A8QMamba2`` or ``W4A16QMamba2`` (qMamba2.py:735-1066, 381-733), keys under
   ``backbone.layers.{i}.mixer.`` and ``.norm.``;
@@ -35,7 +35,7 @@ from ..emulation.ops.marlin import unpack_marlin, unpack_marlin_qqq
 from ..spec import Mamba2Dims
 from ..store.files import is_regular
 
-__all__ = ["W4Block", "W4_MIXERS", "w4_plan", "w4_block_spec", "read_w4_blocks"]
+__all__ = ["W4Block", "W4_MIXERS", "w4_plan", "w4_block_spec", "read_w4_blocks", "check_w4_blocks", "load_w4"]
 
 W4_MIXERS = {"W4A8QMamba2": "W4A8", "W4A16QMamba2": "W4A16"}
 _NORMS = {"W4A8": "QRMSNorm", "W4A16": "RMSNorm"}  # quantize_norm_a8 / the fp16 norm (modelutils_mamba.py:516-572)
@@ -146,7 +146,8 @@ def _check_marlin(f: Path, sd: dict, m: str, name: str, n: int, w4a8: bool) -> N
             raise bad_scale(f, f"{m}{name}.s_channel", t)
 
 
-def _load(path: Path) -> tuple[dict, dict, Path]:
+def load_w4(path: Path) -> tuple[dict, dict, Path]:
+    """(config, state dict, the state dict's file) of a checkpoint directory, or ModelDirError."""
     cfg = _read_config(path)
     if cfg is None:
         raise ModelDirError(f"{path}: config.json is missing or not a JSON object")
@@ -166,7 +167,12 @@ def read_w4_blocks(path: Path | str) -> tuple[Mamba2Dims, list[dict[str, W4Block
     """Every block of a W4A8/W4A16/hybrid Quamba2 checkpoint, checked (exit-2 ModelDirError naming the key) and
     unpacked: per layer, recipe -> W4Block. The embedding and lm_head are not read (module docstring)."""
     path = Path(path)
-    cfg, sd, f = _load(path)
+    cfg, sd, f = load_w4(path)
+    return check_w4_blocks(path, cfg, sd, f)
+
+
+def check_w4_blocks(path: Path, cfg: dict, sd: dict, f: Path) -> tuple[Mamba2Dims, list[dict[str, W4Block]]]:
+    """read_w4_blocks on a config and state dict already loaded (f: the state dict's file, for messages)."""
     try:
         dims, plan = w4_plan(path, cfg)
     except (KeyError, TypeError) as e:

@@ -226,13 +226,16 @@ def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict | None, scales: Q2Scales
                           state_dtype=str(recipe.state_dtype))
 
 
-def build_q2w4_mamba2_block(recipe: ModeRecipe, raw: dict, w4: Q2W4Layer, dims: Mamba2Dims, layer: int):
+def build_q2w4_mamba2_block(recipe: ModeRecipe, raw: dict | None, w4: Q2W4Layer, dims: Mamba2Dims, layer: int,
+                            params=None):
     """One Quamba2 W4A8 block (w4.scales: the W8A8 scales; raw reordered by them, then q2-w8a8's parts with
-    GPTQ's Marlin-QQQ linears) or W4A16 block (no scales: the fp16 rotated block with Marlin linears)."""
+    GPTQ's Marlin-QQQ linears) or W4A16 block (no scales: the fp16 rotated block with Marlin linears); params:
+    the block's other tensors as a W4 checkpoint stores them (Q2Params, Mamba2Params) instead of raw's."""
     chunked = recipe.ssm_impl == SsmImpl.KERNEL
     if w4.scales is not None:
-        return build_q2w4a8_block(layer, dims, raw, w4, chunked)
-    return with_w4a16_linears(build_mamba2_block(recipe, float_layer_mamba2(raw, True, torch.float16), dims, layer), w4)
+        return build_q2w4a8_block(layer, dims, raw, w4, chunked, params=params)
+    p = float_layer_mamba2(raw, True, torch.float16) if params is None else params
+    return with_w4a16_linears(build_mamba2_block(recipe, p, dims, layer), w4)
 
 
 class WeightSource(Protocol):
@@ -255,7 +258,10 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
     rotate = recipe.rotate == Rotate.YES
     dims = bank.dims
     if dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2 and recipe.weights == Weights.INT4:
-        blocks = [build_q2w4_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
+        given = getattr(bank, "q2_given", lambda _i, _k: None)  # a Quamba2 W4 checkpoint's own tensors
+        blocks = [build_q2w4_mamba2_block(recipe, None, scales[i], dims, i, params=p)
+                  if (p := given(i, recipe.calibration_key)) is not None
+                  else build_q2w4_mamba2_block(recipe, bank.raw(i), scales[i], dims, i) for i in range(depth + 1)]
     elif dims.architecture == "mamba2" and recipe.prep == Prep.QUAMBA2:
         given = getattr(bank, "q2_given", lambda _i: None)  # a Quamba2 checkpoint's own codes (WeightBank.q2_given)
         blocks = [build_q2_mamba2_block(recipe, None, scales[i], dims, i, params=p) if (p := given(i)) is not None

@@ -26,7 +26,7 @@ from .mamba2 import EmuMamba2Block
 from .mamba2_q2 import EmuQ2Mamba2Block, build_q2_block
 from .ops.int4 import Int4Weight
 from .ops.q2_w4 import w4a8_linear, w4a16_linear
-from .q2_params import Q2Scales, q2_params
+from .q2_params import Q2Params, Q2Scales, q2_params
 
 __all__ = ["Q2W4Layer", "EmuW4A8Linear", "EmuW4A16Linear", "EmuQ2W4A8Block", "build_q2w4a8_block",
            "with_w4a16_linears", "in_proj_out_scales"]
@@ -93,11 +93,13 @@ class EmuQ2W4A8Block(EmuQ2Mamba2Block):
         return w4a8_linear(normed, self.w4_in, out_int8=True)
 
 
-def build_q2w4a8_block(layer: int, dims: Mamba2Dims, raw: dict, w4: Q2W4Layer, chunked: bool) -> EmuQ2W4A8Block:
-    """The W4A8 block: q2-w8a8's parts (emulation.mamba2_q2.build_q2_block) with GPTQ's Marlin-QQQ linears."""
+def build_q2w4a8_block(layer: int, dims: Mamba2Dims, raw: dict | None, w4: Q2W4Layer, chunked: bool, *,
+                       params: Q2Params | None = None) -> EmuQ2W4A8Block:
+    """The W4A8 block: q2-w8a8's parts (emulation.mamba2_q2.build_q2_block) with GPTQ's Marlin-QQQ linears;
+    params: the activation path's tensors as a W4A8 checkpoint stores them, instead of raw's."""
     s = w4.scales
     assert s is not None, "a W4A8 block needs the W8A8 scales"
-    base = build_q2_block(layer, dims, q2_params(raw, s, dims), s, chunked)
+    base = build_q2_block(layer, dims, q2_params(raw, s, dims) if params is None else params, s, chunked)
     block = EmuQ2W4A8Block(layer, dims, base.q, s, chunked=chunked, norm=base.norm, had=base.had,
                            out_proj=EmuW4A8Linear(w4.out_proj))
     block.set_in_proj(w4.in_proj)

@@ -31,6 +31,7 @@ from ..checkpoints.quamba import is_quamba_dir, write_quamba
 from ..store.files import StorageError, is_regular
 from .weightbank import WeightBank, lm_head_weight
 from .export_q2 import check_q2_export, export_q2_files
+from .export_q2w4 import check_q2w4_export, export_q2w4_files
 
 __all__ = ["ExportConfig", "ExportError", "export", "TOKENIZER_FILES", "INPUT_ERRORS"]
 
@@ -112,6 +113,9 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     ckpt = open_checkpoint(cfg.model)
     if ckpt.dims.architecture == "mamba2" and (problem := check_q2_export(ckpt.dims, cfg.recipe)):
         raise ExportError(f"--model {cfg.model}: {problem}")
+    if ckpt.dims.architecture == "mamba2" and cfg.recipe != "w8a8" and \
+            (problem := check_q2w4_export(ckpt.dims, cfg.quantize_embedding, cfg.quantize_lm_head)):
+        raise ExportError(f"--model {cfg.model} --recipe {cfg.recipe}: {problem}")
     if ckpt.dims.architecture == "mamba1" and cfg.recipe != "w8a8":
         raise ExportError(f"--recipe {cfg.recipe}: a Mamba-1 model is exported with Quamba1's W8A8 recipe; valid: w8a8")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
@@ -121,7 +125,8 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     with progress.stage("reading the calibration text"):
         windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
     if dims.architecture == "mamba2":  # Quamba2's W8A8 (runner.export_q2)
-        _write_dir(out, tok_files, lambda tmp: export_q2_files(cfg, ckpt, windows.ids, tmp, emit, progress), progress)
+        write = export_q2_files if cfg.recipe == "w8a8" else export_q2w4_files  # W4: runner.export_q2w4
+        _write_dir(out, tok_files, lambda tmp: write(cfg, ckpt, windows.ids, tmp, emit, progress), progress)
         emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
              f" and the tokenizer files")
         return out

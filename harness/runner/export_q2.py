@@ -25,20 +25,19 @@ from ..spec import Mamba2Dims
 
 __all__ = ["Q2_RECIPES", "check_q2_export", "q2_config", "export_q2_files"]
 
-Q2_RECIPES = ("w8a8", "w4a8", "w4a16")  # Quamba2's (utils.py:58-110, eval.sh:31-41); the harness writes w8a8
+Q2_RECIPES = ("w8a8", "w4a8", "w4a16")  # Quamba2's (utils.py:58-110, eval.sh:31-41); w4a8/w4a16: runner.export_q2w4
 _PAD_VOCAB = 8  # MambaConfig.pad_vocab_size_multiple default (quamba_mixer_seq.py:371-372)
 
 
 def check_q2_export(dims: Mamba2Dims, recipe: str) -> str | None:
     """Why this model or recipe cannot be exported as a Quamba2 checkpoint, or None."""
-    if recipe != "w8a8":
-        return (f"--recipe {recipe}: Quamba2's W4A8/W4A16 checkpoints hold GPTQ int4 weights in Marlin's packing, "
-                f"which the harness does not write yet; valid: w8a8")
+    if recipe not in Q2_RECIPES:
+        return f"--recipe {recipe}: valid: {', '.join(Q2_RECIPES)}"
     if dims.norm_eps != 1e-5:
         return (f"the model's norm epsilon is {dims.norm_eps}; Quamba's config has no field for it and builds "
                 f"1e-5 (mamba_ssm create_block's default), so the checkpoint would not compute this model")
     if dims.nheads // dims.ngroups < 4 or dims.headdim < 4:
-        return (f"W8A8QMamba2 needs at least 4 heads per SSD group and headdim >= 4 (4 head and 4 dim groups); "
+        return (f"Quamba2's mixers need at least 4 heads per SSD group and headdim >= 4 (4 head and 4 dim groups); "
                 f"this model has {dims.nheads // dims.ngroups} and {dims.headdim}")
     return None
 

@@ -43,13 +43,14 @@ class Models:
     def tokenizer_dirs(self) -> list[Path]:
         return [self.primary.path] + ([self.float_ckpt.path] if self.quamba and self.float_ckpt else [])
 
-    def gives_scales(self, prep: str) -> bool:
-        """A Quamba checkpoint holds the scales (and codes) of prep=quamba: no calibration for those."""
-        return self.quamba is not None and prep == getattr(self.quamba, "prep", "quamba")
+    def gives_scales(self, key: str) -> bool:
+        """A Quamba checkpoint holds the scales (and codes) of one calibration key (prep=quamba, quamba2, or
+        Quamba2's W4 "quamba2-w4a8"/"quamba2-w4a16"): no calibration for those."""
+        return self.quamba is not None and key == getattr(self.quamba, "calibration_key", self.quamba.prep)
 
     def needs_calibration(self, recipes) -> bool:
         """Whether some recipe needs scales that must be calibrated (so the calibration text is read)."""
-        return any(r.needs_calibration and not self.gives_scales(r.prep) for r in recipes)
+        return any(r.needs_calibration and not self.gives_scales(r.calibration_key) for r in recipes)
 
     def tokenizer(self, tokenizer_dir: Path | None = None) -> Tokenizer:
         """--tokenizer, else the model directory, else (Quamba checkpoints carry none) the float model's."""
@@ -107,10 +108,13 @@ def open_models(model: Path, mamba_model_path: Path | None) -> Models:
     return Models(WeightBank(float_ckpt, given=q), q, float_ckpt, q)
 
 
-def needs_float(recipe, prep: str = "quamba") -> bool:
+def needs_float(recipe, prep: str = "quamba", given=None) -> bool:
     """True when a recipe cannot run from a quantized checkpoint alone (it holds the rotated codes of its prep:
-    Quamba1's prep=quamba, Quamba2's prep=quamba2)."""
-    return recipe.weights != Weights.INT8 or recipe.rotate != Rotate.YES or recipe.prep != Prep(prep)
+    Quamba1's prep=quamba, Quamba2's prep=quamba2; given, the checkpoint: its weights, int8 or Quamba2's W4
+    int4, and the calibration key of its scales)."""
+    weights, key = getattr(given, "weights", "int8"), getattr(given, "calibration_key", None)
+    return recipe.weights != Weights(weights) or recipe.rotate != Rotate.YES or recipe.prep != Prep(prep) or \
+        (key is not None and recipe.calibration_key != key)
 
 
 def check_pair(models: Models, depth: int) -> dict:
@@ -157,6 +161,7 @@ def _check_pair_q2(models: Models, depth: int) -> dict:
 def checkpoint_calibration(q: QuambaCheckpoint, depth: int) -> CalibrationResult:
     scales = [q.layer_scales(i) for i in range(depth + 1)]
     prep = getattr(q, "prep", "quamba")
-    return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path), "prep": prep,
+    return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path),
+                                      "prep": getattr(q, "calibration_key", prep),
                                       "scales": [s.as_dict() if prep == "quamba" else s.info() for s in scales],
                                       "seconds": 0.0})

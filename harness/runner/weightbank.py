@@ -48,12 +48,15 @@ class WeightBank:
         return (self.given or self.ckpt).dims
 
     def _uses_given(self, weights: str, rotate: bool, prep: str) -> bool:
-        """A given Quamba checkpoint holds exactly the int8 weights of prep=quamba, rotated."""
-        return self.given is not None and weights == "int8" and rotate and prep == getattr(self.given, "prep", "quamba")
+        """A given Quamba checkpoint holds exactly the int8 (Quamba2 W4: int4) weights of its prep, rotated."""
+        return self.given is not None and weights == getattr(self.given, "weights", "int8") and rotate and \
+            prep == getattr(self.given, "prep", "quamba")
 
-    def q2_given(self, layer: int):
-        """A given Quamba2 checkpoint's Q2Params of the block (emulation.q2_params), else None."""
-        return self.given.q2_params(layer) if self._uses_given("int8", True, "quamba2") else None
+    def q2_given(self, layer: int, key: str = "quamba2"):
+        """A given Quamba2 checkpoint's block parameters for calibration key `key` (q2-w8a8's Q2Params,
+        emulation.q2_params; a W4 checkpoint's, checkpoints.quamba2_w4ckpt), else None."""
+        ok = self.given is not None and getattr(self.given, "calibration_key", self.given.prep) == key
+        return self.given.q2_params(layer) if ok else None
 
     def _float(self, what: str) -> Checkpoint:
         if self.ckpt is None:

@@ -13,7 +13,9 @@ out-features padded to a multiple of 256 for W4A16, 64 for W4A8, qLinearLayer.py
 
 Per group (group 128, GPTQ's, :153-191): code = clamp(round(w / s) + 8, 0, 15) (uint4, zero point 8). W4A16 keeps
 the fp16 group scale s; W4A8 stores s / s_channel in fp16 (``s_group``) and the fp32 ``s_channel``. The unpacking
-inverts 1-3 exactly (integer codes and stored scales, nothing rounded) and drops the padded out-features.
+inverts 1-3 exactly (integer codes and stored scales, nothing rounded) and drops the padded out-features; the
+packing (``pack_marlin``, ``pack_marlin_qqq``, for the W4 export) applies them to an ``Int4Weight``, padding the
+out-features with code 0, group scale 0 and (QQQ) channel scale 1e-6 as ``w4a8_quantize`` pads (:258-262).
 Per-channel packing (K <= 128, group_size -1: signed codes, another interleave) is refused.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from .int4 import Int4Weight
 
 __all__ = ["w4a16_weight_perm", "w4a8_weight_perm", "scale_perms", "unpack_marlin", "unpack_marlin_ref",
-           "unpack_marlin_qqq", "unpack_marlin_qqq_ref"]
+           "unpack_marlin_qqq", "unpack_marlin_qqq_ref", "pack_marlin", "pack_marlin_qqq"]
 
 _TILE, _PACK = 16, 8
 
@@ -151,3 +153,48 @@ def unpack_marlin_qqq_ref(packed: torch.Tensor, s_group: torch.Tensor, s_channel
     sg, sc = _ref_scales(s_group, scale_perms()[0], n), _ref_scales(s_channel, scale_perms()[1], n).reshape(-1)
     return Int4Weight(codes.t()[:out_features].contiguous(), sg.t()[:out_features].contiguous(),
                       sc[:out_features].contiguous(), group_size)
+
+
+def _pack_codes(codes: torch.Tensor, n: int, perm: torch.Tensor) -> torch.Tensor:
+    """codes [out, K] uint8 -> [K/16, 2N] int32 (steps 1-2; out-features padded to n with code 0)."""
+    out, k = codes.shape
+    q = torch.zeros(k, n, dtype=torch.int64)
+    q[:, :out] = codes.t().to(torch.int64)
+    q = q.reshape(k // _TILE, _TILE, n // _TILE, _TILE).permute(0, 2, 1, 3).reshape(k // _TILE, n * _TILE)
+    q = q.reshape(-1, perm.numel())[:, perm].reshape(k // _TILE, n * _TILE)
+    words = torch.zeros(q.shape[0], q.shape[1] // _PACK, dtype=torch.int64)
+    for i in range(_PACK):
+        words |= q[:, i::_PACK] << (4 * i)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+
+
+def _perm_rows(t: torch.Tensor, perm: list[int], n: int) -> torch.Tensor:
+    return t.reshape(-1, len(perm))[:, torch.as_tensor(perm)].reshape(-1, n).contiguous()
+
+
+def _padded_groups(w: Int4Weight, n: int) -> torch.Tensor:
+    g = torch.zeros(w.codes.shape[1] // w.group_size, n, dtype=torch.float16)
+    g[:, :w.codes.shape[0]] = w.group_scales.t().to(torch.float16)
+    return g
+
+
+def pack_marlin(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """Int4Weight [out, K] -> W4A16B16O16Linear's ``weight`` [K/16, 2N] int32 and ``scale`` [K/g, N] fp16, N the
+    out-features padded to 256 (qLinearLayer.py:24-26)."""
+    n = -(-w.codes.shape[0] // 256) * 256
+    k = w.codes.shape[1]
+    _check(torch.zeros(k // _TILE, n * _TILE // _PACK, dtype=torch.int32), k, n, w.group_size)
+    return _pack_codes(w.codes, n, w4a16_weight_perm()), _perm_rows(_padded_groups(w, n), scale_perms()[0], n)
+
+
+def pack_marlin_qqq(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Int4Weight [out, K] with channel scales -> Marlin-QQQ's ``weight`` [K/16, 2N] int32, ``s_group`` [K/g, N]
+    fp16 and ``s_channel`` [1, N] fp32, N the out-features padded to 64 (qLinearLayer.py:150-152)."""
+    assert w.channel_scales is not None, "Marlin-QQQ needs the channel scales"
+    out, k = w.codes.shape
+    n = -(-out // 64) * 64
+    _check(torch.zeros(k // _TILE, n * _TILE // _PACK, dtype=torch.int32), k, n, w.group_size)
+    ch = torch.full((1, n), 1e-6, dtype=torch.float32)
+    ch[0, :out] = w.channel_scales.to(torch.float32)
+    return _pack_codes(w.codes, n, w4a8_weight_perm()), _perm_rows(_padded_groups(w, n), scale_perms()[0], n), \
+        _perm_rows(ch, scale_perms()[1], n)
