@@ -208,3 +208,18 @@ def test_a_mode_with_number_formats_is_refused_on_mamba2(tmp_path):
     assert [r.name for r in resolve_modes(["fp32", "mx"], f)] == ["fp32", "mx"]  # Mamba-1: runs
     with pytest.raises(ModeError, match=r"mode 'mx' does not run on a mamba2 model.*number formats"):
         resolve_modes(["fp32", "mx"], f, architecture="mamba2")
+
+
+def test_the_fp16_model_holds_A_log_in_fp16_and_D_in_fp32(model):
+    """mamba_ssm's Mamba2 creates A_log in the model's dtype and D in fp32 (enyac-group/mamba f034308
+    mamba_ssm/modules/mamba2.py:131-137), and the checkpoint's values are copied in uncast: Quamba's fp16 model
+    (mode 1, Quamba2's calibration model and its int8 A_log) holds fp16 A_log and full-precision D."""
+    from harness.emulation.weights_mamba2 import float_layer_mamba2
+
+    _, out = model
+    raw = WeightBank(open_checkpoint(out / "tf")).raw(0)
+    assert not torch.equal(raw["A_log"].to(torch.float16).float(), raw["A_log"].float())  # not fp16 already
+    fp16, fp32 = float_layer_mamba2(raw, True, torch.float16), float_layer_mamba2(raw, True, torch.float32)
+    assert torch.equal(fp16.A_log, raw["A_log"].to(torch.float16).float())
+    assert torch.equal(fp32.A_log, raw["A_log"].float())
+    assert torch.equal(fp16.D, raw["D"].float()) and torch.equal(fp32.D, raw["D"].float())

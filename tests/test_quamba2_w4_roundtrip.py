@@ -64,7 +64,7 @@ def _w4_checkpoint(root, f, files: list[str], recipe: str):
             q = float_layer_mamba2(open_checkpoint(f).raw_layer(i), True, torch.float16)
             out.update({p + "norm.weight": torch.ones(256, dtype=torch.float16),
                         m + "conv1d.weight": q.conv_weight.to(torch.float16)[:, None], m + "conv1d.bias":
-                        q.conv_bias.to(torch.float16), m + "dt_bias": q.dt_bias.to(torch.float16), m + "A_log": q.A_log,
+                        q.conv_bias.to(torch.float16), m + "dt_bias": q.dt_bias.to(torch.float16), m + "A_log": q.A_log.to(torch.float16),
                         m + "D": q.D, m + "norm.weight": q.gnorm_weight.to(torch.float16)})
             lin_in = pack_given(w["in_proj.codes"], w["in_proj.group_scales"], None)
             lin_out = pack_given(w["out_proj.codes"], w["out_proj.group_scales"], None)

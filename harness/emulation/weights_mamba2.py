@@ -6,7 +6,12 @@ rotated, a Hadamard before out_proj; W8A8QMamba2.forward :1323-1332: gated norm,
 block's RMSNorm weight folds into in_proj's columns and in_proj's rows take Had_D^T (so the rotated
 residual stream Had_D r enters it); out_proj becomes Had_D W_out Had_E^T, E = d_inner, the online
 Hadamard after the gated norm supplying Had_E. The gated norm's own weight is not folded (it stays a
-per-channel multiply before the Hadamard). A_log and D stay fp32, as mamba_ssm creates them.
+per-channel multiply before the Hadamard). A_log takes the model's dtype and D stays fp32, as mamba_ssm's
+Mamba2 creates them (enyac-group/mamba f034308 mamba_ssm/modules/mamba2.py:131-137: ``A_log = torch.log(A)
+.to(dtype=dtype)``, ``D = torch.ones(...)`` in fp32; the checkpoint's values are copied into those parameters
+uncast, since ``load_state_dict_hf`` returns before its own cast, mamba_ssm/utils/hf.py:14-18): in Quamba's fp16
+model, A_log holds fp16 values and D full-precision fp32 ones (Mamba-1's Mamba creates both fp32,
+harness.emulation.weights).
 """
 from __future__ import annotations
 
@@ -48,5 +53,5 @@ def float_layer_mamba2(raw: dict[str, torch.Tensor | None], rotate: bool, dtype:
     in_proj, out_proj, norm_weight = rotated_projections(raw, rotate, rnd)
     return Mamba2Params(
         norm_weight=norm_weight, in_proj=in_proj, conv_weight=rnd(raw["conv_weight"]), conv_bias=rnd(raw["conv_bias"]),
-        dt_bias=rnd(raw["dt_bias"]), A_log=raw["A_log"].to(torch.float32), D=raw["D"].to(torch.float32),
+        dt_bias=rnd(raw["dt_bias"]), A_log=rnd(raw["A_log"]), D=raw["D"].to(torch.float32),
         gnorm_weight=rnd(raw["gnorm_weight"]), out_proj=out_proj)

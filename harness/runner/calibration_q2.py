@@ -28,8 +28,8 @@ from .weightbank import WeightBank
 
 __all__ = ["calibrate_quamba2", "Q2_CALIB_VERSION"]
 
-Q2_CALIB_VERSION = 3  # bump when anything that changes the computed scales or groups changes (2: s_x_tensor;
-                      # 3: ssm_state_scale)
+Q2_CALIB_VERSION = 4  # bump when anything that changes the computed scales or groups changes (2: s_x_tensor;
+                      # 3: ssm_state_scale; 4: the fp16 model's A_log in fp16)
 _FORMAT = "quamba-harness-calibration-q2"
 _FLOATS = ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H", "s_x_tensor")
 _TABLES = ("x_table", "B_scales", "C_scales", "ssm_state_scale")

@@ -6,7 +6,7 @@ as Marlin-QQQ / Marlin (emulation.ops.marlin; in_proj's channel scales carry the
 activation path is q2-w8a8's (checkpoints.quamba2.q2_state_dict without its int8 linears; ``W4A8QMamba2``
 builds W8A8's conv1d, qchunk_scan, norm and had, qMamba2.py:800-824), with ``input_scale`` s_in and s_H on the
 linears (qLinearLayer.py:139-215, 420-505). W4A16 keeps the rotated fp16 model's conv1d, dt_bias, A_log, D and
-gated-norm weight (qMamba2.py:447-485; A_log and D as the mode computes them, fp32). The embedding and lm_head
+gated-norm weight (qMamba2.py:447-485: A_log fp16 as the fp16 model holds it, D fp32). The embedding and lm_head
 are the mode's own fp16 ones (``Embedding``, ``Linear``): W4 embeddings and heads are not written. Reading
 the export back (checkpoints.quamba2_w4ckpt) gives the mode's arrays bit for bit.
 """
@@ -67,7 +67,7 @@ def w4_block_state_dict(i: int, raw: dict, w4: Q2W4Layer, dims: Mamba2Dims) -> d
         h = lambda t: t.to(torch.float16).contiguous()  # noqa: E731  (fp16 values already)
         norm = torch.ones(dims.d_model) if f.norm_weight is None else f.norm_weight
         sd = {p + "norm.weight": h(norm), m + "conv1d.weight": h(f.conv_weight)[:, None].contiguous(),
-              m + "dt_bias": h(f.dt_bias), m + "A_log": f.A_log.to(torch.float32).contiguous(),
+              m + "dt_bias": h(f.dt_bias), m + "A_log": h(f.A_log),
               m + "D": f.D.to(torch.float32).contiguous(), m + "norm.weight": h(f.gnorm_weight)}
         if f.conv_bias is not None:
             sd[m + "conv1d.bias"] = h(f.conv_bias)

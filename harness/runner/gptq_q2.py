@@ -34,7 +34,7 @@ from .weightbank import WeightBank
 
 __all__ = ["calibrate_q2w4", "GPTQ_VERSION"]
 
-GPTQ_VERSION = 1  # bump when anything that changes the GPTQ result changes
+GPTQ_VERSION = 2  # bump when anything that changes the GPTQ result changes (2: the fp16 model's A_log in fp16)
 _PARTS = ("in_proj", "out_proj")
 
 
