@@ -62,3 +62,20 @@ def test_end_to_end_metrics_share_log_probs_bit_for_bit(seq):
         want = {"kl": M.kl_divergence(a, b), "cross_entropy": ce, "top1_agreement": M.top1_agreement(a, b)}
         for key, value in want.items():
             assert got[key] == value or (math.isnan(got[key]) and math.isnan(value)), key
+
+
+def test_chunked_ssd_decay_on_the_triangle_equals_the_masked_square():
+    """The chunk's decay with exp on the lower triangle only vs exp over the masked square (-inf above the
+    diagonal): chunk lengths 1, 5 and 256, several heads and batches, large, infinite and NaN sums included."""
+    from harness.emulation.ops import ssd
+
+    g = torch.Generator().manual_seed(5)
+    for b, q, h in ((1, 1, 3), (2, 5, 4), (1, 256, 24)):
+        acs = torch.cumsum(-torch.rand(b, q, h, generator=g) * 3, dim=1)
+        cases = [acs, acs * 100]
+        if q > 2:
+            odd = acs.clone()
+            odd[0, 1, 0], odd[0, 2, 1] = -torch.inf, torch.nan
+            cases.append(odd)
+        for a in cases:
+            assert _same(ssd._causal_decay(a), ssd._causal_decay_square(a))

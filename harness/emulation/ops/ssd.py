@@ -35,6 +35,25 @@ def _heads(t: torch.Tensor, nheads: int) -> torch.Tensor:
     return t.repeat_interleave(nheads // t.shape[2], dim=2)
 
 
+def _causal_decay(acs: torch.Tensor) -> torch.Tensor:
+    """(b, q, h) cumulative sums of a chunk -> (b, l, s, h): the decay from s to l, exp(acs_l - acs_s) for s <= l,
+    +0.0 above the diagonal (what exp(-inf) gives). The exp runs on the q (q + 1) / 2 entries on and below the
+    diagonal only; each is the same subtraction and the same portable.exp as over the whole square."""
+    b, q, h = acs.shape
+    rows, cols = torch.tril_indices(q, q)
+    decay = torch.zeros(b, q, q, h, dtype=torch.float32)
+    decay[:, rows, cols] = portable.exp_((acs[:, rows] - acs[:, cols]).contiguous())
+    return decay
+
+
+def _causal_decay_square(acs: torch.Tensor) -> torch.Tensor:
+    """_causal_decay over the whole square (the masked entries as exp(-inf)): the oracle of its bits."""
+    q = acs.shape[1]
+    diff = acs[:, :, None, :] - acs[:, None, :, :]
+    causal = torch.ones(q, q, dtype=torch.bool).tril()[None, :, :, None]
+    return portable.exp(torch.where(causal, diff, torch.full_like(diff, -torch.inf)).contiguous())
+
+
 def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 D: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked SSD.
@@ -56,10 +75,7 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch
         sl = slice(start, min(start + chunk_size, L))
         q = sl.stop - sl.start
         acs = torch.cumsum(a[:, sl], dim=1)                  # (b, q, h): sum of a over the chunk up to l
-        # decay from s to l (s <= l): exp(acs_l - acs_s); zero above the diagonal
-        diff = acs[:, :, None, :] - acs[:, None, :, :]       # (b, l, s, h)
-        causal = torch.ones(q, q, dtype=torch.bool).tril()[None, :, :, None]
-        decay = portable.exp(torch.where(causal, diff, torch.full_like(diff, -torch.inf)).contiguous())
+        decay = _causal_decay(acs)                             # (b, l, s, h)
         scores = torch.einsum("blhn,bshn->blsh", Ch[:, sl], Bh[:, sl]) * decay
         y_diag = torch.einsum("blsh,bshp->blhp", scores, xdt[:, sl])
         # the state entering the chunk, seen at l: exp(acs_l) C_l . H
