@@ -79,3 +79,46 @@ def test_chunked_ssd_decay_on_the_triangle_equals_the_masked_square():
             cases.append(odd)
         for a in cases:
             assert _same(ssd._causal_decay(a), ssd._causal_decay_square(a))
+
+
+def test_shared_ops_keep_only_for_later_modes_and_release_by_tag():
+    """keep=False computes and reuses but keeps nothing new; release drops the calls of a tag and their bytes."""
+    from harness.runner.sharedops import SharedOps
+
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    op, x, y = Twice(), torch.ones(4), torch.full((4,), 3.0)
+    shared = SharedOps()
+    shared.tag = "a"
+    first = shared.call(0, "op", op, op, x)
+    shared.keep, shared.tag = False, "b"
+    assert shared.call(0, "op", op, op, x) is first             # an earlier kept result is still taken
+    shared.call(0, "op", op, op, y)                              # computed, not kept
+    assert shared.summary()["reused"] == 1 and shared.kept_bytes == 2 * 16
+    shared.release({"b"})
+    assert shared.kept_bytes == 0 and shared.call(0, "op", op, op, x) is not first
+
+
+def test_a_run_keeps_shared_results_only_while_a_later_mode_can_take_them(tmp_path):
+    """Mamba-1 fp32 0 2-0: 0 and 2-0 (one weight variant) still share, fp32 keeps nothing, and nothing is held
+    at the end; Mamba-2 fp32 1 (no two modes with one variant): nothing kept at all."""
+    import shutil
+
+    from conftest import ROOT, make_hf_model, write_hf_dir
+    from helpers import run_modes
+    from mamba2_fixtures import make_mamba2
+
+    m1 = write_hf_dir(tmp_path / "m1", make_hf_model(d_model=24, n_layer=2, seed=1))
+    (tmp_path / "o1").mkdir()
+    (tmp_path / "o2").mkdir()
+    ops = run_modes(m1, tmp_path / "o1", ["fp32", "0", "2-0"], layers=["all"]).stats["provenance"]["shared_ops"]
+    assert ops["reused_by_op"]["norm"] == 2 and ops["kept_mb"] == 0, ops
+    m2 = tmp_path / "m2"
+    make_mamba2(m2, layers=2, vocab=4096, seed=2, tie=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(ROOT / "models" / "mamba-tiny" / name, m2 / name)
+    ops = run_modes(m2, tmp_path / "o2", ["fp32", "1"], layers=["all"], seq_len=24,
+                    isolated=True).stats["provenance"]["shared_ops"]
+    assert ops["calls"] > 0 and ops["reused"] == 0 and ops["kept_mb"] == 0, ops
