@@ -39,11 +39,29 @@ def test_rotated_head_in_blocks_equals_the_whole_head(dtype, monkeypatch):
     """forwards.rotated_head vs the formula over the whole head at once (as _float_head computed it)."""
     monkeypatch.setattr(forwards, "_HEAD_ROWS", 7)
     g = torch.Generator().manual_seed(1)
-    w = round_to_dtype(torch.randn(30, 96, generator=g) * 0.02, dtype)
+    raw = torch.randn(30, 96, generator=g) * 0.02
     norm_w = round_to_dtype(1 + 0.1 * torch.randn(96, generator=g), dtype)
-    folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
-    want = round_to_dtype(H._hadamard_rows(folded, True, False), dtype)
-    assert _same(forwards.rotated_head(w, norm_w, dtype), want)
+    for w in (raw, raw.to(torch.bfloat16), round_to_dtype(raw, dtype)):  # the checkpoint's head, any float dtype
+        rounded = round_to_dtype(w.to(torch.float32), dtype)
+        folded = round_to_dtype(rounded.to(torch.float64) * norm_w.to(torch.float64), dtype)
+        want = round_to_dtype(H._hadamard_rows(folded, True, False), dtype)
+        assert _same(forwards.rotated_head(w, norm_w, dtype), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_head_rounds_its_logits_in_place_as_float_linear(dtype, monkeypatch):
+    """Head.forward (the logits rounded in place, by rows) vs float_linear's output rule, bit for bit."""
+    from harness.emulation.modules import EmuRMSNorm
+    from harness.emulation.ops.linear import float_linear
+    from harness.spec import FloatOut
+
+    monkeypatch.setattr(forwards, "_ROUND_ROWS", 5)
+    g = torch.Generator().manual_seed(2)
+    w = round_to_dtype(torch.randn(300, 48, generator=g), dtype)
+    head = forwards.Head(EmuRMSNorm(None, 1e-5, FloatOut(dtype)), w, FloatOut(dtype))
+    residual = torch.randn(2, 13, 48, generator=g) * 30
+    want = float_linear(head.norm(residual), w, FloatOut(dtype))
+    assert _same(head(residual), want)
 
 
 @pytest.mark.parametrize("seq", [1, 65, 130])

@@ -33,7 +33,7 @@ from ..modes import ModeRecipe, Rotate, Weights
 from ..emulation.modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
 from ..emulation.ops.hadamard import hadamard_transform
 from ..emulation.ops.linear import float_linear, int8_gemm
-from ..emulation.ops.quant import round_to_dtype, to_output
+from ..emulation.ops.quant import dequantize, round_to_dtype, to_output
 from .sharedops import SharedOps
 from ..spec import FLOAT_DTYPES, FloatOut, LayerScales, QTensor, QuantOut, Rounding
 from ..store.format import tensor_name
@@ -74,7 +74,24 @@ class Head(nn.Module):
         if isinstance(self.weight, QTensor):
             acc = int8_gemm(x.codes, self.weight.codes).to(torch.float32)
             return to_output(torch.tensor(self.alpha, dtype=torch.float32) * acc, self.out)
+        if isinstance(self.out, FloatOut):  # float_linear's rounding, in place and by rows: no copies of the logits
+            return round_rows_(nn.functional.linear(dequantize(x), dequantize(self.weight)), self.out.dtype)
         return float_linear(x, self.weight, self.out)
+
+
+_ROUND_ROWS = 64  # positions of the logits rounded at a time
+
+
+def round_rows_(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """ops.quant.round_to_dtype(y, dtype) written into y (fp32, (..., n)), a block of rows at a time: the same
+    bits (a conversion is elementwise) without the fp16 and fp32 copies of a (seq, 50280) logits tensor."""
+    if dtype == torch.float32:
+        return y
+    rows = y.view(-1, y.shape[-1])
+    for start in range(0, rows.shape[0], _ROUND_ROWS):
+        block = rows[start:start + _ROUND_ROWS]
+        block.copy_(block.to(dtype))
+    return y
 
 
 # bank -> (dtype, rotate, prep) -> (norm weight or None, lm_head weight): prepared once per run, shared between modes
@@ -88,10 +105,11 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -
     if (dtype, rotate, prep) not in cache:
         ckpt = bank.ckpt
         w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
-        w = round_to_dtype(w.to(torch.float32), dtype)
         norm_w = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), dtype)
-        if rotate:
+        if rotate:  # rounded to dtype block by block there: no unrotated copy of the head
             norm_w, w = None, rotated_head(w, norm_w, dtype)
+        else:
+            w = round_to_dtype(w.to(torch.float32), dtype)
         cache[(dtype, rotate, prep)] = (norm_w, w)
     release_freed()
     return cache[(dtype, rotate, prep)]
@@ -101,13 +119,14 @@ _HEAD_ROWS = 4096  # rows of the head folded and rotated at a time
 
 
 def rotated_head(w: torch.Tensor, norm_w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """round(Had(round(w * norm_w))) in `dtype` (fp32 values), (vocab, d_model), in blocks of rows: every op is
-    elementwise within a row, so the bits are those of one pass over the head, without its float64 copies
-    (3 x 309 MB for a 50280 x 768 head)."""
+    """round(Had(round(round(w) * norm_w))) in `dtype` (fp32 values), (vocab, d_model), w the checkpoint's head (any
+    float dtype), in blocks of rows: every op is elementwise within a row, so the bits are those of one pass over
+    the head, without its copies (an unrotated one in dtype, three 309 MB float64 ones for a 50280 x 768 head)."""
     out = torch.empty(w.shape, dtype=torch.float32)
     norm64 = norm_w.to(torch.float64)
     for start in range(0, w.shape[0], _HEAD_ROWS):
-        folded = round_to_dtype(w[start:start + _HEAD_ROWS].to(torch.float64) * norm64, dtype)
+        rows = round_to_dtype(w[start:start + _HEAD_ROWS].to(torch.float32), dtype)
+        folded = round_to_dtype(rows.to(torch.float64) * norm64, dtype)
         out[start:start + _HEAD_ROWS] = round_to_dtype(hadamard_transform(folded), dtype)
     return out
 
