@@ -140,3 +140,28 @@ def test_a_run_keeps_shared_results_only_while_a_later_mode_can_take_them(tmp_pa
     ops = run_modes(m2, tmp_path / "o2", ["fp32", "1"], layers=["all"], seq_len=24,
                     isolated=True).stats["provenance"]["shared_ops"]
     assert ops["calls"] > 0 and ops["reused"] == 0 and ops["kept_mb"] == 0, ops
+
+
+
+def test_q2_params_hold_no_float_copy_of_the_quantized_linears(tmp_path):
+    """q2_params keeps in_proj and out_proj as int8 codes only (the fp16 float matrices shape-only, meta), the
+    codes those of the reordered, folded, rotated fp16 weights; the block's output is unchanged by it."""
+    from harness.checkpoints.loading import open_checkpoint
+    from harness.emulation.ops.quant import quantize_weight_fp16
+    from harness.emulation.q2_params import q2_params, reorder_raw
+    from harness.emulation.weights_mamba2 import float_layer_mamba2
+    from harness.runner.calibration import CalibrationSettings, calibrate
+    from harness.runner.weightbank import WeightBank
+    from mamba2_fixtures import make_mamba2
+
+    make_mamba2(tmp_path, ngroups=1, layers=1, seed=3, headdim=4)
+    bank = WeightBank(open_checkpoint(tmp_path))
+    windows = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    s = calibrate(bank, windows, CalibrationSettings(4, 16), 0, [], None, "quamba2").scales[0]
+    d = bank.dims
+    p = q2_params(bank.raw(0), s, d)
+    full = float_layer_mamba2(reorder_raw(bank.raw(0), s.reorder, d.d_inner, d.nheads), True, torch.float16)
+    assert p.fp16.in_proj.is_meta and p.fp16.out_proj.is_meta
+    assert p.fp16.in_proj.shape == full.in_proj.shape and p.fp16.out_proj.shape == full.out_proj.shape
+    want = quantize_weight_fp16(full.out_proj)
+    assert p.out_proj.scale == want.scale and torch.equal(p.out_proj.codes, want.codes)
