@@ -9,7 +9,7 @@ import torch
 
 from harness.emulation.ops import hadamard as H
 from harness.emulation.ops.quant import round_to_dtype
-from harness.runner import forwards
+from harness.runner import forwards, headprep
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -36,8 +36,8 @@ def test_hadamard_in_row_blocks_equals_one_pass(n, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rotated_head_in_blocks_equals_the_whole_head(dtype, monkeypatch):
-    """forwards.rotated_head vs the formula over the whole head at once (as _float_head computed it)."""
-    monkeypatch.setattr(forwards, "_HEAD_ROWS", 7)
+    """headprep.rotated_head vs the formula over the whole head at once (as _float_head computed it)."""
+    monkeypatch.setattr(headprep, "_HEAD_ROWS", 7)
     g = torch.Generator().manual_seed(1)
     raw = torch.randn(30, 96, generator=g) * 0.02
     norm_w = round_to_dtype(1 + 0.1 * torch.randn(96, generator=g), dtype)
@@ -45,7 +45,7 @@ def test_rotated_head_in_blocks_equals_the_whole_head(dtype, monkeypatch):
         rounded = round_to_dtype(w.to(torch.float32), dtype)
         folded = round_to_dtype(rounded.to(torch.float64) * norm_w.to(torch.float64), dtype)
         want = round_to_dtype(H._hadamard_rows(folded, True, False), dtype)
-        assert _same(forwards.rotated_head(w, norm_w, dtype), want)
+        assert _same(headprep.rotated_head(w, norm_w, dtype), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -55,7 +55,7 @@ def test_the_head_rounds_its_logits_in_place_as_float_linear(dtype, monkeypatch)
     from harness.emulation.ops.linear import float_linear
     from harness.spec import FloatOut
 
-    monkeypatch.setattr(forwards, "_ROUND_ROWS", 5)
+    monkeypatch.setattr(headprep, "_ROUND_ROWS", 5)
     g = torch.Generator().manual_seed(2)
     w = round_to_dtype(torch.randn(300, 48, generator=g), dtype)
     head = forwards.Head(EmuRMSNorm(None, 1e-5, FloatOut(dtype)), w, FloatOut(dtype))
