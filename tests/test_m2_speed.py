@@ -165,3 +165,20 @@ def test_q2_params_hold_no_float_copy_of_the_quantized_linears(tmp_path):
     assert p.fp16.in_proj.shape == full.in_proj.shape and p.fp16.out_proj.shape == full.out_proj.shape
     want = quantize_weight_fp16(full.out_proj)
     assert p.out_proj.scale == want.scale and torch.equal(p.out_proj.codes, want.codes)
+
+
+def test_reference_ssd_in_buffers_equals_the_allocating_recurrence():
+    """ssd_ref (in-place state, buffers) vs the recurrence with a new tensor per op: y and the final state bit for
+    bit, from zeros and from a given state (left unchanged), batches of 1 and 2, one and several SSD groups."""
+    from harness.emulation.ops import ssd
+
+    g = torch.Generator().manual_seed(7)
+    for b, L, h, p, n, groups in ((1, 16, 24, 64, 128, 1), (2, 9, 8, 4, 16, 2), (1, 1, 4, 8, 8, 4)):
+        x, dt = torch.randn(b, L, h, p, generator=g), torch.rand(b, L, h, generator=g) * 0.5
+        A_log, D = torch.rand(h, generator=g) * 2, torch.randn(h, generator=g)
+        B, C = torch.randn(b, L, groups, n, generator=g), torch.randn(b, L, groups, n, generator=g)
+        for h0 in (None, torch.randn(b, h, p, n, generator=g)):
+            before = None if h0 is None else h0.clone()
+            got, want = ssd.ssd_ref(x, dt, A_log, B, C, D, h0), ssd._ssd_ref_allocating(x, dt, A_log, B, C, D, h0)
+            assert _same(got[0], want[0]) and _same(got[1], want[1])
+            assert h0 is None or torch.equal(h0, before)
