@@ -39,7 +39,7 @@ Quamba reorders before ``fuse_had_matrices`` (modelutils_mamba.py:805-830).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,7 +85,8 @@ class Q2Scales:
 @dataclass(frozen=True)
 class Q2Params:
     """What the q2-w8a8 block computes with: the reordered fp16 parameters, in_proj codes and per-column
-    factors, the conv codes and scales, the x channels' output scales, the SSD's int8 A_log and D."""
+    factors, the conv codes and scales, the x channels' output scales, the SSD's int8 A_log and D.
+    From q2_params, fp16.in_proj and fp16.out_proj are meta tensors (their shapes; the codes are the weights)."""
 
     fp16: Mamba2Params
     in_proj: torch.Tensor
@@ -126,8 +127,10 @@ def q2_params(raw: dict, s: Q2Scales, dims) -> Q2Params:
                                     [s.s_z, s.s_x, s.s_B, s.s_C, s.s_dt])
     head_range, dim_range = group_ranges(s.reorder)
     x_scales = x_channel_scales(s.x_table, head_range, dim_range, x_dim=dims.d_inner, headdim=dims.headdim)
+    # the block computes with the codes: fp16's in_proj and out_proj stay as their shapes only (meta tensors), not
+    # 14 MB of float weights per 130m-shaped layer held for the whole mode
     return Q2Params(
-        fp16=p, in_proj=codes, in_proj_b=b, conv=q2_conv_weights(p.conv_weight, p.conv_bias, dims.d_inner, bc),
+        fp16=replace(p, in_proj=p.in_proj.to("meta"), out_proj=p.out_proj.to("meta")), in_proj=codes, in_proj_b=b, conv=q2_conv_weights(p.conv_weight, p.conv_bias, dims.d_inner, bc),
         x_scales=x_scales, conv_out=conv_out_scales(x_scales, s.B_scales, s.C_scales, dims.d_state),
         # Quamba2ChunkScan.from_fp16 (quamba/qChunkScan.py:105-121): per-tensor absmax int8 of A_log and D in
         # their parameter's dtype. In Quamba's fp16 model A_log is fp16 and D fp32 (state-spaces/mamba e9594ce

@@ -60,9 +60,33 @@ def cross_entropy(logits, ids) -> float:
 
 
 def end_to_end_metrics(ref_logits, logits, ids) -> dict[str, float]:
-    ce = cross_entropy(logits, ids)
-    return {"kl": kl_divergence(ref_logits, logits), "top1_agreement": top1_agreement(ref_logits, logits),
+    ref, mode = torch.as_tensor(ref_logits), torch.as_tensor(logits)
+    if mode.dim() == 3 and mode.shape[0] == 1 and ref.shape == mode.shape:
+        kl, ce = _kl_and_ce(ref, mode, torch.as_tensor(ids))
+    else:
+        kl, ce = kl_divergence(ref, mode), cross_entropy(mode, ids)
+    return {"kl": kl, "top1_agreement": top1_agreement(ref, mode),
             "cross_entropy": ce, "perplexity": math.exp(ce) if math.isfinite(ce) else math.nan}
+
+
+def _kl_and_ce(ref: torch.Tensor, mode: torch.Tensor, ids: torch.Tensor) -> tuple[float, float]:
+    """kl_divergence and cross_entropy of one window (batch 1), each chunk's log_softmax computed once: the mode's
+    serves both (the two walk the same chunks of positions), and the reference's is the mode's when they are one
+    array (the reference against itself). log_softmax is per row, so a row's values do not depend on the chunk's
+    other rows; the sums are the two functions' own, in their order."""
+    ref, mode = _positions(ref), _positions(mode)
+    target = ids[:, 1:].reshape(-1)
+    positions = ref.shape[0]
+    one = ref.data_ptr() == mode.data_ptr() and ref.stride() == mode.stride()
+    kl = ce = 0.0
+    for start in range(0, positions, _CHUNK):
+        lp = log_probs(mode[start:start + _CHUNK])
+        lp_ref = lp if one else log_probs(ref[start:start + _CHUNK])
+        kl += float((lp_ref.exp() * (lp_ref - lp)).sum())
+        rows = min(_CHUNK, target.numel() - start)  # cross_entropy's chunk: positions with a next token
+        if rows > 0:
+            ce -= float(lp[:rows].gather(-1, target[start:start + rows, None]).sum())
+    return kl / positions, (ce / target.numel() if target.numel() else math.nan)
 
 
 def pooled_perplexity(cross_entropies: list[float], predicted: list[int]) -> float:

@@ -33,7 +33,8 @@ from ..modes import ModeRecipe, Rotate, Weights
 from ..emulation.modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
 from ..emulation.ops.hadamard import hadamard_transform
 from ..emulation.ops.linear import float_linear, int8_gemm
-from ..emulation.ops.quant import round_to_dtype, to_output
+from ..emulation.ops.quant import dequantize, round_to_dtype, to_output
+from .headprep import rotated_head, round_rows_
 from .sharedops import SharedOps
 from ..spec import FLOAT_DTYPES, FloatOut, LayerScales, QTensor, QuantOut, Rounding
 from ..store.format import tensor_name
@@ -74,6 +75,8 @@ class Head(nn.Module):
         if isinstance(self.weight, QTensor):
             acc = int8_gemm(x.codes, self.weight.codes).to(torch.float32)
             return to_output(torch.tensor(self.alpha, dtype=torch.float32) * acc, self.out)
+        if isinstance(self.out, FloatOut):  # float_linear's rounding, in place and by rows: no copies of the logits
+            return round_rows_(nn.functional.linear(dequantize(x), dequantize(self.weight)), self.out.dtype)
         return float_linear(x, self.weight, self.out)
 
 
@@ -88,11 +91,11 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -
     if (dtype, rotate, prep) not in cache:
         ckpt = bank.ckpt
         w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
-        w = round_to_dtype(w.to(torch.float32), dtype)
         norm_w = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), dtype)
-        if rotate:
-            folded = round_to_dtype(w.to(torch.float64) * norm_w.to(torch.float64), dtype)
-            norm_w, w = None, round_to_dtype(hadamard_transform(folded), dtype)
+        if rotate:  # rounded to dtype block by block there: no unrotated copy of the head
+            norm_w, w = None, rotated_head(w, norm_w, dtype)
+        else:
+            w = round_to_dtype(w.to(torch.float32), dtype)
         cache[(dtype, rotate, prep)] = (norm_w, w)
     release_freed()
     return cache[(dtype, rotate, prep)]

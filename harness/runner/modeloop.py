@@ -44,15 +44,23 @@ def run_todo(ctx: RunContext, todo: list[ModeRecipe], modes: dict, collector: Co
     keep_only(ctx.bank, ordered)  # what calibration prepared and no mode uses goes; only what the modes use is kept
     _submit(ctx, ordered, loop, bool(iso_layers), wanted)
     for n, recipe in enumerate(ordered):
+        later = {_weight_key(r) for r in ordered[n + 1:]}
+        shared.keep, shared.tag = _weight_key(recipe) in later, _weight_key(recipe)  # kept for later modes only
         with ctx.progress.stage(f"mode {recipe.name}", ctx.depth + 1, "layers"):
             _run_one(ctx, recipe, _ModeRun(modes, collector, loop, shared, bool(iso_layers), wanted))
         _submit(ctx, ordered, loop, bool(iso_layers), wanted)  # the reference's block inputs are known now
         ctx.emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in ctx.points if "block." in p]))
         keep_only(ctx.bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
+        shared.release(later)
         if n == 0:
             fault_point("modes")
     loop.shared_ops = shared.summary()  # the kept results go with `shared`
     return loop
+
+
+def _weight_key(recipe: ModeRecipe) -> tuple:
+    """The prepared weights a mode's ops hold (the WeightBank's variant): two modes share an op only with the same."""
+    return recipe.weights, recipe.rotate, recipe.prep
 
 
 def _forward(ctx: RunContext, recipe: ModeRecipe, wanted: tuple[int, ...]) -> Forward:

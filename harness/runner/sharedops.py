@@ -20,6 +20,9 @@ their inputs or results after returning them (``modules`` and ``ops`` allocate w
 
 Results are kept until ``max_bytes`` (inputs held only as views of kept results cost nothing more);
 beyond it calls are computed as usual and not kept, so a deep run shares its first layers only.
+A result is kept only for those who can take it: the mode loop sets ``keep`` per mode (False when no mode
+after it has its prepared weights, so none can match its weighted ops: no Mamba-2 built-in mode shares with
+another) and ``release``s a weight variant's calls when its last mode is done.
 """
 from __future__ import annotations
 
@@ -105,6 +108,7 @@ class _Call:
     settings: dict
     args: tuple
     result: object
+    tag: object = None
 
 
 @dataclass
@@ -117,6 +121,8 @@ class SharedOps:
     reused: Counter = field(default_factory=Counter)
     _calls: dict[tuple[int, str], list[_Call]] = field(default_factory=dict)
     _held: set[int] = field(default_factory=set)  # data_ptr of every storage the kept calls hold
+    keep: bool = True  # keep new results (the mode loop: only when a later mode could take them)
+    tag: object = None  # what the kept calls are tagged with, for release (the mode loop: the weight variant)
 
     def call(self, layer: int, op: str, module: torch.nn.Module | None, fn, *args):
         """fn(*args), or the result of an earlier call of the same op with the same settings (the module's
@@ -133,11 +139,17 @@ class SharedOps:
                 return c.result
         result = fn(*args)
         new = {k: v for k, v in _storages((args, result)).items() if k not in self._held}
-        if self.kept_bytes + sum(new.values()) <= self.max_bytes:
-            kept.append(_Call(settings, args, result))
+        if self.keep and self.kept_bytes + sum(new.values()) <= self.max_bytes:
+            kept.append(_Call(settings, args, result, self.tag))
             self.kept_bytes += sum(new.values())
             self._held.update(new)
         return result
+
+    def release(self, live: set) -> None:
+        """Drop the kept calls whose tag is not in `live` (their bytes no longer count)."""
+        self._calls = {k: [c for c in calls if c.tag in live] for k, calls in self._calls.items()}
+        held = {k: v for calls in self._calls.values() for c in calls for k, v in _storages((c.args, c.result)).items()}
+        self._held, self.kept_bytes = set(held), sum(held.values())
 
     def summary(self) -> dict:
         return {"calls": self.calls, "reused": sum(self.reused.values()), "reused_by_op": dict(sorted(self.reused.items())),
