@@ -320,11 +320,12 @@ def test_too_few_heads_per_ssd_group_is_a_clear_error(tmp_path):
         calibrate(bank, torch.zeros(2, 8, dtype=torch.int64), SETTINGS, 0, [], None, "quamba2")
 
 
-def test_decode_with_the_w4_modes_is_exit_2(tmp_path, capsys):
-    """The W4 modes have no emulated step: --decode / --generate with them say so before any work (q2-w8a8 runs)."""
+def test_decode_with_the_w4_modes_keeps_only_the_one_sample_refusal(tmp_path, capsys):
+    """The W4 modes decode (tests/test_decode_q2w4.py): with them --decode / --generate are refused only for what
+    is refused of every mode (here --samples 2), before any work, and no longer for their step."""
     for flag in (["--decode", "2"], ["--generate", "2"]):
-        code = run_cli(capture_main, ["--model", TINY2, "--modes", "all", "--seq_len", "16", *flag,
+        code = run_cli(capture_main, ["--model", TINY2, "--modes", "all", "--seq_len", "16", "--samples", "2", *flag,
                                       "--output_file", tmp_path / "d.npz"])
         err = capsys.readouterr().err
-        assert code == 2 and "do not run q2-w4a8, q2-w4a16 (the Marlin W4 step" in err, err
+        assert code == 2 and "--decode and --generate run one sample" in err and "Marlin" not in err, err
     assert not list(tmp_path.iterdir())

@@ -233,7 +233,7 @@ def build_q2w4_mamba2_block(recipe: ModeRecipe, raw: dict | None, w4: Q2W4Layer,
     the block's other tensors as a W4 checkpoint stores them (Q2Params, Mamba2Params) instead of raw's."""
     chunked = recipe.ssm_impl == SsmImpl.KERNEL
     if w4.scales is not None:
-        return build_q2w4a8_block(layer, dims, raw, w4, chunked, params=params)
+        return build_q2w4a8_block(layer, dims, raw, w4, chunked, params=params, state_dtype=str(recipe.state_dtype))
     p = float_layer_mamba2(raw, True, torch.float16) if params is None else params
     return with_w4a16_linears(build_mamba2_block(recipe, p, dims, layer), w4)
 

@@ -90,6 +90,10 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         """The int8 [z | xBC | dt] codes (W8A8B8O8LinearParallel; the W4A8 block overrides it)."""
         return q2_in_proj(normed, self.q.in_proj, self.q.in_proj_b)
 
+    def _step_in_proj(self, normed) -> torch.Tensor:
+        """The int8 codes of one token: W8A8's GEMV (ops.q2_step.q2_gemv; the W4A8 block overrides it)."""
+        return q2_gemv(normed, self.q.in_proj, self.q.in_proj_b)
+
     def x_groups(self) -> dict:
         """The grouping of x in the reordered channel order: SSD groups, headdim, the cumulative head and dim group
         ranges, every channel's output scale (fp32), and the scale table (x [g, head groups, dim groups], B and C
@@ -195,7 +199,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         residual = self._at("block.in", residual)
         normed = self.norm(residual)
         self._at("norm.out", normed.dequantize())
-        z, xBC, dt = self._tap_proj(q2_gemv(normed, q.in_proj, q.in_proj_b))
+        z, xBC, dt = self._tap_proj(self._step_in_proj(normed))
         conv, window = q2_conv_update(state.conv_codes, xBC[:, 0], (s.s_x, s.s_B, s.s_C), q.conv, q.conv_out,
                                       x_dim=d.d_inner)
         q_x, q_B, q_C = self._tap_conv(conv[:, None])

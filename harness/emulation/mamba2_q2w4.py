@@ -11,6 +11,15 @@
   fp16 Hadamard) with Marlin ``W4A16B16O16Linear`` in_proj and out_proj (fp16 out). No calibration of
   activations and no reorder (modelutils_mamba.py:820-825); GPTQ on the rotated fp16 model.
 
+The decode step (docs/decode.md "Mamba-2: the Quamba2 W4 steps"). ``W4A8QMamba2.step`` (qMamba2.py:997-1021) is
+``W8A8QMamba2.step`` line for line (int8 conv window, Quamba2's int8 SSM state update) with its Marlin-QQQ
+linears; ``W4A16QMamba2.step`` (:641-685) is mamba_ssm's fp16 step (``causal_conv1d_update``,
+``selective_state_update``; fp16 conv and SSM caches, :687-699) with its Marlin linears. The Marlin linears have
+no GEMV path: one token is the same kernel with m = 1 (``W4A16B16O16Linear.forward``, qLinearLayer.py:88-107;
+``W4A8B16O16Linear.forward`` :228-248; ``W4A8B8O8LinearParallel.forward`` :514-533), the same epilogue and
+output rounding as the prefill's (W4A8: int32 sums, exact whatever m; W4A16: the fp32 tensor-core sum, whose
+order the harness does not reproduce either way), so the step runs the prefill's linear on one token.
+
 ``Q2W4Layer`` is what calibration hands to the build for one block: the int4 weights (and, for W4A8, the
 W8A8 scales).
 """
@@ -73,6 +82,8 @@ class EmuW4A8Linear(nn.Module):
     def forward(self, x: QTensor) -> torch.Tensor:
         return w4a8_linear(x, self.weight, out_int8=False)
 
+    step = forward   # one token: the same Marlin-QQQ kernel, m = 1 (qLinearLayer.py:228-248)
+
 
 def in_proj_out_scales(w: Int4Weight, s: Q2Scales, dims: Mamba2Dims) -> Int4Weight:
     """``w4a8_quantize(..., out_scales=)`` (marlin_utils.py:254-256): s_channel / the split's output scale,
@@ -92,16 +103,22 @@ class EmuQ2W4A8Block(EmuQ2Mamba2Block):
     def _in_proj(self, normed) -> torch.Tensor:
         return w4a8_linear(normed, self.w4_in, out_int8=True)
 
+    def _step_in_proj(self, normed) -> torch.Tensor:
+        """One token: the same ``w4a8o8_gemm`` with m = 1 (qLinearLayer.py:514-533), RNE and saturation, not
+        W8A8's GEMV (its half-away roundf)."""
+        return self._in_proj(normed)
+
 
 def build_q2w4a8_block(layer: int, dims: Mamba2Dims, raw: dict | None, w4: Q2W4Layer, chunked: bool, *,
-                       params: Q2Params | None = None) -> EmuQ2W4A8Block:
+                       params: Q2Params | None = None, state_dtype: str = "int8") -> EmuQ2W4A8Block:
     """The W4A8 block: q2-w8a8's parts (emulation.mamba2_q2.build_q2_block) with GPTQ's Marlin-QQQ linears;
-    params: the activation path's tensors as a W4A8 checkpoint stores them, instead of raw's."""
+    params: the activation path's tensors as a W4A8 checkpoint stores them, instead of raw's; state_dtype: the
+    decode state (EmuQ2Mamba2Block.state_dtype; int8: the W8A8 calibration's ssm_state_scale, which W4A8 shares)."""
     s = w4.scales
     assert s is not None, "a W4A8 block needs the W8A8 scales"
     base = build_q2_block(layer, dims, q2_params(raw, s, dims) if params is None else params, s, chunked)
     block = EmuQ2W4A8Block(layer, dims, base.q, s, chunked=chunked, norm=base.norm, had=base.had,
-                           out_proj=EmuW4A8Linear(w4.out_proj))
+                           out_proj=EmuW4A8Linear(w4.out_proj), state_dtype=state_dtype)
     block.set_in_proj(w4.in_proj)
     return block
 

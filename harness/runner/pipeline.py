@@ -155,9 +155,6 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         warn(f"--mamba_model_path is ignored: {cfg.model} is a float model, every mode is built from it")
     # presets mean other modes on Mamba-2, and a mode that does not run on the model's architecture is refused
     recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
-    if (cfg.decode or cfg.generate) and (w4 := [r.name for r in recipes if r.weights == "int4"]):
-        raise RunError(f"--decode and --generate do not run {', '.join(w4)} (the Marlin W4 step is not emulated); "
-                       f"they run fp32, 1 and q2-w8a8 on a Mamba-2 model")
     xt = [r.name for r in recipes if r.x_groups == "tensor"]
     if xt and getattr(models.quamba, "prep", None) == "quamba2":
         raise RunError(f"mode(s) {', '.join(xt)} (x_groups=tensor) need the per-tensor x scale that only a calibration "
@@ -256,10 +253,10 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             infos.setdefault(prep, {**info, "source": "kept from the resumed file"})
     provenance["calibration"] = next(iter(infos.values()), None)
     provenance["calibration_by_prep"] = infos
-    if cfg.decode:  # the SSM state scale the W8A8 step re-quantizes at, per layer
+    if cfg.decode:  # the SSM state scale the W8A8 / W4A8 step re-quantizes at, per layer (W4A16: an fp16 state)
         for prep, c in calibs.items():
-            if isinstance(c, CalibrationResult):
-                infos[prep]["s_h"] = [s.s_h if hasattr(s, "s_h") else s.ssm_state_scale.tolist() for s in c.scales]
+            if isinstance(c, CalibrationResult) and (s_h := _state_scales(c.scales)) is not None:
+                infos[prep]["s_h"] = s_h
 
     modes: dict[str, dict] = {}
     todo_names = {r.name for r in todo}
@@ -302,6 +299,15 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             provenance["workers"] = units.summary()
         return _finish(ctx, writer, collector, all_ids, modes=modes, comparison=comparison, provenance=provenance,
                        studies=studies, timestamp=timestamp)
+
+
+def _state_scales(scales: list) -> list | None:
+    """Per layer the SSM state scale a decode step re-quantizes at: Quamba1's s_h, Quamba2's ssm_state_scale
+    table (W4A8: that of the W8A8 scales it shares); None for W4A16 (no scales, an fp16 state)."""
+    tables = [getattr(s, "scales", s) for s in scales]    # Q2W4Layer -> its W8A8 scales (None for W4A16)
+    if any(t is None for t in tables):
+        return None
+    return [t.s_h if hasattr(t, "s_h") else t.ssm_state_scale.tolist() for t in tables]
 
 
 def _check_decode(cfg: RunConfig) -> None:
