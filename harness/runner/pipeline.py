@@ -171,7 +171,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         points += [point_name(i, ISOLATED) for i in sorted({parse_point(p)[0] for p in points})]
     if cfg.end_to_end or cfg.sensitivity or cfg.generate:  # the whole model runs: every block is read and calibrated
         depth = n_layer - 1
-    float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None and needs_float(r, models.quamba.prep, models.quamba)]
+    float_less = [r.name for r in recipes if models.quamba and models.float_ckpt is None
+                  and needs_float(r, models.quamba.prep, models.quamba)]
     if float_less:
         raise RunError(f"mode(s) {', '.join(float_less)} need the float model (float weights, no rotation or "
                        f"prep=exact), but {cfg.model} is a quantized Quamba checkpoint: pass --mamba_model_path DIR "
