@@ -27,6 +27,7 @@ from .calibration import CalibrationResult, calibrate
 from .collect import Collector, block_io_names
 from .config import DEFAULT_MODEL, RunConfig, RunError, RunOutcome
 from .context import RunContext
+from .decodeplan import check_decode, generated_text, read_text, state_scales
 from .dispatch import open_units
 from ..emulation.capture import (ISOLATED, MAMBA2_POINTS, POINTS, TapError, parse_point, point_name, points_of,
                                  resolve_layers, select_points)
@@ -34,7 +35,6 @@ from ..checkpoints.text import (
     DataError,
     calibration_windows,
     check_token_ids,
-    read_sample,
 )
 from ..checkpoints.loading import ModelDirError
 from ..modes import ModeError, ModeRecipe, resolve_modes
@@ -142,7 +142,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        "yet; write a new --output_file instead")
     if cfg.samples < 1:
         raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
-    _check_decode(cfg)
+    check_decode(cfg)
     select_points([0], cfg.taps, {**POINTS, **MAMBA2_POINTS})  # an unknown tap: an input error before anything is opened
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
@@ -195,7 +195,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     with progress.stage("reading the text"), ThreadPoolExecutor(max_workers=2) as pool:  # hashing and the pairing check (taken below) overlap tokenizing
         hashing = pool.submit(ckpt.prefix_hashes, depth)
         pairing = pool.submit(check_pair, models, depth) if models.quamba and models.float_ckpt else None
-        text = _read_text(tok, cfg)  # N disjoint windows, in order (with --decode: one, plus the steps' tokens)
+        text = read_text(tok, cfg)  # N disjoint windows, in order (with --decode: one, plus the steps' tokens)
         calib_text = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed) \
             if models.needs_calibration(recipes) else None
         prefix = hashing.result()
@@ -256,7 +256,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     provenance["calibration_by_prep"] = infos
     if cfg.decode:  # the SSM state scale the W8A8 / W4A8 step re-quantizes at, per layer (W4A16: an fp16 state)
         for prep, c in calibs.items():
-            if isinstance(c, CalibrationResult) and (s_h := _state_scales(c.scales)) is not None:
+            if isinstance(c, CalibrationResult) and (s_h := state_scales(c.scales)) is not None:
                 infos[prep]["s_h"] = s_h
 
     modes: dict[str, dict] = {}
@@ -283,7 +283,7 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
                     collector.end(mode)
                 emit(f"mode {mode}: kept from {cfg.output_file} (--resume)")
         loop = run_todo(ctx, todo, modes, collector)
-        _generated_text(modes, tok, cfg.reference)
+        generated_text(modes, tok, cfg.reference)
         provenance["shared_ops"] = loop.shared_ops
         order = list(kept) + [r.name for r in todo if r.name not in kept]
         ordered = {m: modes[m] for m in order if m in modes}
@@ -300,49 +300,6 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             provenance["workers"] = units.summary()
         return _finish(ctx, writer, collector, all_ids, modes=modes, comparison=comparison, provenance=provenance,
                        studies=studies, timestamp=timestamp)
-
-
-def _state_scales(scales: list) -> list | None:
-    """Per layer the SSM state scale a decode step re-quantizes at: Quamba1's s_h, Quamba2's ssm_state_scale
-    table (W4A8: that of the W8A8 scales it shares); None for W4A16 (no scales, an fp16 state)."""
-    tables = [getattr(s, "scales", s) for s in scales]    # Q2W4Layer -> its W8A8 scales (None for W4A16)
-    if any(t is None for t in tables):
-        return None
-    return [t.s_h if hasattr(t, "s_h") else t.ssm_state_scale.tolist() for t in tables]
-
-
-def _check_decode(cfg: RunConfig) -> None:
-    """--decode N: one sample, a fresh file, on the CPU (runner.decode)."""
-    if cfg.decode < 0:
-        raise RunError(f"--decode must be a positive number of steps, got {cfg.decode}")
-    if cfg.generate < 0:
-        raise RunError(f"--generate must be a positive number of tokens, got {cfg.generate}")
-    if (cfg.decode or cfg.generate) and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
-        raise RunError("--decode and --generate run one sample (--samples 1) on the CPU into a new file: they do "
-                       "not combine with --samples > 1, --resume or --device cuda yet")
-
-
-def _generated_text(modes: dict, tok, reference: str) -> None:
-    """--generate: each mode's generated ids as text, beside the reference's (the report shows both)."""
-    ref = modes.get(reference, {}).get("generate")
-    for entry in modes.values():
-        gen = entry.get("generate")
-        if gen is not None:
-            gen["text"] = tok.tok.decode(gen["ids"])
-            gen["tokens"] = [tok.tok.decode([i]) for i in gen["ids"]]
-            if ref is not None:
-                gen["reference_text"] = tok.tok.decode(ref["ids"])
-
-
-def _read_text(tok, cfg: RunConfig):
-    """The sample: seq_len * samples tokens, or with --decode N the prompt and the N tokens the steps are fed."""
-    if not cfg.decode:
-        return read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)
-    try:
-        return read_sample(tok, cfg.text_file, cfg.seq_len + cfg.decode)
-    except DataError as e:
-        raise DataError(f"--decode {cfg.decode} needs --seq_len {cfg.seq_len} + {cfg.decode} = "
-                        f"{cfg.seq_len + cfg.decode} tokens of {cfg.text_file}: {e}") from None
 
 
 def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None:

@@ -1,0 +1,52 @@
+"""The pipeline's pieces for ``--decode N`` and ``--generate N`` (runner.decode, runner.generate): the checks of
+the options, the sample's tokens (the prompt and the N tokens the steps are fed), the SSM state scales the steps
+re-quantize at (the calibration's provenance), and the generated ids as text."""
+from __future__ import annotations
+
+from ..checkpoints.text import DataError, read_sample
+from .config import RunConfig, RunError
+
+__all__ = ["check_decode", "generated_text", "read_text", "state_scales"]
+
+
+def state_scales(scales: list) -> list | None:
+    """Per layer the SSM state scale a decode step re-quantizes at: Quamba1's s_h, Quamba2's ssm_state_scale
+    table (W4A8: that of the W8A8 scales it shares); None for W4A16 (no scales, an fp16 state)."""
+    tables = [getattr(s, "scales", s) for s in scales]    # Q2W4Layer -> its W8A8 scales (None for W4A16)
+    if any(t is None for t in tables):
+        return None
+    return [t.s_h if hasattr(t, "s_h") else t.ssm_state_scale.tolist() for t in tables]
+
+
+def check_decode(cfg: RunConfig) -> None:
+    """--decode N: one sample, a fresh file, on the CPU (runner.decode)."""
+    if cfg.decode < 0:
+        raise RunError(f"--decode must be a positive number of steps, got {cfg.decode}")
+    if cfg.generate < 0:
+        raise RunError(f"--generate must be a positive number of tokens, got {cfg.generate}")
+    if (cfg.decode or cfg.generate) and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
+        raise RunError("--decode and --generate run one sample (--samples 1) on the CPU into a new file: they do "
+                       "not combine with --samples > 1, --resume or --device cuda yet")
+
+
+def generated_text(modes: dict, tok, reference: str) -> None:
+    """--generate: each mode's generated ids as text, beside the reference's (the report shows both)."""
+    ref = modes.get(reference, {}).get("generate")
+    for entry in modes.values():
+        gen = entry.get("generate")
+        if gen is not None:
+            gen["text"] = tok.tok.decode(gen["ids"])
+            gen["tokens"] = [tok.tok.decode([i]) for i in gen["ids"]]
+            if ref is not None:
+                gen["reference_text"] = tok.tok.decode(ref["ids"])
+
+
+def read_text(tok, cfg: RunConfig):
+    """The sample: seq_len * samples tokens, or with --decode N the prompt and the N tokens the steps are fed."""
+    if not cfg.decode:
+        return read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)
+    try:
+        return read_sample(tok, cfg.text_file, cfg.seq_len + cfg.decode)
+    except DataError as e:
+        raise DataError(f"--decode {cfg.decode} needs --seq_len {cfg.seq_len} + {cfg.decode} = "
+                        f"{cfg.seq_len + cfg.decode} tokens of {cfg.text_file}: {e}") from None
