@@ -30,7 +30,7 @@ def quantize_rows_int4_fp16(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     """W4O16Embedding.from_fp16's codes (unpacked, 0..15, zero point 8) and fp16 per-row scales of (rows, d) fp16
     values (module docstring). A row with max 0 has scale 0: its 0/0 (NaN) entries become the zero code here."""
     e16 = e.to(torch.float16)
-    s = e16.amax(dim=-1, keepdim=True) / (2 * _INT4_ZERO)
+    s = e16.amax(dim=-1, keepdim=True) / _INT4_ZERO  # max_val / 2 = 16 / 2 (qEmbedding.py:35)
     shifted = (e16 / s) + _INT4_ZERO  # fp16 arithmetic, as the fp16 table's ops
     q = torch.nan_to_num(round_half_even(shifted).to(torch.float32), nan=float(_INT4_ZERO)).clamp(0, 2 * _INT4_ZERO - 1)
     return q.to(torch.int8), s.flatten()
