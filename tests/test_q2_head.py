@@ -147,3 +147,24 @@ def test_eval_recipe_end_to_end_on_the_shipped_mamba2(tmp_path, capsys):
     assert calib2["lm_head_input_scale_source"] == "reused"
     assert calib2["lm_head_input_scale"] == calib["lm_head_input_scale"]
     assert again["end_to_end"]["q2-eval"]["kl"] == kl["q2-eval"]
+
+
+def test_eval_recipe_matches_the_export_with_both_flags(tmp_path, capsys):
+    """q2-eval on the float model computes what Quamba's checkpoint exported with --quantize_embedding
+    --quantize_lm_head computes as q2-w8a8 (its stored int8 rows and W8A8B16O16Linear head): the logits bit for bit."""
+    from harness.cli import export_main
+
+    calib = ["--calib_data_num", "4", "--calib_seqlen", "64", "--cache_dir", tmp_path / "cache"]
+    code = run_cli(export_main, ["--model", TINY2, "--output_dir", tmp_path / "ck", "--recipe", "w8a8",
+                                 "--quantize_embedding", "--quantize_lm_head", *calib])
+    assert code == 0, capsys.readouterr().err
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"modes": {"q2-eval": {"base": "q2-w8a8", "embedding": "int8", "lm_head": "quantized"}}}))
+    common = ["--layers", "all", "--end-to-end", "--seq_len", "40", "--reference", "q2-w8a8", *calib]
+    assert run_cli(capture_main, ["--model", TINY2, "--modes", "q2-w8a8", "q2-eval", "--modes_file", f, *common,
+                                  "--output_file", tmp_path / "f.npz"]) == 0, capsys.readouterr().err
+    assert run_cli(capture_main, ["--model", tmp_path / "ck", "--modes", "q2-w8a8", *common,
+                                  "--output_file", tmp_path / "c.npz"]) == 0, capsys.readouterr().err
+    ours, theirs = np.load(tmp_path / "f.npz"), np.load(tmp_path / "c.npz")
+    assert np.array_equal(ours["mode_q2-eval__logits"], theirs["mode_q2-w8a8__logits"])
+    assert not np.array_equal(ours["mode_q2-eval__logits"], ours["mode_q2-w8a8__logits"])

@@ -121,9 +121,13 @@ def build_head(recipe: ModeRecipe, bank: WeightBank, head_scale: float | None = 
     dims, rotate = bank.dims, recipe.rotate == Rotate.YES
     act = FloatOut(act_dtype(recipe))
     if recipe.lm_head == LmHead.QUANTIZED:  # W8A8B16O16Linear of the mode's own fp16 head (emulation.q2_head)
+        fp16_head = build_head(replace(recipe, lm_head=LmHead.FP16), bank)
+        if isinstance(fp16_head.weight, QTensor):  # a Quamba2 checkpoint exported with --quantize_lm_head: its own
+            return fp16_head
         if head_scale is None:
-            raise ValueError(f"mode {recipe.name!r}: lm_head=quantized needs the lm_head:input scale (calibration)")
-        weight, alpha = w8a8_lm_head(build_head(replace(recipe, lm_head=LmHead.FP16), bank).weight, head_scale)
+            raise ValueError(f"mode {recipe.name!r}: lm_head=quantized needs the lm_head:input scale, which the "
+                             f"calibration of the float model observes (a checkpoint's stored scales hold none)")
+        weight, alpha = w8a8_lm_head(fp16_head.weight, head_scale)
         return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(head_scale, Rounding.HALF_EVEN)), weight,
                     FloatOut(torch.float16), alpha)
     if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head

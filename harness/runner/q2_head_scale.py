@@ -33,8 +33,9 @@ def observe_head_scales(calibs: dict, recipes: list[ModeRecipe], bank: WeightBan
     """Add "lm_head_input_scale" to the calibration of every recipe with lm_head=quantized (all blocks calibrated)."""
     for key in dict.fromkeys(r.calibration_key for r in recipes if r.lm_head == LmHead.QUANTIZED):
         result = calibs.get(key)
-        if not isinstance(result, CalibrationResult) or len(result.scales) != bank.dims.n_layer:
-            continue  # a failed calibration, or not every block: the mode's head is not built (no --end-to-end)
+        if not isinstance(result, CalibrationResult) or len(result.scales) != bank.dims.n_layer \
+                or "keys" not in result.info:
+            continue  # failed, not every block (no --end-to-end: no head), or a checkpoint's scales (no windows)
         if "lm_head_input_scale" not in result.info:
             _observe(result, bank, windows, settings, cache_dir, progress)
 
