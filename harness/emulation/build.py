@@ -60,6 +60,7 @@ from .weights_mamba2 import Mamba2Params, float_layer_mamba2
 from .mamba2_q2 import build_q2_block
 from .mamba2_q2w4 import Q2W4Layer, build_q2w4a8_block, with_w4a16_linears
 from .q2_params import Q2Params, Q2Scales, q2_params
+from .q2_head import quantized_rows
 
 assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
 
@@ -274,6 +275,9 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
                               bank.layer(i, recipe.weights, rotate, recipe.prep), scales[i] if scales else None,
                               dims, i, calibration) for i in range(depth + 1)]
     dtype = act_dtype(recipe)
+    if recipe.embedding != "fp16":  # Quamba2's W8O16/W4O16Embedding (emulation.q2_head)
+        return EmuBackbone(lambda ids: quantized_rows(bank.embed(ids, rotate, dtype, recipe.prep, recipe.weights),
+                                                      str(recipe.embedding)), blocks)
     return EmuBackbone(lambda ids: bank.embed(ids, rotate, dtype, recipe.prep, recipe.weights), blocks)
 
 

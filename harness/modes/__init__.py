@@ -37,11 +37,15 @@ __all__ = [
     "Q2_KNOBS",
     "XGroups",
     "StateDtype",
+    "Q2_HEAD_KNOBS",
+    "Embedding",
+    "LmHead",
 ]
 
 from .knobs import (FORMAT_KNOBS, KNOB_TYPES, KNOBS, MAMBA2_PRESETS, PRESETS, ActDtype, ConvIn, ConvOut, ModeError,
                     NumberFormat, Prep, Rotate, SsmImpl, SsmU, Store, Weights, parse_layer_range)
 from .knobs import Q2_KNOBS, StateDtype, XGroups
+from .knobs import Q2_HEAD_KNOBS, Embedding, LmHead
 from .recipe import ModeRecipe
 from .registry import (BUILTIN_MODES, CALIBRATION_RECIPES, Q2_CALIBRATION_RECIPE, ModeRegistry, architecture_problem,
                        get_mode, list_modes)

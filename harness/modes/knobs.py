@@ -7,7 +7,8 @@ from enum import StrEnum
 
 __all__ = ["ModeError", "KNOBS", "Weights", "Rotate", "Store", "ConvIn", "ConvOut", "SsmU", "SsmImpl", "ActDtype",
            "Prep", "KNOB_TYPES", "NumberFormat", "FORMAT_KNOBS", "parse_layer_range", "PRESETS", "MAMBA2_PRESETS",
-           "XGroups", "StateDtype", "Q2_KNOBS", "Q2_KNOB_TYPES"]
+           "XGroups", "StateDtype", "Q2_KNOBS", "Q2_KNOB_TYPES", "Embedding", "LmHead", "Q2_HEAD_KNOBS",
+           "Q2_HEAD_KNOB_TYPES"]
 
 
 class ModeError(ValueError):
@@ -108,6 +109,26 @@ class StateDtype(StrEnum):
 
 Q2_KNOB_TYPES: dict[str, type[StrEnum]] = {"x_groups": XGroups, "state_dtype": StateDtype}
 Q2_KNOBS: dict[str, tuple[str, ...]] = {k: tuple(m.value for m in t) for k, t in Q2_KNOB_TYPES.items()}
+
+
+# Quamba2's quantized embedding and lm_head (quantize_fp16_model's --quantize_embedding/--quantize_lm_head,
+# enyac-group/Quamba c474646 quamba/modelutils_mamba.py:615-660; docs/modes.md "Embedding and lm_head"): every
+# prep=quamba2 recipe; the first value is the default (recorded only when changed, as Q2_KNOBS).
+class Embedding(StrEnum):
+    """The embedding table: fp16 rows, or W8O16Embedding's int8 / W4O16Embedding's int4 codes, fp16 per-row scale."""
+    FP16 = "fp16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class LmHead(StrEnum):
+    """lm_head: the fp16 Linear, or the recipe's own quantized form (W8A8B16O16Linear for q2-w8a8)."""
+    FP16 = "fp16"
+    QUANTIZED = "quantized"
+
+
+Q2_HEAD_KNOB_TYPES: dict[str, type[StrEnum]] = {"embedding": Embedding, "lm_head": LmHead}
+Q2_HEAD_KNOBS: dict[str, tuple[str, ...]] = {k: tuple(m.value for m in t) for k, t in Q2_HEAD_KNOB_TYPES.items()}
 
 # Number formats as knobs (docs/formats.md): "none" (the recipe's own arithmetic) or a format of harness.formats
 # (spec.FORMAT_NAMES; emulation.build checks the two lists agree). Off by default: the built-in modes never set

@@ -8,6 +8,7 @@ from enum import StrEnum
 from .knobs import (FORMAT_KNOBS, KNOB_TYPES, KNOBS, PRESETS, ActDtype, ConvIn, ConvOut, ModeError, NumberFormat, Prep,
                     Rotate, SsmImpl, SsmU, Store, Weights, parse_layer_range)
 from .knobs import Q2_KNOB_TYPES, Q2_KNOBS, StateDtype, XGroups
+from .knobs import Q2_HEAD_KNOB_TYPES, Q2_HEAD_KNOBS, Embedding, LmHead
 
 __all__ = ["ModeRecipe"]
 
@@ -39,6 +40,9 @@ class ModeRecipe:
     # Quamba2's variant knobs (knobs.Q2_KNOBS; prep=quamba2 only)
     x_groups: XGroups = XGroups.GROUPED
     state_dtype: StateDtype = StateDtype.INT8
+    # Quamba2's quantized embedding and lm_head (knobs.Q2_HEAD_KNOBS; prep=quamba2 only)
+    embedding: Embedding = Embedding.FP16
+    lm_head: LmHead = LmHead.FP16
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in PRESETS:
@@ -53,11 +57,11 @@ class ModeRecipe:
         for knob in FORMAT_KNOBS:
             object.__setattr__(self, knob, _format_value(self.name, knob, getattr(self, knob)))
         object.__setattr__(self, "layers", _layers_value(self.name, self.layers))
-        for knob, allowed in Q2_KNOBS.items():
+        for knob, allowed in {**Q2_KNOBS, **Q2_HEAD_KNOBS}.items():
             if getattr(self, knob) not in allowed:
                 raise ModeError(f"mode {self.name!r}: knob {knob}={getattr(self, knob)!r} is not valid; "
                                 f"valid values: {', '.join(allowed)}")
-            object.__setattr__(self, knob, Q2_KNOB_TYPES[knob](getattr(self, knob)))
+            object.__setattr__(self, knob, {**Q2_KNOB_TYPES, **Q2_HEAD_KNOB_TYPES}[knob](getattr(self, knob)))
         for problem in _inconsistencies(self):
             raise ModeError(f"mode {self.name!r}: {problem}")
 
@@ -69,6 +73,7 @@ class ModeRecipe:
         if self.layers:
             knobs["layers"] = {r: dict(kv) for r, kv in self.layers}
         knobs.update({k: getattr(self, k) for k, allowed in Q2_KNOBS.items() if getattr(self, k) != allowed[0]})
+        knobs.update({k: getattr(self, k) for k, allowed in Q2_HEAD_KNOBS.items() if getattr(self, k) != allowed[0]})
         return knobs
 
     def for_layer(self, i: int) -> "ModeRecipe":
@@ -181,6 +186,14 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
     if r.weights == Weights.INT4 and changed:
         out.append(f"{' and '.join(changed)} apply to q2-w8a8's block only; the W4 recipes (weights=int4) keep "
                    f"{' '.join(f'{k}={v[0]}' for k, v in Q2_KNOBS.items())}")
+    head = [f"{k}={getattr(r, k)}" for k, v in Q2_HEAD_KNOBS.items() if getattr(r, k) != v[0]]
+    if r.prep != Prep.QUAMBA2 and head:
+        out.append(f"{' and '.join(head)} are Quamba2's quantized embedding/lm_head (prep=quamba2: q2-w8a8, q2-w4a8, "
+                   f"q2-w4a16 on Mamba-2): this recipe (prep={r.prep}) keeps them in floating point; use "
+                   f"{' '.join(f'{k}={v[0]}' for k, v in Q2_HEAD_KNOBS.items())}")
+    if r.lm_head == LmHead.QUANTIZED and r.weights == Weights.INT4:
+        out.append("lm_head=quantized is implemented for q2-w8a8 (W8A8B16O16Linear) only so far; the W4 recipes "
+                   "keep lm_head=fp16")
     if r.conv_in == ConvIn.DYNAMIC and r.weights != Weights.INT8:
         out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
     return out

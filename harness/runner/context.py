@@ -50,6 +50,11 @@ class RunContext:
             raise RuntimeError(f"calibration failed: {calib}")
         return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
 
+    def head_scale(self, recipe: ModeRecipe) -> float | None:
+        """lm_head=quantized: the lm_head:input scale observed with the recipe's calibration (runner.q2_head_scale)."""
+        calib = self.calibs.get(recipe.calibration_key)
+        return calib.info.get("lm_head_input_scale") if isinstance(calib, CalibrationResult) else None
+
 
 @dataclass
 class ModeLoopResult:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -29,11 +29,12 @@ from ..emulation.capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, 
 from ..runtime.memory import release_freed
 from ..metrics.errors import tensor_stats
 from ..metrics.q2groups import XGroupSums
-from ..modes import ModeRecipe, Rotate, Weights
+from ..modes import LmHead, ModeRecipe, Rotate, Weights
 from ..emulation.modules import EmuBackbone, EmuMambaBlock, EmuRMSNorm
 from ..emulation.ops.hadamard import hadamard_transform
 from ..emulation.ops.linear import float_linear, int8_gemm
 from ..emulation.ops.quant import dequantize, round_to_dtype, to_output
+from ..emulation.q2_head import w8a8_lm_head
 from .headprep import rotated_head, round_rows_
 from .sharedops import SharedOps
 from ..spec import FLOAT_DTYPES, FloatOut, LayerScales, QTensor, QuantOut, Rounding
@@ -116,9 +117,19 @@ def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
         del heads[key]
 
 
-def build_head(recipe: ModeRecipe, bank: WeightBank) -> Head:
+def build_head(recipe: ModeRecipe, bank: WeightBank, head_scale: float | None = None) -> Head:
     dims, rotate = bank.dims, recipe.rotate == Rotate.YES
     act = FloatOut(act_dtype(recipe))
+    if recipe.lm_head == LmHead.QUANTIZED:  # W8A8B16O16Linear of the mode's own fp16 head (emulation.q2_head)
+        fp16_head = build_head(replace(recipe, lm_head=LmHead.FP16), bank)
+        if isinstance(fp16_head.weight, QTensor):  # a Quamba2 checkpoint exported with --quantize_lm_head: its own
+            return fp16_head
+        if head_scale is None:
+            raise ValueError(f"mode {recipe.name!r}: lm_head=quantized needs the lm_head:input scale, which the "
+                             f"calibration of the float model observes (a checkpoint's stored scales hold none)")
+        weight, alpha = w8a8_lm_head(fp16_head.weight, head_scale)
+        return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(head_scale, Rounding.HALF_EVEN)), weight,
+                    FloatOut(torch.float16), alpha)
     if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
         weight, s_in, alpha = bank.given.lm_head()
         if isinstance(weight, QTensor):
@@ -218,6 +229,7 @@ class Forward:
     end_to_end: bool = False
     keep_inputs: tuple[int, ...] = ()
     device: str = "cpu"
+    head_scale: float | None = None  # lm_head=quantized: the lm_head:input scale (runner.q2_head_scale)
 
 
 def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None, on_layer=None,
@@ -246,7 +258,7 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
                       device)
     for block in model.blocks:
         block.shared = shared
-    head = to_device(build_head(recipe, bank), device) if fwd.end_to_end else None
+    head = to_device(build_head(recipe, bank, fwd.head_scale), device) if fwd.end_to_end else None
     run = ModeRun()
 
     def collect(arrays: dict[str, np.ndarray], tensors: dict[str, dict]) -> None:
@@ -390,7 +402,7 @@ def sensitivity_kl(mode: Forward, ref: Forward, bank: WeightBank, ref_inputs: Re
     rotate, ref_rotate = mode.recipe.rotate == Rotate.YES, ref_inputs.rotated
     mode_model = to_device(build_backbone(mode.recipe, bank, mode.scales, max(layers)), device)
     ref_model = to_device(build_backbone(ref.recipe, bank, ref.scales, bank.dims.n_layer - 1), device)
-    ref_head = to_device(build_head(ref.recipe, bank), device)
+    ref_head = to_device(build_head(ref.recipe, bank, ref.head_scale), device)
     out: dict[int, list[float]] = {}
     with on_device(device):
         for layer in layers:

@@ -67,7 +67,8 @@ def _forward(ctx: RunContext, recipe: ModeRecipe, wanted: tuple[int, ...]) -> Fo
     cfg = ctx.cfg
     return Forward(recipe, ctx.scales(recipe), ctx.samples, ctx.points, ctx.depth, cfg.basis,
                    end_to_end=cfg.end_to_end or cfg.sensitivity,
-                   keep_inputs=wanted if recipe.name == cfg.reference else (), device=cfg.device)
+                   keep_inputs=wanted if recipe.name == cfg.reference else (), device=cfg.device,
+                   head_scale=ctx.head_scale(recipe))
 
 
 def _submit(ctx: RunContext, ordered: list[ModeRecipe], loop: ModeLoopResult, isolated: bool,

@@ -27,6 +27,7 @@ from .calibration import CalibrationResult, calibrate
 from .collect import Collector, block_io_names
 from .config import DEFAULT_MODEL, RunConfig, RunError, RunOutcome
 from .context import RunContext
+from .q2_head_scale import observe_head_scales
 from .decodeplan import check_decode, generated_text, read_text, state_scales
 from .dispatch import open_units
 from ..emulation.capture import (ISOLATED, MAMBA2_POINTS, POINTS, TapError, parse_point, point_name, points_of,
@@ -247,6 +248,8 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     for prep in dict.fromkeys(r.calibration_key for r in todo if r.needs_calibration):
         calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
             _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep, progress=progress)
+    if calib_text is not None:  # lm_head=quantized: lm_head's input scale, observed after the calibration
+        observe_head_scales(calibs, todo, bank, calib_text.ids, cfg.calib, cfg.cache_dir, progress)
     infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
              for prep, c in calibs.items()}
     if kept:  # the kept modes' calibration stays on record (--resume checks it next time)

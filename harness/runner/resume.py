@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..modes import FORMAT_KNOBS, KNOBS, Q2_KNOBS, ModeError, ModeRecipe
+from ..modes import FORMAT_KNOBS, KNOBS, Q2_HEAD_KNOBS, Q2_KNOBS, ModeError, ModeRecipe
 from ..store.format import StorageError, read_json, stats_path
 from ..store.reader import load_capture
 
@@ -83,7 +83,7 @@ def recorded_recipe(mode: str, entry: dict) -> ModeRecipe | None:
     knobs = entry.get("recipe")
     try:
         return ModeRecipe(name=mode, title=str(entry.get("title", "")), **{k: knobs[k] for k in KNOBS},
-                          **{k: knobs[k] for k in (*FORMAT_KNOBS, "layers", *Q2_KNOBS) if k in knobs})
+                          **{k: knobs[k] for k in (*FORMAT_KNOBS, "layers", *Q2_KNOBS, *Q2_HEAD_KNOBS) if k in knobs})
     except (ModeError, KeyError, TypeError):
         return None
 

@@ -140,7 +140,8 @@ def _remote_sensitivity(ctx: RunContext, by_name: dict[str, ModeRecipe], ok: lis
     """The sensitivity study as mode x layer units (runner.dispatch), every mode's at once."""
     cfg = ctx.cfg
     ctx.progress.phase = "sensitivity (units in other processes)"
-    fwd = {m: Forward(by_name[m], ctx.scales(by_name[m]), ctx.samples, ctx.points, ctx.depth, device=cfg.device)
+    fwd = {m: Forward(by_name[m], ctx.scales(by_name[m]), ctx.samples, ctx.points, ctx.depth, device=cfg.device,
+                      head_scale=ctx.head_scale(by_name[m]))
            for m in [cfg.reference] + [m for m in ok if m != cfg.reference]}
     jobs = {m: (f, fwd[cfg.reference]) for m, f in fwd.items() if m != cfg.reference}
     return ctx.units.sensitivity(jobs, loop.ref_inputs, loop.ref_logits, cfg.layers)
@@ -172,7 +173,8 @@ def run_studies(ctx: RunContext, recipes: list[ModeRecipe], modes: dict[str, dic
             if remote is not None:  # the mode x layer units ran in other processes
                 out["sensitivity"][mode] = sensitivity_stats(remote[mode], [r["kl"] for r in e2e[mode]])
                 continue
-            mode_fwd, ref_fwd = (Forward(r, ctx.scales(r), ctx.samples, ctx.points, ctx.depth, device=cfg.device)
+            mode_fwd, ref_fwd = (Forward(r, ctx.scales(r), ctx.samples, ctx.points, ctx.depth, device=cfg.device,
+                                         head_scale=ctx.head_scale(r))
                                  for r in (by_name[mode], ref))
             with ctx.progress.stage(f"sensitivity of mode {mode}", len(cfg.layers) * len(ctx.samples), "forwards"):
                 kl = sensitivity_kl(mode_fwd, ref_fwd, ctx.bank, loop.ref_inputs, loop.ref_logits, cfg.layers,
