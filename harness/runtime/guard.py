@@ -3,7 +3,9 @@
 * ``handle_signals()``: while active, SIGINT and SIGTERM raise ``Interrupted`` (a
   BaseException, so ``except Exception`` around a failing mode does not swallow it);
   ``finally`` blocks then remove temporary files and the lock, and the command line
-  exits 128 + signal (130, 143) with one line saying what was kept.
+  exits 128 + signal (130, 143) with one line saying what was kept. From then on ``sys.excepthook`` is quiet:
+  multiprocessing's handle-sharing thread reports a worker killed mid-transfer through it
+  (Python 3.11 multiprocessing/resource_sharer.py:133-150), a traceback that is noise once the run is interrupted.
 * ``deferred_signals()``: a SIGINT/SIGTERM arriving during the two renames that commit
   an .npz + _stats.json pair is held and raised after them, so a signal never splits them.
 * ``OutputLock``: ``<output>.lock`` created with O_EXCL and holding the pid. A second
@@ -22,6 +24,7 @@ import glob
 import os
 import signal
 import stat
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -116,6 +119,10 @@ _deferring = False
 _pending: int | None = None
 
 
+def _quiet_excepthook(*_exc) -> None:
+    """sys.excepthook after an interruption: the one line the command line prints is the message (module docstring)."""
+
+
 @contextmanager
 def handle_signals() -> Iterator[None]:
     """SIGINT/SIGTERM -> Interrupted inside the block (main thread only; elsewhere a no-op)."""
@@ -128,6 +135,7 @@ def handle_signals() -> Iterator[None]:
         if _deferring:
             _pending = signum
             return
+        sys.excepthook = _quiet_excepthook
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, raise_interrupted) for s in _HANDLED}
