@@ -12,7 +12,7 @@ product is the fp16 multiply.
 
 lm_head W8A8 (modelutils_mamba.py:649-655): norm_f becomes QRMSNorm at the lm_head:input scale and lm_head
 W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785): per-tensor absmax int8 weight (ops.quant.quantize_weight_fp16),
-alpha = (f32(s_w) * s_in).item(), an int8 GEMM times alpha, fp16 output (runner.forwards.Head).
+alpha = (f32(s_w) * s_in).item(), an int8 GEMM times alpha, fp16 output (runner.head.Head).
 """
 from __future__ import annotations
 
