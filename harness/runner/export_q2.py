@@ -2,7 +2,7 @@
 
 The scales and groups come from the q2-w8a8 mode's calibration (and its cache, runner.calibration_q2), the
 weights from the code the mode runs (emulation.q2_params.q2_params), the embedding rows and the lm_head from the
-mode's own (WeightBank.embed, forwards.build_head); checkpoints.quamba2 lays them out as
+mode's own (WeightBank.embed, head.build_head); checkpoints.quamba2 lays them out as
 ``QuambaLMHeadModel.save_pretrained`` does (enyac-group/Quamba c474646 quamba/modelutils_mamba.py:853-873). So
 capturing q2-w8a8 from the export (with the float model for the channel order) gives the arrays of capturing it
 from the float model, bit for bit. The SSM state scales of the decode step come from the same calibration; with
