@@ -134,6 +134,17 @@ def _got(value) -> str:
     return f"a {type(value).__name__}"
 
 
+def check_spec(f: Path, sd: dict, spec: dict, context: str, ok=_kind_ok, what=_describe) -> None:
+    """Every key of ``spec`` is in ``sd`` and of its kind (``ok(value, kind)``), else ModelDirError naming the key,
+    what it must be (``what(kind)``) and, for a missing key, ``context`` (what is supported)."""
+    for key, kind in spec.items():
+        if key not in sd:
+            raise ModelDirError(f"{f}: {key!r} is missing; it must be {what(kind)} ({context})")
+        if not ok(sd[key], kind):
+            got = _got(sd[key]) if sd[key] is not None else "None"
+            raise ModelDirError(f"{f}: {key!r} is {got}, expected {what(kind)}")
+
+
 class QuambaCheckpoint:
     """A validated Quamba1 W8A8 directory; tensors are memory-mapped and read on first use."""
 
@@ -233,14 +244,14 @@ class QuambaCheckpoint:
         return {"ssm_layer": "W8A8QMamba", **self.kinds}
 
 
-def open_quamba(path: Path | str) -> QuambaCheckpoint:
-    """Validate config and every key, dtype, shape and scalar type (no tensor data is read), or raise ModelDirError."""
-    path = Path(path)
+def open_config(path: Path, parse) -> tuple[dict, object, dict, Path]:
+    """(config, dims, kinds, the state dict's file) of a Quamba checkpoint directory: config.json read and parsed
+    by ``parse(path, cfg) -> (dims, kinds)``, pytorch_model.bin present; else ModelDirError naming what is wrong."""
     cfg = _read_config(path)
     if cfg is None:
         raise ModelDirError(f"{path}: config.json is missing or not a JSON object")
     try:
-        dims, kinds = config_dims(path, cfg)
+        dims, kinds = parse(path, cfg)
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, ModelDirError):
             raise
@@ -248,6 +259,11 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
     f = path / "pytorch_model.bin"
     if not is_regular(f, refuse_in(f)):
         raise ModelDirError(f"{path}: pytorch_model.bin is missing (a Quamba checkpoint holds config.json and pytorch_model.bin)")
+    return cfg, dims, kinds, f
+
+
+def load_state_dict(f: Path) -> dict:
+    """The state dict of pytorch_model.bin (weights_only, memory-mapped where the format allows), or ModelDirError."""
     try:
         try:  # tensors carry the device they were saved from (spec notes §2.7)
             sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
@@ -257,16 +273,20 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
         raise ModelDirError(f"{f}: cannot read the state dict ({type(e).__name__}: {e})") from None
     if not isinstance(sd, dict):
         raise ModelDirError(f"{f}: not a state dict")
+    return sd
+
+
+def open_quamba(path: Path | str) -> QuambaCheckpoint:
+    """Validate config and every key, dtype, shape and scalar type (no tensor data is read), or raise ModelDirError."""
+    path = Path(path)
+    cfg, dims, kinds, f = open_config(path, config_dims)
+    sd = load_state_dict(f)
     check_blocks_present(f, sd, dims.n_layer)
     conv_bias = "backbone.layers.0.mixer.conv1d.bias" in sd
     expected = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
     for i in range(dims.n_layer):
         expected.update(layer_spec(dims, i, conv_bias))
-    for key, kind in expected.items():
-        if key not in sd:
-            raise ModelDirError(f"{f}: {key!r} is missing; it must be {_describe(kind)} ({SUPPORTED})")
-        if not _kind_ok(sd[key], kind):
-            raise ModelDirError(f"{f}: {key!r} is {_got(sd[key])}, expected {_describe(kind)}")
+    check_spec(f, sd, expected, SUPPORTED)
     check_values(f, sd, expected)
     for i in range(dims.n_layer):  # scales stored twice must agree (qMambaLayer.py:848-892)
         p = f"backbone.layers.{i}.mixer."

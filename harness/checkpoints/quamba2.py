@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .loading import ModelDirError, refuse_in
-from .quamba import (_QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _describe, _got, _kind_ok, _read_config, _top_spec,
+from .loading import ModelDirError
+from .quamba import (_QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _describe, _kind_ok, _read_config, _top_spec, check_spec,
+                     load_state_dict, open_config,
                      open_quamba, pad16)
 from .quamba2_checks import NONE, SUPPORTED2, check_q2_values, q2_config_dims, q2_layer_spec
 from .quamba_checks import check_blocks_present, check_values
@@ -33,7 +34,6 @@ from ..emulation.ops.q2_w8a8 import conv_out_scales, x_channel_scales
 from ..emulation.q2_params import Q2Params, Q2Scales
 from ..emulation.weights_mamba2 import Mamba2Params
 from ..spec import Mamba2Dims, QTensor
-from ..store.files import is_regular
 
 __all__ = ["Quamba2Checkpoint", "is_quamba2_config", "open_any_quamba", "open_quamba2", "q2_state_dict",
            "write_quamba2"]
@@ -68,19 +68,6 @@ def _ok(value, kind) -> bool:
 
 def _what(kind) -> str:
     return "None (QRMSNormGated's fp16 output)" if kind == NONE else _describe(kind)
-
-
-def _load(f: Path) -> dict:
-    try:
-        try:
-            sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
-            sd = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated file, unpicklable content
-        raise ModelDirError(f"{f}: cannot read the state dict ({type(e).__name__}: {e})") from None
-    if not isinstance(sd, dict):
-        raise ModelDirError(f"{f}: not a state dict")
-    return sd
 
 
 class Quamba2Checkpoint(QuambaCheckpoint):
@@ -177,30 +164,14 @@ def open_quamba2(path: Path | str) -> Quamba2Checkpoint:
     """Validate config and every key, dtype, shape, scalar type and scale (tensor data of the scales and ranges
     is read; the weights are not), or raise ModelDirError naming the key and what is valid."""
     path = Path(path)
-    cfg = _read_config(path)
-    if cfg is None:
-        raise ModelDirError(f"{path}: config.json is missing or not a JSON object")
-    try:
-        dims, kinds = q2_config_dims(path, cfg)
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, ModelDirError):
-            raise
-        raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
-    f = path / "pytorch_model.bin"
-    if not is_regular(f, refuse_in(f)):
-        raise ModelDirError(f"{path}: pytorch_model.bin is missing (a Quamba checkpoint holds config.json and pytorch_model.bin)")
-    sd = _load(f)
+    cfg, dims, kinds, f = open_config(path, q2_config_dims)
+    sd = load_state_dict(f)
     check_blocks_present(f, sd, dims.n_layer)
     conv_bias = "backbone.layers.0.mixer.conv1d.bias" in sd
     expected = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
     for i in range(dims.n_layer):
         expected.update(q2_layer_spec(dims, i, conv_bias))
-    for key, kind in expected.items():
-        if key not in sd:
-            raise ModelDirError(f"{f}: {key!r} is missing; it must be {_what(kind)} ({SUPPORTED2})")
-        if not _ok(sd[key], kind):
-            raise ModelDirError(f"{f}: {key!r} is {_got(sd[key]) if sd[key] is not None else 'None'}, "
-                                f"expected {_what(kind)}")
+    check_spec(f, sd, expected, SUPPORTED2, _ok, _what)
     check_values(f, sd, {k: v for k, v in expected.items() if v != NONE})
     for i in range(dims.n_layer):
         check_q2_values(f, sd, dims, i)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError, refuse_in
-from .quamba import F, T0, _describe, _got, _kind_ok, _read_config
+from .quamba import F, T0, _describe, _kind_ok, _read_config, check_spec, load_state_dict
 from .quamba2_checks import bad_scale, check_q2_grouped, q2_layer_spec, q2_sizes, q2_unsupported
 from .quamba_checks import _field, check_blocks_present, check_values
 from ..emulation.ops.int4 import Int4Weight
@@ -154,13 +154,7 @@ def load_w4(path: Path) -> tuple[dict, dict, Path]:
     f = path / "pytorch_model.bin"
     if not is_regular(f, refuse_in(f)):
         raise ModelDirError(f"{path}: pytorch_model.bin is missing")
-    try:
-        sd = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ModelDirError(f"{f}: cannot read the state dict ({type(e).__name__}: {e})") from None
-    if not isinstance(sd, dict):
-        raise ModelDirError(f"{f}: not a state dict")
-    return cfg, sd, f
+    return cfg, load_state_dict(f), f
 
 
 def read_w4_blocks(path: Path | str) -> tuple[Mamba2Dims, list[dict[str, W4Block]]]:
@@ -184,12 +178,7 @@ def check_w4_blocks(path: Path, cfg: dict, sd: dict, f: Path) -> tuple[Mamba2Dim
         layer = {}
         for recipe, m, nrm in mixers:
             spec = w4_block_spec(dims, i, recipe, m, nrm, m + "conv1d.bias" in sd)
-            for key, kind in spec.items():
-                if key not in sd:
-                    raise ModelDirError(f"{f}: {key!r} is missing; it must be {_what(kind)} (a {recipe} Quamba2 block)")
-                if not _ok(sd[key], kind):
-                    raise ModelDirError(f"{f}: {key!r} is {_got(sd[key]) if sd[key] is not None else 'None'}, "
-                                        f"expected {_what(kind)}")
+            check_spec(f, sd, spec, f"a {recipe} Quamba2 block", _ok, _what)
             check_values(f, sd, {k: v for k, v in spec.items() if v != "None"})  # scalars > 0, float tensors finite
             w4a8 = recipe == "W4A8"
             _check_marlin(f, sd, m, "in_proj", n_in, w4a8)

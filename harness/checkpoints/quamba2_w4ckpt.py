@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError
-from .quamba import _describe, _got, _kind_ok, _read_config, _top_spec
+from .quamba import _read_config, _top_spec, check_spec
 from .quamba2 import Quamba2Checkpoint
 from .quamba2_w4 import W4_MIXERS, W4Block, check_w4_blocks, load_w4, w4_plan
 from .quamba_checks import _layer_kind, check_values
@@ -152,11 +152,7 @@ def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
             raise ModelDirError(f"{path}: {what} {got!r} with {recipe}QMamba2 is not supported; "
                                 f"supported: {SUPPORTED_W4}")
     top = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
-    for key, kind in top.items():
-        if key not in sd:
-            raise ModelDirError(f"{f}: {key!r} is missing; it must be {_describe(kind)} ({SUPPORTED_W4})")
-        if not _kind_ok(sd[key], kind):
-            raise ModelDirError(f"{f}: {key!r} is {_got(sd[key])}, expected {_describe(kind)}")
+    check_spec(f, sd, top, SUPPORTED_W4)
     check_values(f, sd, top)
     dims, blocks = check_w4_blocks(path, cfg, sd, f)
     return Quamba2W4Checkpoint(path, cfg, sd, dims, kinds, [layer[recipe] for layer in blocks])
