@@ -21,7 +21,7 @@ import torch
 from .loading import ModelDirError
 from .mamba2 import mamba2_dims
 from .quamba import F, T0, T11, pad16
-from .quamba_checks import _INT, _NUM, _field, _layer_kind, _show
+from .quamba_checks import _INT, _NUM, _field, _show, w8a8_head_kinds
 from ..spec import Mamba2Dims
 
 __all__ = ["SUPPORTED2", "NONE", "N_HEAD_GROUPS", "N_DIM_GROUPS", "q2_unsupported", "q2_config_dims", "q2_sizes", "q2_layer_spec",
@@ -60,15 +60,7 @@ def q2_config_dims(path: Path | None, cfg: dict) -> tuple[Mamba2Dims, dict]:
                                    "unquantized, quamba_mixer_seq.py:112)")
     if _field(path, cfg, "d_intermediate", _INT, 0) != 0:
         raise q2_unsupported(path, "a checkpoint with MLP layers (d_intermediate)")
-    norm = _layer_kind(path, cfg, "norm", "norm_cfg", "QRMSNorm")
-    if norm != "QRMSNorm":
-        raise q2_unsupported(path, f"norm_cfg.norm {norm!r}")
-    kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),  # quamba_mixer_seq.py:290
-             "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}  # quamba_mixer_seq.py:412
-    if kinds["embedding"] not in ("Embedding", "W8O16Embedding"):
-        raise q2_unsupported(path, f"embedding_cfg.layer {kinds['embedding']!r}")
-    if kinds["lm_head"] not in ("Linear", "W8A8B16O16Linear"):
-        raise q2_unsupported(path, f"lm_head_cfg.layer {kinds['lm_head']!r}")
+    kinds = w8a8_head_kinds(path, cfg, q2_unsupported)
     return q2_sizes(path, cfg, ssm), kinds
 
 

@@ -57,6 +57,21 @@ def _layer_kind(path: Path | None, table: dict, name: str, prefix: str, default:
     return _field(path, _field(path, table, prefix, "a table", {}), name, "a string", default, prefix + ".")
 
 
+def w8a8_head_kinds(path: Path | None, cfg: dict, refuse) -> dict:
+    """The W8A8 checkpoint's norm (QRMSNorm), embedding and lm_head classes, each one Quamba's W8A8 writes, else
+    ``refuse(path, what)`` (the caller's ModelDirError naming what is supported)."""
+    norm = _layer_kind(path, cfg, "norm", "norm_cfg", "QRMSNorm")
+    if norm != "QRMSNorm":
+        raise refuse(path, f"norm_cfg.norm {norm!r}")
+    kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),  # quamba_mixer_seq.py:290
+             "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}  # quamba_mixer_seq.py:412
+    if kinds["embedding"] not in ("Embedding", "W8O16Embedding"):
+        raise refuse(path, f"embedding_cfg.layer {kinds['embedding']!r}")
+    if kinds["lm_head"] not in ("Linear", "W8A8B16O16Linear"):
+        raise refuse(path, f"lm_head_cfg.layer {kinds['lm_head']!r}")
+    return kinds
+
+
 def config_dims(path: Path | None, cfg: dict) -> tuple[ModelDims, dict]:
     """The sizes Quamba builds from config.json (quamba_mixer_seq.py, qMambaLayer.py:761-788 defaults), and
     the embedding and lm_head kinds; every field checked by type, every size by range (loading.check_dims)."""
@@ -69,15 +84,7 @@ def config_dims(path: Path | None, cfg: dict) -> tuple[ModelDims, dict]:
         raise unsupported(path, f"a Mamba-2 (Quamba2) checkpoint (ssm_cfg.layer {layer!r})")
     if layer != "W8A8QMamba":
         raise unsupported(path, f"ssm_cfg.layer {layer!r} (4-bit weights)")
-    norm = _layer_kind(path, cfg, "norm", "norm_cfg", "QRMSNorm")
-    if norm != "QRMSNorm":
-        raise unsupported(path, f"norm_cfg.norm {norm!r}")
-    kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),  # quamba_mixer_seq.py:290
-             "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}  # quamba_mixer_seq.py:412
-    if kinds["embedding"] not in ("Embedding", "W8O16Embedding"):
-        raise unsupported(path, f"embedding_cfg.layer {kinds['embedding']!r}")
-    if kinds["lm_head"] not in ("Linear", "W8A8B16O16Linear"):
-        raise unsupported(path, f"lm_head_cfg.layer {kinds['lm_head']!r}")
+    kinds = w8a8_head_kinds(path, cfg, unsupported)
     if _field(path, cfg, "d_intermediate", _INT, 0) != 0 or _field(path, cfg, "attn_layer_idx", "a list", None):
         raise unsupported(path, "a checkpoint with MLP (d_intermediate) or attention layers")
     d_model = _field(path, cfg, "d_model", _INT)

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -26,7 +27,7 @@ from ..store.files import read_regular
 from .calibration import CalibrationResult, CalibrationSettings, _checksum, _layer_keys
 from .weightbank import WeightBank
 
-__all__ = ["calibrate_quamba2", "Q2_CALIB_VERSION"]
+__all__ = ["calibrate_quamba2", "read_layer_cache", "Q2_CALIB_VERSION"]
 
 Q2_CALIB_VERSION = 4  # bump when anything that changes the computed scales or groups changes (2: s_x_tensor;
                       # 3: ssm_state_scale; 4: the fp16 model's A_log in fp16)
@@ -96,15 +97,17 @@ def _write(path: Path, key: str, layer: int, s: Q2Scales, settings: CalibrationS
         tmp.unlink(missing_ok=True)
 
 
-def _cached(paths: list[Path], keys: list[str], dims) -> tuple[list[Q2Scales], list[str]]:
+def read_layer_cache(paths: list[Path], read: Callable[[int, Path], object], what: str) -> tuple[list, list[str]]:
+    """The cached entries of layers 0, 1, ... up to the first missing or corrupted file (read(layer, path) raises
+    ValueError for a corrupted one), and the problems found (``what`` names the kind of file)."""
     got, problems = [], []
-    for layer, (path, key) in enumerate(zip(paths, keys)):
+    for layer, path in enumerate(paths):
         if not path.exists():
             break
         try:
-            got.append(_read(path, key, dims))
+            got.append(read(layer, path))
         except ValueError as e:
-            problems.append(f"layer {layer} cache file {path} is corrupted: {e}")
+            problems.append(f"layer {layer} {what} {path} is corrupted: {e}")
             break
     return got, problems
 
@@ -120,7 +123,8 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
             "observers": "min-max per tensor; cross-head min-max of x; per-SSD-group min-max of B, C "
                          "(Quamba c474646 quamba/modelutils_mamba.py:236-372); s_x_tensor: per-tensor percentile "
                          "of x, alpha --percentile_alpha (the non-grouped path's, :125-132, 161-167)"}
-    scales, problems = _cached(paths, keys, bank.dims) if paths else ([], [])
+    scales, problems = read_layer_cache(paths, lambda i, p: _read(p, keys[i], bank.dims), "cache file") \
+        if paths else ([], [])
     if paths and len(scales) == depth + 1:
         return CalibrationResult(scales, {**info, "source": "reused", "cache_files": [str(p) for p in paths],
                                           "seconds": 0.0, "layers": [s.info() for s in scales]})

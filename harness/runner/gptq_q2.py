@@ -29,7 +29,7 @@ from ..modes import Q2_CALIBRATION_RECIPE
 from ..runtime.guard import Progress
 from ..runtime.log import warn
 from .calibration import CalibrationResult, CalibrationSettings, _layer_keys
-from .calibration_q2 import calibrate_quamba2
+from .calibration_q2 import calibrate_quamba2, read_layer_cache
 from .weightbank import WeightBank
 
 __all__ = ["calibrate_q2w4", "GPTQ_VERSION"]
@@ -96,19 +96,6 @@ def _read(path: Path, dims, channel: bool) -> tuple[Int4Weight, Int4Weight]:
     return ws[0], ws[1]
 
 
-def _cached(paths: list[Path], dims, channel: bool) -> tuple[list, list[str]]:
-    got, problems = [], []
-    for layer, path in enumerate(paths):
-        if not path.exists():
-            break
-        try:
-            got.append(_read(path, dims, channel))
-        except ValueError as e:
-            problems.append(f"layer {layer} GPTQ cache file {path} is corrupted: {e}")
-            break
-    return got, problems
-
-
 def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int,
                    prefix_hashes: list[str], cache_dir: Path | None, key: str, *,
                    progress: Progress | None = None) -> CalibrationResult:
@@ -126,7 +113,8 @@ def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: Calibratio
                      "source": "Quamba c474646 quamba/gptq_utils.py:105-189, modelutils_mamba.py:388-476"}}
     if q2 is not None:
         info["w8a8"] = q2.info
-    weights, problems = _cached(paths, bank.dims, channel) if paths else ([], [])
+    weights, problems = read_layer_cache(paths, lambda _i, p: _read(p, bank.dims, channel), "GPTQ cache file") \
+        if paths else ([], [])
     start = time.perf_counter()
     if not (paths and len(weights) == depth + 1):
         for problem in problems:
