@@ -8,9 +8,27 @@ chunk scan's ``x_out_scales`` / ``x_scales`` table (ngroups, n_head_groups, n_di
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 __all__ = ["CrossHeadMinmaxObserver", "CachedStatesObserver"]
+
+
+def _group_table(head_groups: list, dim_groups: list, cell: Callable[[int, slice, slice], torch.Tensor],
+                 tail: tuple[int, ...] = ()) -> torch.Tensor:
+    """(ngroups, n_head_groups, n_dim_groups, *tail) fp32: per (SSD group, head group, dim group) cell,
+    max(cell(g, heads, dims), 1e-5): the cross-head min-max's abs max of one cell, floored as Quamba's observers do."""
+    table = torch.empty(len(head_groups), len(head_groups[0]), len(dim_groups[0][0]), *tail, dtype=torch.float32)
+    for g, sizes in enumerate(head_groups):
+        h_start = 0
+        for hg, h_size in enumerate(sizes):
+            d_start = 0
+            for dg, d_size in enumerate(dim_groups[g][hg]):
+                table[g, hg, dg] = cell(g, slice(h_start, h_start + h_size), slice(d_start, d_start + d_size)).clamp(min=1e-5)
+                d_start += d_size
+            h_start += h_size
+    return table
 
 
 class CrossHeadMinmaxObserver:
@@ -31,16 +49,7 @@ class CrossHeadMinmaxObserver:
         """x: (batch, seqlen, ngroups * nheads * headdim), reordered as the weights are."""
         b, L, d = x.shape
         w = x.to(torch.float32).reshape(b, L, self.ngroups, -1, self.headdim)
-        table = torch.empty(self.ngroups, len(self.head_groups[0]), len(self.dim_groups[0][0]), dtype=torch.float32)
-        for g in range(self.ngroups):
-            h_start = 0
-            for hg, h_size in enumerate(self.head_groups[g]):
-                d_start = 0
-                for dg, d_size in enumerate(self.dim_groups[g][hg]):
-                    block = w[:, :, g, h_start:h_start + h_size, d_start:d_start + d_size]
-                    table[g, hg, dg] = block.abs().amax().clamp(min=1e-5)
-                    d_start += d_size
-                h_start += h_size
+        table = _group_table(self.head_groups, self.dim_groups, lambda g, h, d: w[:, :, g, h, d].abs().amax())
         self.amax = table if self.amax is None else torch.maximum(self.amax, table)
 
     def scales(self) -> torch.Tensor:
@@ -68,16 +77,8 @@ class CachedStatesObserver:
         """state: (batch, nheads, headdim, d_state), the fp16-rounded cached state."""
         b, nheads, hd, n = state.shape
         w = state.to(torch.float32).reshape(b, self.ngroups, nheads // self.ngroups, hd, n)
-        table = torch.empty(self.ngroups, len(self.head_groups[0]), len(self.dim_groups[0][0]), n, dtype=torch.float32)
-        for g in range(self.ngroups):
-            h_start = 0
-            for hg, h_size in enumerate(self.head_groups[g]):
-                d_start = 0
-                for dg, d_size in enumerate(self.dim_groups[g][hg]):
-                    block = w[:, g, h_start:h_start + h_size, d_start:d_start + d_size]
-                    table[g, hg, dg] = block.abs().amax(dim=(0, 1, 2)).clamp(min=1e-5)
-                    d_start += d_size
-                h_start += h_size
+        table = _group_table(self.head_groups, self.dim_groups, lambda g, h, d: w[:, g, h, d].abs().amax(dim=(0, 1, 2)),
+                             (n,))
         self.amax = table if self.amax is None else torch.maximum(self.amax, table)
 
     def scales(self) -> torch.Tensor:
