@@ -51,3 +51,22 @@ def run_cli(main, argv) -> int:
         return main([str(a) for a in argv])
     except SystemExit as e:
         return e.code
+
+
+def teacher_forced_steps(model, ids, prompt: int):
+    """The prefill over ids[:, :prompt], then one step per remaining token of ids: (the residual stream of every
+    step (batch, steps, d_model), the states after each step)."""
+    import torch
+
+    _, states = model.prefill(ids[:, :prompt])
+    outs, kept = [], []
+    for k in range(prompt, ids.shape[1]):
+        residual, states = model.step(ids[:, k:k + 1], states)
+        outs.append(residual)
+        kept.append(states)
+    return torch.cat(outs, 1), kept
+
+
+def rel_per_step(a, b) -> list[float]:
+    """Relative L2 of a against b at every step (axis 1)."""
+    return [float((a[:, k] - b[:, k]).norm() / b[:, k].norm()) for k in range(a.shape[1])]

@@ -18,7 +18,7 @@ from harness.modes import get_mode
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.weightbank import WeightBank
 from harness.store.format import load_capture, stats_path
-from helpers import run_cli
+from helpers import rel_per_step, run_cli, teacher_forced_steps
 
 TINY2 = ROOT / "models" / "mamba2-tiny"
 L, N = 16, 6
@@ -35,25 +35,11 @@ def q2():
     return bank, calib, ids
 
 
-def _steps(model, ids):
-    _, states = model.prefill(ids[:, :L])
-    outs, kept = [], []
-    for k in range(N):
-        residual, states = model.step(ids[:, L + k:L + k + 1], states)
-        outs.append(residual)
-        kept.append(states)
-    return torch.cat(outs, 1), kept
-
-
-def _rel(a, b) -> list[float]:
-    return [float((a[:, k] - b[:, k]).norm() / b[:, k].norm()) for k in range(a.shape[1])]
-
-
 def test_states_are_int8_codes_at_the_grouped_scales(q2):
     bank, calib, ids = q2
     d = bank.dims
     model = build_backbone(get_mode("q2-w8a8"), bank, calib.scales, 2)
-    _, kept = _steps(model, ids)
+    _, kept = teacher_forced_steps(model, ids, L)
     for layer, block in enumerate(model.blocks):
         s = kept[-1][layer]
         assert s.ssm_codes.dtype == torch.int8 and s.conv_codes.dtype == torch.int8
@@ -76,17 +62,17 @@ def test_prefill_decode_consistency_is_small_and_the_int8_state_is_its_cost(q2):
     (the state_dtype=fp32 knob) 0 for three steps, then <= 0.009: the int8 state is the cost."""
     bank, calib, ids = q2
     fp32 = build_backbone(get_mode("fp32"), bank, None, 2)
-    steps, _ = _steps(fp32, ids)
-    assert max(_rel(steps, fp32(ids)[:, L:])) < 1e-5
+    steps, _ = teacher_forced_steps(fp32, ids, L)
+    assert max(rel_per_step(steps, fp32(ids)[:, L:])) < 1e-5
     model = build_backbone(get_mode("q2-w8a8"), bank, calib.scales, 2)
     full = model(ids)[:, L:]
-    steps, _ = _steps(model, ids)
-    int8 = _rel(steps, full)
+    steps, _ = teacher_forced_steps(model, ids, L)
+    int8 = rel_per_step(steps, full)
     assert all(np.isfinite(int8)) and 1e-4 < max(int8) < 0.3, int8
     fp32_state = replace(get_mode("q2-w8a8"), name="q2-fp32-state", state_dtype="fp32")   # the state_dtype knob
-    steps, kept = _steps(build_backbone(fp32_state, bank, calib.scales, 2), ids)
+    steps, kept = teacher_forced_steps(build_backbone(fp32_state, bank, calib.scales, 2), ids, L)
     assert kept[-1][0].ssm_codes.dtype == torch.float32
-    floats = _rel(steps, full)
+    floats = rel_per_step(steps, full)
     assert sum(floats) < 0.5 * sum(int8), (floats, int8)
 
 

@@ -19,7 +19,7 @@ from harness.modes import get_mode
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.weightbank import WeightBank
 from harness.store.format import load_capture, stats_path
-from helpers import run_cli
+from helpers import rel_per_step, run_cli, teacher_forced_steps
 
 TINY2 = ROOT / "models" / "mamba2-tiny"
 L, N = 16, 6
@@ -36,20 +36,6 @@ def w4():
               for mode in ("q2-w4a8", "q2-w4a16")}
     ids = torch.randint(0, bank.dims.vocab_size, (1, L + N), generator=gen)
     return bank, calibs, ids
-
-
-def _steps(model, ids):
-    _, states = model.prefill(ids[:, :L])
-    outs, kept = [], []
-    for k in range(N):
-        residual, states = model.step(ids[:, L + k:L + k + 1], states)
-        outs.append(residual)
-        kept.append(states)
-    return torch.cat(outs, 1), kept
-
-
-def _rel(a, b) -> list[float]:
-    return [float((a[:, k] - b[:, k]).norm() / b[:, k].norm()) for k in range(a.shape[1])]
 
 
 def _spy(block, name: str, got: list) -> None:
@@ -74,7 +60,7 @@ def test_w4a8_step_runs_the_marlin_qqq_in_proj_and_out_proj_and_keeps_int8_state
     _spy(block, "_tap_proj", proj)
     block.norm.register_forward_hook(lambda m, a, out: normed.append(out))
     _spy(block.out_proj, "step", had)
-    _, kept = _steps(model, ids)
+    _, kept = teacher_forced_steps(model, ids, L)
     assert len(proj) == N + 1 and len(had) == N    # the prefill's in_proj, then one per step
     for layer, blk in enumerate(model.blocks):
         s = kept[-1][layer]
@@ -98,7 +84,7 @@ def test_w4a16_step_keeps_fp16_states_and_runs_the_marlin_linears(w4):
     block = model.blocks[0]
     seen = []
     _spy(block.in_proj, "step", seen)
-    _, kept = _steps(model, ids)
+    _, kept = teacher_forced_steps(model, ids, L)
     assert len(seen) == N
     for s in kept[-1]:
         for t in (s.ssm, s.conv):
@@ -116,8 +102,8 @@ def test_prefill_decode_consistency_of_the_w4_steps_is_small(w4):
     got = {}
     for mode in ("q2-w4a8", "q2-w4a16"):
         model = build_backbone(get_mode(mode), bank, calibs[mode].scales, DEPTH)
-        steps, _ = _steps(model, ids)
-        got[mode] = _rel(steps, model(ids)[:, L:])
+        steps, _ = teacher_forced_steps(model, ids, L)
+        got[mode] = rel_per_step(steps, model(ids)[:, L:])
         assert all(np.isfinite(got[mode])), got
     assert 1e-4 < max(got["q2-w4a8"]) < 0.3, got
     assert max(got["q2-w4a16"]) < 2e-3, got
