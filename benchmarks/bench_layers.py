@@ -72,11 +72,17 @@ def _plain_transformers() -> dict:
     return {"harness_imported": any(m == "harness" or m.startswith("harness.") for m in sys.modules)}
 
 
+def _hf_class(a: dict):
+    """transformers' model class of the benchmark (a["hf_class"], default MambaForCausalLM)."""
+    import transformers
+
+    return getattr(transformers, a.get("hf_class", "MambaForCausalLM"))
+
+
 def _child_hf(a: dict) -> dict:
     import torch
-    from transformers import MambaForCausalLM
 
-    model = MambaForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
+    model = _hf_class(a).from_pretrained(a["model"], dtype=torch.float32).eval()
     ids = _ids(a)
     with torch.no_grad():
         model(input_ids=ids[:, :16])  # warm-up
@@ -86,9 +92,8 @@ def _child_hf(a: dict) -> dict:
 
 def _child_hf_calib(a: dict) -> dict:
     import torch
-    from transformers import MambaForCausalLM
 
-    hf = MambaForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
+    hf = _hf_class(a).from_pretrained(a["model"], dtype=torch.float32).eval()
     ids, batch = _ids(a, "calib_ids"), int(_ids(a, "calib_batch"))
     with torch.no_grad():
         _, f = _timed(lambda: [hf(input_ids=ids[k:k + batch]).logits for k in range(0, ids.shape[0], batch)])

@@ -33,31 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_layers import _ids, _plain_transformers, _summary, _timed, _write_ids  # noqa: E402
+from bench_layers import _child_hf, _child_hf_calib, _ids, _summary, _timed, _write_ids  # noqa: E402
 from common import peak_mb, spawn  # noqa: E402
-
-
-def _child_hf(a: dict) -> dict:
-    import torch
-    from transformers import Mamba2ForCausalLM
-
-    model = Mamba2ForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
-    ids = _ids(a)
-    with torch.no_grad():
-        model(input_ids=ids[:, :16])  # warm-up
-        _, t = _timed(lambda: model(input_ids=ids).logits)
-    return {**t, **_plain_transformers()}
-
-
-def _child_hf_calib(a: dict) -> dict:
-    import torch
-    from transformers import Mamba2ForCausalLM
-
-    hf = Mamba2ForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
-    ids, batch = _ids(a, "calib_ids"), int(_ids(a, "calib_batch"))
-    with torch.no_grad():
-        _, f = _timed(lambda: [hf(input_ids=ids[k:k + batch]).logits for k in range(0, ids.shape[0], batch)])
-    return {**f, **_plain_transformers()}
 
 
 def _calibration(models, a: dict, prep: str):
@@ -164,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         model = write_random_mamba2(work / "mamba2-130m", args.n_layer)
         _write_ids(model, args.seq_len, (args.calib_samples, args.calib_seqlen), work)
-        common = {"model": str(model), "seq_len": args.seq_len, "calib_samples": args.calib_samples,
+        common = {"model": str(model), "hf_class": "Mamba2ForCausalLM", "seq_len": args.seq_len,
+                  "calib_samples": args.calib_samples,
                   "calib_seqlen": args.calib_seqlen, "cache": str(work / "cache"), "out": str(work)}
         repeated = [k for k in ("hf", "all") if k in args.only]
         for kind in [k for k in CHILDREN if k in args.only and k not in repeated]:
