@@ -206,3 +206,42 @@ def test_sigterm_on_the_driver_cancels_the_units(model, tmp_path):
         time.sleep(0.2)
     left = {w: Path(f"/proc/{w}/cmdline").read_bytes()[:200] for w in workers if _running(w)}
     assert left == {}
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (R, S, T: stopped, Z), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def test_close_ends_a_stopped_worker_by_its_sigterm(tmp_path, monkeypatch):
+    """close() continues a stopped worker (SIGSTOP: the fault hook here, job control in a terminal), so it exits
+    on the SIGTERM; before, it sat stopped through close()'s whole wait (10 s per worker) and was SIGKILLed."""
+    import multiprocessing
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from harness.runner.workers import LocalPool
+
+    def stub(name: str) -> SimpleNamespace:  # what unit_label reads; execute fails after the fault points
+        return SimpleNamespace(mode=SimpleNamespace(recipe=SimpleNamespace(name=name)), layer=0)
+
+    monkeypatch.setenv("QUAMBA_HARNESS_FAULT", "unit.hang.L0:STOP")
+    pool = LocalPool(2, tmp_path)
+    try:
+        pool.submit(stub("hang"))
+        with pytest.raises(AttributeError):  # the other worker's unit: both units have been handed out
+            pool.result(pool.submit(stub("quick")))
+        workers = multiprocessing.active_children()
+        assert len(workers) == 2
+        deadline = time.monotonic() + 60
+        while "T" not in [_state(w.pid) for w in workers] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [_state(w.pid) for w in workers].count("T") == 1  # stopped at its fault point; the other is idle
+    finally:
+        pool.close()
+    assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2
+    assert [_state(w.pid) for w in workers] == ["", ""]

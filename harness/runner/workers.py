@@ -21,6 +21,7 @@ import pickle
 import shutil
 import signal
 import tempfile
+import time
 import traceback
 from collections import deque
 from multiprocessing.connection import wait
@@ -33,6 +34,8 @@ from ..runtime.guard import FAULT_ENV
 from .units import FileBlob, UnitFailed, timed, unit_label, worker_setup
 
 __all__ = ["LocalPool"]
+
+CLOSE_SECONDS = 10.0  # close(): how long the workers together get to exit on SIGTERM before SIGKILL
 
 
 def _worker_main(conn) -> None:
@@ -73,6 +76,15 @@ class _Worker:
         self.proc.start()
         child.close()
         self.uid: int | None = None  # the unit it runs
+
+
+def _continue(proc) -> None:
+    """SIGCONT to a worker not yet known to have exited (the guard Process.terminate uses against a reused pid)."""
+    if proc.exitcode is None:
+        try:
+            os.kill(proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def _death(proc) -> str:
@@ -182,12 +194,17 @@ class LocalPool:
         return FileBlob(tuple(paths))
 
     def close(self) -> None:
-        """Stop every worker (running units are abandoned), wait for them, remove the shipped files."""
+        """Stop every worker (running units are abandoned), wait for them, remove the shipped files.
+
+        SIGTERM, then SIGCONT: a stopped worker (SIGSTOP, job control) leaves SIGTERM pending until it is
+        continued. Whatever has not exited by one deadline shared by all the workers is killed."""
         for w in self._workers:
             if w.proc.is_alive():
                 w.proc.terminate()
+                _continue(w.proc)
+        deadline = time.monotonic() + CLOSE_SECONDS
         for w in self._workers:
-            w.proc.join(timeout=10)
+            w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if w.proc.is_alive():
                 w.proc.kill()
                 w.proc.join()
