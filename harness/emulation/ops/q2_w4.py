@@ -27,7 +27,7 @@ from .linear import int8_gemm
 from .quant import round_half_even, round_to_dtype
 
 __all__ = ["w4a16_weight", "w4a16_linear", "w4a16_linear_ref", "qqq_int8_weight", "qqq_int8_weight_ref",
-           "w4a8_linear", "w4a8_linear_ref"]
+           "w4a8_values", "w4a8_linear", "w4a8_linear_ref"]
 
 
 def w4a16_weight(w: Int4Weight) -> torch.Tensor:
@@ -78,12 +78,17 @@ def qqq_int8_weight_ref(w: Int4Weight) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def w4a8_values(x: QTensor, w: Int4Weight) -> torch.Tensor:
+    """The Marlin-QQQ epilogue before its output rounding: ``fp32(acc) * s_ch * s_tok`` (..., out) fp32."""
+    assert w.channel_scales is not None, "a W4A8 weight needs its per-channel scales (Marlin-QQQ)"
+    acc = int8_gemm(x.codes, qqq_int8_weight(w)).to(torch.float32)
+    return (acc * w.channel_scales.to(torch.float32)) * torch.tensor(x.scale, dtype=torch.float32)
+
+
 def w4a8_linear(x: QTensor, w: Int4Weight, out_int8: bool) -> torch.Tensor:
     """x: (..., in) int8 at x.scale (``s_tok``, per tensor); w with channel_scales (``s_ch``, any output scale
     fused in). Returns (..., out): int8 codes when out_int8 (W4A8B8O8), else fp16 values (W4A8B16O16)."""
-    assert w.channel_scales is not None, "a W4A8 weight needs its per-channel scales (Marlin-QQQ)"
-    acc = int8_gemm(x.codes, qqq_int8_weight(w)).to(torch.float32)
-    v = (acc * w.channel_scales.to(torch.float32)) * torch.tensor(x.scale, dtype=torch.float32)
+    v = w4a8_values(x, w)
     if out_int8:
         return round_half_even(torch.nan_to_num(v, nan=0.0)).clamp(-128, 127).to(torch.int8)
     return round_to_dtype(v, torch.float16)
