@@ -35,7 +35,8 @@ from typing import Protocol
 
 import torch
 
-from ..modes import ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate, SsmImpl, Store, Weights, XGroups
+from ..modes import (BUILTIN_MODES, CALIBRATION_RECIPES, ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate,
+                     SsmImpl, Store, Weights, XGroups)
 from .modules import (
     ConvInput,
     EmuBackbone,
@@ -59,13 +60,14 @@ from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD
 from .weights_mamba2 import Mamba2Params, float_layer_mamba2
 from .mamba2_q2 import build_q2_block
 from .mamba2_q2w4 import Q2W4Layer, build_q2w4a8_block, with_w4a16_linears
+from . import mamba1_w4
 from .q2_params import Q2Params, Q2Scales, q2_params
 from .q2_head import quantized_rows
 
 assert tuple(f.value for f in NumberFormat)[1:] == FORMAT_NAMES, "modes.NumberFormat must list spec.FORMAT_NAMES"
 
 __all__ = ["build_block", "build_mamba2_block", "build_backbone", "act_dtype", "hadamard_kernel_support", "WeightSource",
-           "layer_formats", "build_q2_mamba2_block", "build_q2w4_mamba2_block"]
+           "layer_formats", "build_q2_mamba2_block", "build_q2w4_mamba2_block", "build_q2w4_mamba1_block"]
 
 def act_dtype(recipe: ModeRecipe) -> torch.dtype:
     return FLOAT_DTYPES[recipe.act_dtype]
@@ -239,6 +241,20 @@ def build_q2w4_mamba2_block(recipe: ModeRecipe, raw: dict | None, w4: Q2W4Layer,
     return with_w4a16_linears(build_mamba2_block(recipe, p, dims, layer), w4)
 
 
+def build_q2w4_mamba1_block(recipe: ModeRecipe, p: LayerParams, w4: "mamba1_w4.Q1W4Layer", dims: ModelDims,
+                            layer: int) -> EmuMambaBlock:
+    """One Quamba2 W4A8 Mamba-1 block (w4.scales: mode 0's; p: mode 0's int8 parameters) or W4A16 block (no
+    scales; p: the prep=quamba fp16 parameters), emulation.mamba1_w4. ssm_impl=kernel: Quamba's QSScan (W4A8),
+    mamba_ssm's selective_scan_fn (W4A16); reference: the fork's reference loop, on the same inputs."""
+    kernel = recipe.ssm_impl == SsmImpl.KERNEL
+    if w4.scales is not None:
+        base = replace(BUILTIN_MODES["0"], ssm_impl=recipe.ssm_impl)
+        return mamba1_w4.with_w4a8_linears(build_block(base, p, w4.scales, dims, layer), w4)
+    block = build_block(CALIBRATION_RECIPES[Prep.QUAMBA], p, None, dims, layer, calibration=True)
+    block.ssm.order = ScanOrder.MAMBA if kernel else ScanOrder.TORCH
+    return mamba1_w4.with_w4a16_linears(block, w4)
+
+
 class WeightSource(Protocol):
     """Where build_backbone takes a mode's weights from (harness.runner.weightbank.WeightBank)."""
 
@@ -270,6 +286,9 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
     elif dims.architecture == "mamba2":
         blocks = [build_mamba2_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), dims, i)
                   for i in range(depth + 1)]
+    elif recipe.weights == Weights.INT4:  # Mamba-1: Quamba2's W4A8QMamba / W4A16QMamba on Quamba1's preparation
+        blocks = [build_q2w4_mamba1_block(recipe, bank.layer(i, "fp16" if scales[i].scales is None else "int8", True,
+                                                             Prep.QUAMBA), scales[i], dims, i) for i in range(depth + 1)]
     else:
         blocks = [build_block(recipe.for_layer(i) if recipe.layers else recipe,
                               bank.layer(i, recipe.weights, rotate, recipe.prep), scales[i] if scales else None,

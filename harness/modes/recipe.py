@@ -94,8 +94,8 @@ class ModeRecipe:
         """The block architectures the recipe runs on: prep=quamba2 is Quamba2's W8A8 of Mamba-2 blocks only;
         a recipe that quantizes otherwise, uses prep=quamba or number formats is Quamba1's Mamba-1 recipe;
         float recipes run on both."""
-        if self.prep == Prep.QUAMBA2:
-            return ("mamba2",)
+        if self.prep == Prep.QUAMBA2:  # the W4 recipes also run on Mamba-1, with prep=quamba (on_architecture)
+            return ("mamba1", "mamba2") if self.weights == Weights.INT4 else ("mamba2",)
         if self.needs_calibration or self.prep == Prep.QUAMBA or self.has_formats:
             return ("mamba1",)
         return ("mamba1", "mamba2")
@@ -104,9 +104,17 @@ class ModeRecipe:
     def calibration_key(self) -> str:
         """Which calibration the recipe reads (one per key in a run): its prep, or for Quamba2's int4 recipes
         "quamba2-w4a8" (the W8A8 scales plus GPTQ on the reordered model) or "quamba2-w4a16" (GPTQ only)."""
-        if self.prep == Prep.QUAMBA2 and self.weights == Weights.INT4:
+        if self.weights == Weights.INT4:  # prep=quamba2, or prep=quamba on Mamba-1 (on_architecture)
             return "quamba2-w4a8" if self.norm_out == Store.INT8 else "quamba2-w4a16"
         return str(self.prep)
+
+    def on_architecture(self, architecture: str | None) -> "ModeRecipe":
+        """The recipe as it runs on a model of `architecture`: Quamba2's W4 recipes on Mamba-1 take Quamba1's
+        preparation (prep=quamba: Quamba2 prepares a Mamba-1 model as Quamba1 does, configure_model's "mamba"
+        branch, quamba/modelutils_mamba.py:58-81; emulation.mamba1_w4); every other recipe is unchanged."""
+        if architecture == "mamba1" and self.prep == Prep.QUAMBA2 and self.weights == Weights.INT4:
+            return replace(self, prep=Prep.QUAMBA)
+        return self
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -176,8 +184,13 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
         out.append("prep=quamba2 is Quamba2's W8A8 recipe (or its W4A8, W4A16 ones): it needs "
                    + "; or ".join(" ".join(f"{k}={v}" for k, v in fixed.items()) for fixed in _Q2_RECIPES)
                    + " (ssm_impl kernel or reference)")
-    if r.weights == Weights.INT4 and r.prep != Prep.QUAMBA2:
+    w4_rows = _Q2_RECIPES[1:]
+    if r.weights == Weights.INT4 and r.prep not in (Prep.QUAMBA2, Prep.QUAMBA):
         out.append("weights=int4 is Quamba2's GPTQ (q2-w4a8, q2-w4a16): it needs prep=quamba2")
+    if r.weights == Weights.INT4 and r.prep == Prep.QUAMBA and \
+            not any(all(str(getattr(r, k)) == v for k, v in fixed.items()) for fixed in w4_rows):
+        out.append("weights=int4 with prep=quamba is q2-w4a8 or q2-w4a16 on a Mamba-1 model: it needs "
+                   + "; or ".join(" ".join(f"{k}={v}" for k, v in fixed.items()) for fixed in w4_rows))
     changed = [f"{k}={getattr(r, k)}" for k, v in Q2_KNOBS.items() if getattr(r, k) != v[0]]
     if r.prep != Prep.QUAMBA2 and changed:
         out.append(f"{' and '.join(changed)} apply to Quamba2's W8A8 only (prep=quamba2, base q2-w8a8, Mamba-2): "

@@ -26,8 +26,8 @@ _BUILTIN_ROWS = (
     ("2-4",  "true fp32 conv, fp32 u, reference scan",          "int8 yes int8 int8 static  fp32 fp32    reference int8 fp16 quamba"),
     ("3",    "hybrid: dynamic conv input, fp32 conv and scan",  "int8 yes int8 fp   dynamic fp32 fp32    reference int8 fp16 quamba"),
     ("q2-w8a8", "Quamba2 W8A8 (Mamba-2)",                       "int8 yes int8 int8 static  int8 int8    kernel    int8 fp16 quamba2"),
-    ("q2-w4a8", "Quamba2 W4A8: GPTQ int4, Marlin-QQQ (Mamba-2)", "int4 yes int8 int8 static  int8 int8    kernel    int8 fp16 quamba2"),
-    ("q2-w4a16", "Quamba2 W4A16: GPTQ int4, Marlin (Mamba-2)",   "int4 yes fp   fp   static  fp32 fp32    kernel    fp   fp16 quamba2"),
+    ("q2-w4a8", "Quamba2 W4A8: GPTQ int4, Marlin-QQQ",          "int4 yes int8 int8 static  int8 int8    kernel    int8 fp16 quamba2"),
+    ("q2-w4a16", "Quamba2 W4A16: GPTQ int4, Marlin",            "int4 yes fp   fp   static  fp32 fp32    kernel    fp   fp16 quamba2"),
 )
 # fmt: on
 
@@ -38,9 +38,9 @@ def architecture_problem(recipe: "ModeRecipe", architecture: str) -> str | None:
     if architecture in recipe.architectures:
         return None
     if recipe.prep == Prep.QUAMBA2:
-        return ("it is Quamba2's W8A8/W4A8/W4A16 of Mamba-2 blocks; Quamba2 quantizes a Mamba-1 model with Quamba1's W8A8 "
+        return ("it is Quamba2's W8A8 of Mamba-2 blocks; Quamba2's W8A8 of a Mamba-1 model is Quamba1's "
                 "(its head-grouped calibration raises NotImplementedError for Mamba-1, quamba/modelutils_mamba.py:"
-                "240-241): run mode 0 there")
+                "240-241): run mode 0 there (q2-w4a8 and q2-w4a16 run on both)")
     if recipe.needs_calibration:
         return ("it quantizes (Quamba1's W8A8 recipe of Mamba-1 blocks); on Mamba-2 only float recipes run "
                 "(weights fp32/fp16, every output fp, no int8 activations)")
@@ -102,7 +102,7 @@ class ModeRegistry:
                     names.append(name)
         if not names:
             raise ModeError(f"no modes given; valid: {', '.join(self._modes)} (presets: {', '.join(PRESETS)})")
-        recipes = [self.get(n) for n in names]
+        recipes = [self.get(n).on_architecture(architecture) for n in names]
         for r in recipes if architecture is not None else ():
             if (why := architecture_problem(r, architecture)) is not None:
                 runs = [n for n in self._modes if architecture_problem(self._modes[n], architecture) is None]

@@ -183,6 +183,9 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
     if prep == "quamba2":  # Quamba2's W8A8 calibration of a Mamba-2 model, its own cache entries
         from .calibration_q2 import calibrate_quamba2
         return calibrate_quamba2(bank, windows, settings, depth, prefix_hashes, cache_dir, progress=progress)
+    if prep in ("quamba2-w4a8", "quamba2-w4a16") and bank.dims.architecture == "mamba1":  # runner.gptq_mamba1
+        from .gptq_mamba1 import calibrate_mamba1_w4
+        return calibrate_mamba1_w4(bank, windows, settings, depth, prefix_hashes, cache_dir, prep, progress=progress)
     if prep in ("quamba2-w4a8", "quamba2-w4a16"):  # + Quamba's GPTQ (runner.gptq_q2)
         from .gptq_q2 import calibrate_q2w4
         return calibrate_q2w4(bank, windows, settings, depth, prefix_hashes, cache_dir, prep, progress=progress)

@@ -32,7 +32,7 @@ from .calibration import CalibrationResult, CalibrationSettings, _layer_keys
 from .calibration_q2 import calibrate_quamba2, read_layer_cache
 from .weightbank import WeightBank
 
-__all__ = ["calibrate_q2w4", "GPTQ_VERSION"]
+__all__ = ["calibrate_q2w4", "GPTQ_VERSION", "cached_gptq", "gptq_info"]
 
 GPTQ_VERSION = 2  # bump when anything that changes the GPTQ result changes (2: the fp16 model's A_log in fp16)
 _PARTS = ("in_proj", "out_proj")
@@ -77,8 +77,8 @@ def _read(path: Path, dims, channel: bool) -> tuple[Int4Weight, Int4Weight]:
     checksum = arrays.pop("checksum", None)
     if checksum is None or str(checksum) != _digest(arrays):
         raise ValueError("checksum mismatch (the file was modified or truncated)")
-    shapes = {"in_proj": (2 * dims.d_inner + 2 * dims.ngroups * dims.d_state + dims.nheads, dims.d_model),
-              "out_proj": (dims.d_model, dims.d_inner)}
+    in_rows = 2 * dims.d_inner + (2 * dims.ngroups * dims.d_state + dims.nheads if dims.architecture == "mamba2" else 0)
+    shapes = {"in_proj": (in_rows, dims.d_model), "out_proj": (dims.d_model, dims.d_inner)}
     ws = []
     for part in _PARTS:
         try:
@@ -106,41 +106,58 @@ def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: Calibratio
         if channel else None
     keys = _layer_keys(prefix_hashes[: depth + 1], windows, settings, f"{key}-gptq-v{GPTQ_VERSION}")
     paths = [Path(cache_dir) / f"gptq-{k[:40]}.npz" for k in keys] if cache_dir is not None else []
-    info = {"prep": key, "settings": asdict(settings), "tokens": int(windows.numel()), "keys": keys,
-            "gptq": {"percdamp": PERCDAMP, "group_size": {"in_proj": gptq_group_size(bank.dims.d_model),
-                                                           "out_proj": gptq_group_size(bank.dims.d_inner)},
-                     "order": "columns in order (no act_order), block = group", "dtype": "float32",
-                     "source": "Quamba c474646 quamba/gptq_utils.py:105-189, modelutils_mamba.py:388-476"}}
+    info = gptq_info(key, settings, windows, keys, bank.dims)
     if q2 is not None:
         info["w8a8"] = q2.info
-    weights, problems = read_layer_cache(paths, lambda _i, p: _read(p, bank.dims, channel), "GPTQ cache file") \
-        if paths else ([], [])
     start = time.perf_counter()
-    if not (paths and len(weights) == depth + 1):
-        for problem in problems:
-            warn(f"{problem}; recomputing GPTQ")
+
+    def compute(step) -> list[tuple[Int4Weight, Int4Weight]]:
         dims = bank.dims
         raws = [bank.raw(i) for i in range(depth + 1)]
         if q2 is not None:
             raws = [reorder_raw(r, s.reorder, dims.d_inner, dims.nheads) for r, s in zip(raws, q2.scales)]
         embed = lambda ids: bank.embed(ids, True, torch.float16, "exact", "fp16")  # noqa: E731
-        with progress.stage(f"GPTQ ({key}, {windows.shape[0]} x {windows.shape[1]} tokens, layers 0..{depth})",
-                            depth + 1, "layers"):
-            weights = gptq_q2(dims, raws, embed, windows, settings.batch_size, Q2_CALIBRATION_RECIPE, channel,
-                              step=progress.advance)
-        info["source"] = "recomputed" if problems else "computed"
-        if problems:
-            info["reason"] = "; ".join(problems)
-        try:
-            for path, ws in zip(paths, weights):
-                _write(path, ws)
-        except OSError as e:
-            warn(f"cannot write the GPTQ cache in {cache_dir} ({e.strerror}); the GPTQ of this run is not cached")
-            info["cache_error"] = str(e)
-    else:
-        info["source"] = "reused"
-    if paths:
-        info["cache_files"] = [str(p) for p in paths]
+        return gptq_q2(dims, raws, embed, windows, settings.batch_size, Q2_CALIBRATION_RECIPE, channel, step=step)
+
+    weights = cached_gptq(paths, bank.dims, channel, compute, info, progress,
+                          title=f"GPTQ ({key}, {windows.shape[0]} x {windows.shape[1]} tokens, layers 0..{depth})",
+                          depth=depth)
     layers: list[Q2W4Layer] = q2w4_layers(weights, q2.scales if q2 is not None else None, bank.dims)
     info.update(seconds=round(time.perf_counter() - start, 3), layers=[x.info() for x in layers])
     return CalibrationResult(layers, info)
+
+
+def gptq_info(key: str, settings: CalibrationSettings, windows: torch.Tensor, keys: list[str], dims) -> dict:
+    """The calibration record of a GPTQ run (the provenance's calibration_by_prep entry)."""
+    return {"prep": key, "settings": asdict(settings), "tokens": int(windows.numel()), "keys": keys,
+            "gptq": {"percdamp": PERCDAMP, "group_size": {"in_proj": gptq_group_size(dims.d_model),
+                                                          "out_proj": gptq_group_size(dims.d_inner)},
+                     "order": "columns in order (no act_order), block = group", "dtype": "float32",
+                     "source": "Quamba c474646 quamba/gptq_utils.py:105-189, modelutils_mamba.py:388-476"}}
+
+
+def cached_gptq(paths: list[Path], dims, channel: bool, compute, info: dict, progress: Progress, *, title: str,
+                depth: int) -> list[tuple[Int4Weight, Int4Weight]]:
+    """Every layer's (in_proj, out_proj) from the cache files `paths` when all load, else compute(step) (written
+    back; a file that does not load is reported and recomputed). info gets source, reason, cache_files."""
+    weights, problems = read_layer_cache(paths, lambda _i, p: _read(p, dims, channel), "GPTQ cache file") \
+        if paths else ([], [])
+    if paths and len(weights) == depth + 1:
+        info.update(source="reused", cache_files=[str(p) for p in paths])
+        return weights
+    for problem in problems:
+        warn(f"{problem}; recomputing GPTQ")
+    with progress.stage(title, depth + 1, "layers"):
+        weights = compute(progress.advance)
+    info["source"] = "recomputed" if problems else "computed"
+    if problems:
+        info["reason"] = "; ".join(problems)
+    try:
+        for path, ws in zip(paths, weights):
+            _write(path, ws)
+    except OSError as e:
+        warn(f"cannot write the GPTQ cache in {paths[0].parent} ({e.strerror}); the GPTQ of this run is not cached")
+        info["cache_error"] = str(e)
+    if paths:
+        info["cache_files"] = [str(p) for p in paths]
+    return weights
