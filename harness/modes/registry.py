@@ -42,8 +42,8 @@ def architecture_problem(recipe: "ModeRecipe", architecture: str) -> str | None:
                 "(its head-grouped calibration raises NotImplementedError for Mamba-1, quamba/modelutils_mamba.py:"
                 "240-241): run mode 0 there (q2-w4a8 and q2-w4a16 run on both)")
     if recipe.needs_calibration:
-        return ("it quantizes (Quamba1's W8A8 recipe of Mamba-1 blocks); on Mamba-2 only float recipes run "
-                "(weights fp32/fp16, every output fp, no int8 activations)")
+        return ("it quantizes (Quamba1's W8A8 recipe of Mamba-1 blocks); on Mamba-2 the float recipes run "
+                "(weights fp32/fp16, every output fp, no int8 activations) and Quamba2's (q2-w8a8, q2-w4a8, q2-w4a16)")
     if recipe.prep == Prep.QUAMBA:
         return "prep=quamba prepares Mamba-1 weights as Quamba1 does; use prep=exact on Mamba-2"
     if recipe.has_formats:
