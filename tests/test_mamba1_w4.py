@@ -134,7 +134,10 @@ def test_w4a8_block_is_mode_0_with_marlin_qqq_linears(model):
     for part in ("conv1d", "dt_proj"):  # W8A8QMamba's int8 conv and W8A8B8O8 dt_proj
         assert torch.equal(getattr(ours.blocks[1], part).weight.codes, getattr(zero.blocks[1], part).weight.codes)
     hq = ours.blocks[1].had(torch.randn(1, 9, bank.dims.d_inner, generator=torch.Generator().manual_seed(0)))
-    assert torch.equal(ours.blocks[1].out_proj(hq), w4a8_linear_ref(hq, w4.out_proj, False))
+    want = w4a8_linear_ref(hq, w4.out_proj, False)
+    assert torch.equal(ours.blocks[1].out_proj(hq), want)
+    assert torch.equal(ours.blocks[1].out_proj(hq), want)  # again, from the int8 weight it kept
+    assert torch.equal(ours.blocks[1].in_proj(q).codes, xz.codes)
 
 
 def test_w4a16_block_is_the_fp16_block_with_marlin_linears(model):

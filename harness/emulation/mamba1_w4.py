@@ -34,7 +34,7 @@ from .mamba2_q2w4 import EmuW4A8Linear, EmuW4A16Linear
 from .modules import ConvInput, EmuConv1d, EmuMambaBlock
 from .ops.int4 import Int4Weight
 from .ops.marlin_rtn import rtn_int4
-from .ops.q2_w4 import w4a8_values
+from .ops.q2_w4 import qqq_int8_weight, w4a8_values
 from .ops.quant import quantize_prescaled
 
 __all__ = ["Q1W4Layer", "EmuW4A8O8Linear", "with_output_scale", "q1w4_layer", "with_w4a8_linears",
@@ -66,9 +66,12 @@ class EmuW4A8O8Linear(nn.Module):
     def __init__(self, weight: Int4Weight, scale: float) -> None:
         super().__init__()
         self.weight, self.scale = weight, scale
+        self._w8: torch.Tensor | None = None  # the kernel's int8 weight, made by the first call
 
     def forward(self, x: QTensor) -> QTensor:
-        v = torch.nan_to_num(w4a8_values(x, self.weight), nan=0.0)
+        if self._w8 is None:
+            self._w8 = qqq_int8_weight(self.weight)
+        v = torch.nan_to_num(w4a8_values(x, self.weight, self._w8), nan=0.0)
         return quantize_prescaled(v, self.scale, Rounding.HALF_EVEN)
 
     step = forward  # one token: the same kernel with m = 1 (qLinearLayer.py:371-388)
@@ -96,7 +99,7 @@ def with_w4a8_linears(block: EmuMambaBlock, w4: Q1W4Layer) -> EmuMambaBlock:
     assert w4.scales is not None, "a W4A8 block needs mode 0's scales"
     block.in_proj = EmuW4A8O8Linear(w4.in_proj, w4.scales.s_xz)
     block.x_proj = EmuW4A8O8Linear(w4.x_proj, w4.scales.s_xp)
-    block.out_proj = EmuW4A8Linear(w4.out_proj)
+    block.out_proj = EmuW4A8Linear(w4.out_proj, keep_int8=True)
     return block
 
 

@@ -78,10 +78,11 @@ def qqq_int8_weight_ref(w: Int4Weight) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def w4a8_values(x: QTensor, w: Int4Weight) -> torch.Tensor:
-    """The Marlin-QQQ epilogue before its output rounding: ``fp32(acc) * s_ch * s_tok`` (..., out) fp32."""
+def w4a8_values(x: QTensor, w: Int4Weight, w8: torch.Tensor | None = None) -> torch.Tensor:
+    """The Marlin-QQQ epilogue before its output rounding: ``fp32(acc) * s_ch * s_tok`` (..., out) fp32.
+    w8: ``qqq_int8_weight(w)`` when the caller keeps it (computed here otherwise)."""
     assert w.channel_scales is not None, "a W4A8 weight needs its per-channel scales (Marlin-QQQ)"
-    acc = int8_gemm(x.codes, qqq_int8_weight(w)).to(torch.float32)
+    acc = int8_gemm(x.codes, qqq_int8_weight(w) if w8 is None else w8).to(torch.float32)
     return (acc * w.channel_scales.to(torch.float32)) * torch.tensor(x.scale, dtype=torch.float32)
 
 
