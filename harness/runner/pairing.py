@@ -163,5 +163,5 @@ def checkpoint_calibration(q: QuambaCheckpoint, depth: int) -> CalibrationResult
     prep = getattr(q, "prep", "quamba")
     return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path),
                                       "prep": getattr(q, "calibration_key", prep),
-                                      "scales": [s.as_dict() if prep == "quamba" else s.info() for s in scales],
+                                      "scales": [s.info() if hasattr(s, "info") else s.as_dict() for s in scales],
                                       "seconds": 0.0})
