@@ -3,7 +3,7 @@ code (the Marlin packing: tests/marlin_fixture.py, itself written out from quamb
 
 enyac-group/Quamba c474646: ``W4A8QMamba`` (quamba/qMambaLayer.py:512-645) keeps W8A8QMamba's QCausalConv1D,
 W8A8B8O8Linear dt_proj, QSScan and QHadamard, with W4A8B8O8Linear in_proj and x_proj and a W4A8B16O16Linear
-out_proj; ``W4A16QMamba`` (:230-345) keeps the fp16 model's conv1d, dt_proj (no bias), dt_proj_bias, A_log and D,
+out_proj; ``W4A16QMamba`` (:230-368) keeps the fp16 model's conv1d, dt_proj (no bias), dt_proj_bias, A_log and D,
 with W4A16B16O16Linear in_proj, x_proj and out_proj. The values are seeded random codes and scales: the tests
 use them to prove the harness runs the file's tensors as they are.
 """
@@ -42,8 +42,9 @@ def _w4a8_rest(sd: dict, i: int, g: torch.Generator) -> dict:
     sd[c + "weight"], sd[c + "bias"] = i8(E, D_CONV), i8(E)
     sd[c + "weight_scale"], sd[c + "bias_scale"] = _f16(rand(0.01, 0.05)), _f16(rand(0.001, 0.005))
     sd[c + "input_scale"], sd[c + "output_scale"] = s["xz"], s["u"]
-    # dt_proj: W8A8B8O8Linear.from_fp16(input_scale=x_proj:output, output_scale=dt_proj:output) (qMambaLayer.py:616-621):
-    # int8 [out, in] padded to 16 rows, stored transposed; a, b fp32 [1, 1]; alpha a Python float (qLinearLayer.py:565-592)
+    # dt_proj: W8A8B8O8Linear.from_fp16(input_scale=x_proj:output, output_scale=dt_proj:output) (qMambaLayer.py:
+    # 616-621): int8 [out, in] padded to 16 rows, stored transposed; a, b fp32 [1, 1]; alpha a Python float
+    # (qLinearLayer.py:565-592)
     s_w = _f16(rand(0.005, 0.02))
     sd[m + "dt_proj.weight"] = torch.cat([i8(E, R), torch.zeros((16 - E % 16) % 16, R, dtype=torch.int8)]).t()
     sd[m + "dt_proj.a"] = torch.tensor([[s["xp"] / s["dt"]]], dtype=torch.float32)
@@ -61,7 +62,7 @@ def _w4a8_rest(sd: dict, i: int, g: torch.Generator) -> dict:
 
 
 def _w4a16_rest(sd: dict, i: int, g: torch.Generator) -> None:
-    """The fp16 model's tensors W4A16QMamba.from_fp16 copies (qMambaLayer.py:333-344); the norm stays RMSNorm."""
+    """The fp16 model's tensors W4A16QMamba.from_fp16 copies (qMambaLayer.py:345-368); the norm stays RMSNorm."""
     p, m = f"backbone.layers.{i}.", f"backbone.layers.{i}.mixer."
     sd[p + "norm.weight"] = torch.ones(D_MODEL, dtype=torch.float16)     # folded (modelutils_mamba.py:55)
     sd[m + "conv1d.weight"] = (torch.randn(E, 1, D_CONV, generator=g) * 0.3).to(torch.float16)
@@ -104,7 +105,8 @@ def w4_mamba1_config(recipe: str) -> dict:
             "embedding_cfg": {"layer": "Embedding"}, "lm_head_cfg": {"layer": "Linear"}}
 
 
-def write_w4_mamba1(path: Path, recipe: str, sd: dict | None = None, config: dict | None = None) -> tuple[Path, dict, dict]:
+def write_w4_mamba1(path: Path, recipe: str, sd: dict | None = None,
+                    config: dict | None = None) -> tuple[Path, dict, dict]:
     """The directory, its state dict and the packed truth."""
     made, truth = w4_mamba1_state_dict(recipe)
     sd = made if sd is None else sd

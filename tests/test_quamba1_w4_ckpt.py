@@ -49,7 +49,8 @@ def test_the_mode_runs_from_the_checkpoint_without_calibration(recipe, ckpts, tm
 def test_pretrained_dir_and_model_name(recipe, ckpts, tmp_path):
     path = ckpts[recipe][0]
     out = tmp_path / "p.npz"
-    rc = run_cli(capture_main, ["--pretrained_dir", path.parent, "--model", path.name, "--modes", f"q2-{recipe.lower()}",
+    rc = run_cli(capture_main, ["--pretrained_dir", path.parent, "--model", path.name,
+                                "--modes", f"q2-{recipe.lower()}",
                                 "--output_file", out, "--seq_len", 8, "--quiet"])
     assert rc == 0
 
@@ -66,7 +67,8 @@ def test_w4a8_blocks_use_the_hand_packed_weights_and_stored_int8_tensors(ckpts):
             # in_proj's and x_proj's stored s_channel hold their output scale divided in (marlin_utils.py:254-256)
             assert torch.equal(lin.weight.codes, codes) and torch.equal(lin.weight.group_scales, packed["groups"])
             assert torch.equal(lin.weight.channel_scales, packed["channel"])
-        assert block.in_proj.scale == sd[m + "conv1d.input_scale"] and block.x_proj.scale == float(sd[m + "selective_scan.B_scale"])
+        assert block.in_proj.scale == sd[m + "conv1d.input_scale"]
+        assert block.x_proj.scale == float(sd[m + "selective_scan.B_scale"])
         assert torch.equal(block.conv1d.weight.codes, sd[m + "conv1d.weight"])
         assert block.conv1d.weight.scale == sd[m + "conv1d.weight_scale"]
         assert torch.equal(block.dt_proj.weight.codes, sd[m + "dt_proj.weight"].t()[:512])

@@ -1,7 +1,7 @@
 """Quamba2's W4A8 and W4A16 checkpoints of a Mamba-1 model: recognise, validate every key, read into what the
 q2-w4a8 / q2-w4a16 modes run on a Mamba-1 model (emulation.mamba1_w4), with no calibration and no GPTQ.
 
-enyac-group/Quamba c474646. ``quantize_fp16_model`` (quamba/modelutils_mamba.py:577-660) replaces each Mamba-1
+enyac-group/Quamba c474646. ``quantize_fp16_model`` (quamba/modelutils_mamba.py:579-667) replaces each Mamba-1
 block's norm and mixer and ``save_pretrained`` writes ``config.json`` with ``ssm_cfg.layer`` the mixer's class,
 ``norm_cfg.norm`` the norm's (modelutils_mamba.py:853-873) and ``pytorch_model.bin`` = ``torch.save(state_dict)``
 (quamba_mixer_seq.py:444-449). Per block (``backbone.layers.{i}.``):
@@ -12,16 +12,17 @@ block's norm and mixer and ``save_pretrained`` writes ``config.json`` with ``ssm
   279-311): ``workspace`` int32, ``weight`` int32 [K/16, 2N], ``input_scale`` fp32 [], ``s_channel`` fp32 [1, N],
   ``s_group`` fp16 [K/128, N], N the out-features padded to 64 (x_proj's dt_rank + 2 d_state too); in_proj's and
   x_proj's ``s_channel`` have their output scale divided in (marlin_utils.py:254-256).
-* ``W4A16QMamba`` (qMambaLayer.py:230-345), norm the fp16 ``RMSNorm`` (weight; the W4A16 norm is not replaced,
+* ``W4A16QMamba`` (qMambaLayer.py:230-368), norm the fp16 ``RMSNorm`` (weight; the W4A16 norm is not replaced,
   modelutils_mamba.py:569): in_proj, x_proj, out_proj ``W4A16B16O16Linear`` (qLinearLayer.py:13-38: workspace,
   weight, ``scale`` fp16 [K/128, N], N padded to 256), the fp16 model's ``conv1d.weight`` [E, 1, K] and bias,
-  ``dt_proj.weight`` [E, dt_rank] (no bias), the ``dt_proj_bias`` buffer, ``A_log``, ``D`` (:333-344, any float
+  ``dt_proj.weight`` [E, dt_rank] (no bias), the ``dt_proj_bias`` buffer, ``A_log``, ``D`` (:345-368, any float
   dtype: MambaSimple holds dt_proj_bias as fp32, qMambaLayer.py:63); ``Hadamard`` holds no state (qHadamard.py:41-47).
 
 The embedding and lm_head are read as Quamba1's (fp16 ``Embedding`` and ``Linear``); Quamba's W4O16Embedding and
-W4 lm_heads (modelutils_mamba.py:593-600, 640-650) are refused by name. Marlin's int4 packing groups 128
+W4 lm_heads (modelutils_mamba.py:590, 652, 657) are refused by name. Marlin's int4 packing groups 128
 in-features; a linear of 128 or fewer in-features is packed per channel (qLinearLayer.py:46, 319,
-marlin_utils.py:196-214), which the harness does not unpack: d_model and d_inner must be multiples of 128 above 128.
+marlin_utils.py:193-214, 233), which the harness does not unpack: d_model and d_inner must be multiples of 128
+above 128.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def m1w4_block_spec(d: ModelDims, i: int, recipe: str, conv_bias: bool = True) -
     if w4a8:  # W8A8QMamba's keys but the three Marlin-QQQ linears
         spec = {k: v for k, v in layer_spec(d, i, conv_bias).items() if not k[len(m):].startswith(
             tuple(n + "." for n in _LINEARS))}
-    else:  # the fp16 model's tensors (qMambaLayer.py:333-344)
+    else:  # the fp16 model's tensors (qMambaLayer.py:345-368)
         spec = {p + "norm.weight": (torch.float16, (d.d_model,)), m + "conv1d.weight": (FLOAT, (E, 1, d.d_conv)),
                 m + "dt_proj.weight": (FLOAT, (E, d.dt_rank)), m + "dt_proj_bias": (FLOAT, (E,)),
                 m + "A_log": (FLOAT, (E, d.d_state)), m + "D": (FLOAT, (E,))}
@@ -153,8 +154,10 @@ class Quamba1W4Checkpoint(QuambaCheckpoint):
         return LayerParams(
             norm_weight=norm_weight, conv_weight=q(c + "weight", c + "weight_scale"),
             conv_bias=q(c + "bias", c + "bias_scale") if c + "bias" in self._sd else None,
-            dt_proj=QTensor(self._get(m + "dt_proj.weight").t()[:d.d_inner].contiguous(), self._scalar(m + "dt_proj.b")),
-            dt_bias=q(s + "dt_bias", s + "dt_bias_scale"), A_log=q(s + "A_log", s + "A_scale"), D=q(s + "D", s + "D_scale"),
+            dt_proj=QTensor(self._get(m + "dt_proj.weight").t()[:d.d_inner].contiguous(),  # unpad, [out, in]
+                            self._scalar(m + "dt_proj.b")),
+            dt_bias=q(s + "dt_bias", s + "dt_bias_scale"), A_log=q(s + "A_log", s + "A_scale"),
+            D=q(s + "D", s + "D_scale"),
             **{k: QTensor(torch.zeros(sh, dtype=torch.int8), 1.0) for k, sh in shapes.items()})
 
     def int8_layer(self, i: int) -> LayerParams:
@@ -193,5 +196,6 @@ def open_quamba1_w4(path: Path | str) -> Quamba1W4Checkpoint:
             a, b = f"backbone.layers.{i}.{a}", f"backbone.layers.{i}.{b}"
             if float(sd[a]) != float(sd[b]):
                 raise ModelDirError(f"{f}: {a} = {float(sd[a])} and {b} = {float(sd[b])} must be equal "
-                                    f"(W4A8QMamba.from_fp16 stores one calibrated scale in both, qMambaLayer.py:593-645)")
+                                    f"(W4A8QMamba.from_fp16 stores one calibrated scale in both, "
+                                    f"qMambaLayer.py:593-645)")
     return Quamba1W4Checkpoint(path, cfg, sd, dims, kinds, recipe)
