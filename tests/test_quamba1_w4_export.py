@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
+from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main, main
+from harness.emulation.ops.marlin_rtn import rtn_int4
+from harness.runner.weightbank import WeightBank
 from helpers import run_cli
 from marlin_fixture import pack_given
 from quamba1_w4_fixture import w4_mamba1_config, w4_mamba1_state_dict
@@ -69,6 +72,13 @@ def test_the_exported_linears_are_the_gptq_codes_packed_as_quamba_packs_them(rec
             packed = pack_given(w[f"{name}.codes"], w[f"{name}.group_scales"], channel)
             for key, v in packed.items():
                 assert torch.equal(sd[f"{m}{name}.{key}"], v), (i, name, key)
+        # x_proj (not GPTQ'd): Marlin's round to nearest of the prepared fp16 weight (tests/test_mamba1_w4.py checks
+        # it against marlin_utils.py), its 48 out-features padded to 64 / 256 by the test's packing
+        x = rtn_int4(WeightBank(open_checkpoint(runs[1])).layer(i, "fp16", True, "quamba").x_proj, recipe == "w4a8")
+        channel = None if x.channel_scales is None else \
+            x.channel_scales / torch.tensor(float(sd[m + "selective_scan.B_scale"]), dtype=torch.float32)
+        for key, v in pack_given(x.codes, x.group_scales, channel).items():
+            assert torch.equal(sd[f"{m}x_proj.{key}"], v), (i, "x_proj", key)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -93,6 +103,22 @@ def test_round_trip_through_the_export_is_bit_identical(recipe, runs):
     pairing = json.loads(paired.with_name(paired.stem + "_stats.json").read_text())["provenance"]["model"]["pairing"]
     assert pairing["matched"] and pairing["identical"] == 1.0, pairing
     assert {"L1.x_proj", "L1.conv_weight", "L1.dt_proj", "L1.dt_bias", "L1.A_log", "L1.D"} <= set(pairing["per_tensor"])
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_decode_steps_from_the_export_are_bit_identical(recipe, runs):
+    """--decode: the prefill then the mode's steps (W4A8: int8 conv window and SSM state at the file's s_h)."""
+    root, f, cap, _ = runs
+    mode = f"q2-{recipe}"
+    args = ["--modes", mode, "--decode", 3, "--seq_len", 16, *cap[2:]]
+    a, b = root / f"{recipe}-dec-f.npz", root / f"{recipe}-dec-q.npz"
+    assert run_cli(capture_main, ["--model", f, "--output_file", a, *args]) == 0
+    assert run_cli(capture_main, ["--model", root / f"quamba-f-{recipe}", "--output_file", b, *args]) == 0
+    ref, got = np.load(a), np.load(b)
+    taps = [k for k in ref.files if k.startswith(f"mode_{mode}__decode.")]
+    assert len(taps) >= 20
+    for k in [k for k in ref.files if k.startswith(f"mode_{mode}__")]:
+        assert np.array_equal(ref[k], got[k]), k
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
