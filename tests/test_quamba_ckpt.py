@@ -306,7 +306,8 @@ def _config(**changes):
      "'backbone.layers.0.mixer.selective_scan.A_scale' is a float, expected an fp32 0-dim tensor"),
     (_mutate("backbone.layers.0.mixer.selective_scan.z_scale", lambda v: v * 2),
      "conv1d.input_scale"),
-    (_config(ssm_layer="W4A8QMamba"), "ssm_cfg.layer 'W4A8QMamba' (4-bit weights) is not supported; supported: Quamba1 W8A8"),
+    # read as Quamba2's W4A8 Mamba-1 checkpoint (checkpoints.quamba1_w4), whose Marlin linears need d_model > 128
+    (_config(ssm_layer="W4A8QMamba"), "d_model 24 (Marlin packs a linear of 128 or fewer in-features per channel"),
     (_config(ssm_layer="W8A8QMamba2"), "config.json (Quamba2): sizes must be positive"),  # read as Quamba2's
     (_config(is_hybrid=True), "a hybrid"),
     (_config(embedding_cfg={"layer": "W4O16Embedding"}), "embedding_cfg.layer 'W4O16Embedding' is not supported"),

@@ -55,6 +55,10 @@ def open_any_quamba(path: Path | str) -> QuambaCheckpoint:
         if is_w4_config(cfg):
             return open_quamba2_w4(path)
         return open_quamba2(path)
+    from .quamba1_w4 import is_mamba1_w4_config, open_quamba1_w4
+
+    if cfg is not None and is_mamba1_w4_config(cfg):  # Quamba2's W4A8QMamba / W4A16QMamba on Mamba-1
+        return open_quamba1_w4(path)
     ssm = cfg.get("ssm_cfg") if cfg is not None and isinstance(cfg.get("ssm_cfg"), dict) else {}
     layer = ssm.get("layer", "W8A8QMamba")
     if isinstance(layer, str) and layer not in _QUAMBA_MIXERS:  # quamba_mixer_seq.py:82-85

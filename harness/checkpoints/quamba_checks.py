@@ -18,7 +18,7 @@ import torch
 from .loading import ModelDirError, check_dims
 from ..spec import ModelDims
 
-__all__ = ["SUPPORTED", "unsupported", "config_dims", "check_blocks_present", "check_values"]
+__all__ = ["SUPPORTED", "unsupported", "config_dims", "mamba1_sizes", "check_blocks_present", "check_values"]
 
 SUPPORTED = ("Quamba1 W8A8 Mamba-1 checkpoints: ssm_cfg.layer W8A8QMamba, norm_cfg.norm QRMSNorm, "
              "embedding_cfg.layer Embedding or W8O16Embedding, lm_head_cfg.layer Linear or W8A8B16O16Linear")
@@ -85,8 +85,14 @@ def config_dims(path: Path | None, cfg: dict) -> tuple[ModelDims, dict]:
     if layer != "W8A8QMamba":
         raise unsupported(path, f"ssm_cfg.layer {layer!r} (4-bit weights)")
     kinds = w8a8_head_kinds(path, cfg, unsupported)
+    return mamba1_sizes(path, cfg, ssm, unsupported), kinds
+
+
+def mamba1_sizes(path: Path | None, cfg: dict, ssm: dict, refuse) -> ModelDims:
+    """config_dims's sizes of a Mamba-1 Quamba config (also Quamba2's W4 Mamba-1 checkpoints, checkpoints.quamba1_w4);
+    ``refuse(path, what)``: the caller's ModelDirError for an MLP or attention layer."""
     if _field(path, cfg, "d_intermediate", _INT, 0) != 0 or _field(path, cfg, "attn_layer_idx", "a list", None):
-        raise unsupported(path, "a checkpoint with MLP (d_intermediate) or attention layers")
+        raise refuse(path, "a checkpoint with MLP (d_intermediate) or attention layers")
     d_model = _field(path, cfg, "d_model", _INT)
     rank = ssm.get("dt_rank", "auto")
     if rank != "auto":
@@ -106,7 +112,7 @@ def config_dims(path: Path | None, cfg: dict) -> tuple[ModelDims, dict]:
                      dt_rank=-(-d_model // 16) if rank == "auto" else rank,  # ceil, exact for any int
                      n_layer=_field(path, cfg, "n_layer", _INT), vocab_size=vocab, norm_eps=float(eps))
     check_dims(path, dims)
-    return dims, kinds
+    return dims
 
 
 _BLOCK = re.compile(r"backbone\.layers\.(\d+)\.")

@@ -24,7 +24,8 @@ def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
          help="store lm_head as W8A8B16O16Linear and norm_f with its output scale (Quamba's --quantize_lm_head; "
               "one more calibration pass through every layer); default: fp16, as Quamba1")
     opt(p, "recipe", default="w8a8", choices=("w8a8", "w4a8", "w4a16"),
-        help="Quamba's recipe (a Mamba-2 model: Quamba2's w8a8, w4a8 or w4a16; a Mamba-1 model: w8a8)")
+        help="Quamba's recipe (a Mamba-2 model: Quamba2's w8a8, w4a8 or w4a16; a Mamba-1 model: Quamba1's w8a8, "
+             "Quamba2's w4a8 or w4a16)")
     g = p.add_argument_group("calibration (as for capture; the calibration cache is shared)")
     add_calibration_options(g)
     opt(p, "quiet", action="store_true", help="print only errors and the output directory")

@@ -287,8 +287,10 @@ def build_backbone(recipe: ModeRecipe, bank: WeightSource, scales: list[LayerSca
         blocks = [build_mamba2_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), dims, i)
                   for i in range(depth + 1)]
     elif recipe.weights == Weights.INT4:  # Mamba-1: Quamba2's W4A8QMamba / W4A16QMamba on Quamba1's preparation
-        blocks = [build_q2w4_mamba1_block(recipe, bank.layer(i, "fp16" if scales[i].scales is None else "int8", True,
-                                                             Prep.QUAMBA), scales[i], dims, i) for i in range(depth + 1)]
+        given = getattr(bank, "q2_given", lambda _i, _k: None)  # a W4 Mamba-1 checkpoint's own (checkpoints.quamba1_w4)
+        blocks = [build_q2w4_mamba1_block(recipe, p if (p := given(i, recipe.calibration_key)) is not None else
+                                          bank.layer(i, "fp16" if scales[i].scales is None else "int8", True,
+                                                     Prep.QUAMBA), scales[i], dims, i) for i in range(depth + 1)]
     else:
         blocks = [build_block(recipe.for_layer(i) if recipe.layers else recipe,
                               bank.layer(i, recipe.weights, rotate, recipe.prep), scales[i] if scales else None,

@@ -53,7 +53,7 @@ class ExportConfig:
     cache_dir: Path | None = None
     quantize_embedding: bool = False
     quantize_lm_head: bool = False
-    recipe: str = "w8a8"  # Quamba2's recipes for a Mamba-2 model (export_q2.Q2_RECIPES); Mamba-1: w8a8 only
+    recipe: str = "w8a8"  # Quamba2's recipes for a Mamba-2 model (export_q2.Q2_RECIPES); Mamba-1: also w4a8, w4a16
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -116,8 +116,9 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     if ckpt.dims.architecture == "mamba2" and cfg.recipe != "w8a8" and \
             (problem := check_q2w4_export(ckpt.dims, cfg.quantize_embedding, cfg.quantize_lm_head)):
         raise ExportError(f"--model {cfg.model} --recipe {cfg.recipe}: {problem}")
-    if ckpt.dims.architecture == "mamba1" and cfg.recipe != "w8a8":
-        raise ExportError(f"--recipe {cfg.recipe}: a Mamba-1 model is exported with Quamba1's W8A8 recipe; valid: w8a8")
+    if ckpt.dims.architecture == "mamba1" and cfg.recipe != "w8a8" and \
+            (problem := check_q2w4_export(ckpt.dims, cfg.quantize_embedding, cfg.quantize_lm_head)):
+        raise ExportError(f"--model {cfg.model} --recipe {cfg.recipe}: {problem}")
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
     tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
     tok_files = [tok_dir / n for n in TOKENIZER_FILES if is_regular(tok_dir / n, refuse_in(tok_dir / n))]  # copied
@@ -127,6 +128,15 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     if dims.architecture == "mamba2":  # Quamba2's W8A8 (runner.export_q2)
         write = export_q2_files if cfg.recipe == "w8a8" else export_q2w4_files  # W4: runner.export_q2w4
         _write_dir(out, tok_files, lambda tmp: write(cfg, ckpt, windows.ids, tmp, emit, progress), progress)
+        emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
+             f" and the tokenizer files")
+        return out
+    if cfg.recipe != "w8a8":  # Quamba2's W4A8QMamba / W4A16QMamba (runner.export_m1w4)
+        from .export_m1w4 import export_m1w4_files
+
+        config = _config(dims, dims.vocab_size, "Embedding", "Linear")
+        _write_dir(out, tok_files, lambda tmp: export_m1w4_files(cfg, ckpt, windows.ids, tmp, emit, progress, config),
+                   progress)
         emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
              f" and the tokenizer files")
         return out

@@ -24,6 +24,8 @@ from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir
 from ..checkpoints.quamba2 import open_any_quamba
 from ..store.files import is_regular
 from .weightbank import WeightBank
+from ..emulation.ops.marlin_rtn import rtn_int4
+from ..emulation.weights import int8_layer
 
 __all__ = ["Models", "open_models", "check_pair", "checkpoint_calibration", "needs_float", "PAIR_MIN_FRACTION"]
 
@@ -119,24 +121,23 @@ def needs_float(recipe, prep: str = "quamba", given=None) -> bool:
 
 def check_pair(models: Models, depth: int) -> dict:
     """Fraction of the checkpoint's weight codes (blocks 0..depth) within one code of the float model's; for a
-    Quamba2 checkpoint, the fraction of its channels and heads whose in_proj rows match the float model's exactly."""
+    Quamba2 checkpoint, the fraction of its channels and heads whose in_proj rows match the float model's exactly;
+    for a Quamba2 W4 checkpoint of a Mamba-1 model, the codes _m1w4_pairs compares."""
     if hasattr(models.quamba, "attach_float"):
         return _check_pair_q2(models, depth)
-    fields = ("in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj")
+    pairs = _m1w4_pairs if getattr(models.quamba, "weights", "int8") == "int4" else _w8a8_pairs
     within = total = exact = 0
     per_tensor = {}
     float_bank = WeightBank(models.float_ckpt)
     for i in range(depth + 1):
-        mine = models.bank.layer(i, "int8", True, "quamba")
-        ours = float_bank.layer(i, "int8", True, "quamba")  # the same preparation as the built-in int8 modes
-        for name in fields:
-            a, b = getattr(mine, name), getattr(ours, name)
-            if a is None or b is None:
-                continue
-            if a.codes.shape != b.codes.shape:
-                raise ModelDirError(f"layer {i} {name}: the checkpoint has shape {list(a.codes.shape)}, "
-                                    f"the float model {list(b.codes.shape)}")
-            d = (a.codes.to(torch.int16) - b.codes.to(torch.int16)).abs()
+        for name, (a, b) in pairs(models, float_bank, i).items():
+            if a.shape != b.shape:
+                raise ModelDirError(f"layer {i} {name}: the checkpoint has shape {list(a.shape)}, "
+                                    f"the float model {list(b.shape)}")
+            if a.is_floating_point():  # fp16 values (W4A16): equal or not
+                d = (a != b).to(torch.int16) * 2
+            else:
+                d = (a.to(torch.int16) - b.to(torch.int16)).abs()
             n_within, n = int((d <= 1).sum()), d.numel()
             within, total, exact = within + n_within, total + n, exact + int((d == 0).sum())
             per_tensor[f"L{i}.{name}"] = round(n_within / n, 6)
@@ -144,6 +145,33 @@ def check_pair(models: Models, depth: int) -> dict:
     return {"float_model": str(models.float_ckpt.path), "layers": list(range(depth + 1)), "codes": total,
             "within_one_code": round(fraction, 6), "identical": round(exact / total if total else 1.0, 6),
             "per_tensor": per_tensor, "matched": fraction >= PAIR_MIN_FRACTION}
+
+
+_FIELDS = ("in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj")
+
+
+def _w8a8_pairs(models: Models, float_bank: WeightBank, i: int) -> dict:
+    mine = models.bank.layer(i, "int8", True, "quamba")
+    ours = float_bank.layer(i, "int8", True, "quamba")  # the same preparation as the built-in int8 modes
+    return {n: (getattr(mine, n).codes, getattr(ours, n).codes) for n in _FIELDS
+            if getattr(mine, n) is not None and getattr(ours, n) is not None}
+
+
+def _m1w4_pairs(models: Models, float_bank: WeightBank, i: int) -> dict:
+    """A W4A8QMamba / W4A16QMamba checkpoint (checkpoints.quamba1_w4): x_proj's int4 codes against Marlin's round to
+    nearest of the float model's prepared fp16 weight (ops.marlin_rtn; GPTQ's in_proj and out_proj depend on the
+    calibration text and are not compared); W4A8 the int8 conv, dt_proj and scan codes against mode 0's, W4A16 the
+    fp16 conv, dt_proj and scan tensors against the prepared fp16 ones."""
+    q = models.quamba
+    w4a8 = q.recipe == "W4A8"
+    fp16 = float_bank.layer(i, "fp16", True, "quamba")
+    ours, mine = (int8_layer(fp16) if w4a8 else fp16), q.q2_params(i)
+    out = {"x_proj": (q.layer_scales(i).x_proj.codes, rtn_int4(fp16.x_proj, w4a8).codes)}
+    for n in _FIELDS[1:3] + _FIELDS[4:8]:
+        a, b = getattr(mine, n), getattr(ours, n)
+        if a is not None and b is not None:
+            out[n] = (a.codes, b.codes) if w4a8 else (a, b)
+    return out
 
 
 def _check_pair_q2(models: Models, depth: int) -> dict:
@@ -163,5 +191,5 @@ def checkpoint_calibration(q: QuambaCheckpoint, depth: int) -> CalibrationResult
     prep = getattr(q, "prep", "quamba")
     return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path),
                                       "prep": getattr(q, "calibration_key", prep),
-                                      "scales": [s.as_dict() if prep == "quamba" else s.info() for s in scales],
+                                      "scales": [s.info() if hasattr(s, "info") else s.as_dict() for s in scales],
                                       "seconds": 0.0})
