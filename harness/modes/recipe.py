@@ -91,9 +91,9 @@ class ModeRecipe:
 
     @property
     def architectures(self) -> tuple[str, ...]:
-        """The block architectures the recipe runs on: prep=quamba2 is Quamba2's W8A8 of Mamba-2 blocks only;
-        a recipe that quantizes otherwise, uses prep=quamba or number formats is Quamba1's Mamba-1 recipe;
-        float recipes run on both."""
+        """The block architectures the recipe runs on: prep=quamba2 is Quamba2's W8A8 of Mamba-2 blocks only, its
+        W4A8 and W4A16 run on both; a recipe that quantizes otherwise, uses prep=quamba or number formats is
+        Quamba1's Mamba-1 recipe; float recipes run on both."""
         if self.prep == Prep.QUAMBA2:  # the W4 recipes also run on Mamba-1, with prep=quamba (on_architecture)
             return ("mamba1", "mamba2") if self.weights == Weights.INT4 else ("mamba2",)
         if self.needs_calibration or self.prep == Prep.QUAMBA or self.has_formats:
@@ -103,7 +103,8 @@ class ModeRecipe:
     @property
     def calibration_key(self) -> str:
         """Which calibration the recipe reads (one per key in a run): its prep, or for Quamba2's int4 recipes
-        "quamba2-w4a8" (the W8A8 scales plus GPTQ on the reordered model) or "quamba2-w4a16" (GPTQ only)."""
+        "quamba2-w4a8" (the W8A8 scales plus GPTQ; on Mamba-2 of the reordered model) or "quamba2-w4a16" (GPTQ
+        only)."""
         if self.weights == Weights.INT4:  # prep=quamba2, or prep=quamba on Mamba-1 (on_architecture)
             return "quamba2-w4a8" if self.norm_out == Store.INT8 else "quamba2-w4a16"
         return str(self.prep)
