@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,14 +30,14 @@ from w4head_fixture import HEADS, VOCAB, add_w4_head
 RECIPES = ("W4A8", "W4A16")
 
 
-def _write(path, arch: str, recipe: str, edit=None):
+def _write(path, arch: str, recipe: str, edit=None, embedding: bool = True, head: bool = True):
     if arch == "mamba2":
         sd, _ = w4_state_dict([[recipe], [recipe]], vocab=VOCAB, size=0.01)
         cfg = w4_config([[recipe], [recipe]], vocab=VOCAB)
     else:
         sd, _ = w4_mamba1_state_dict(recipe)
         cfg = w4_mamba1_config(recipe)
-    truth = add_w4_head(sd, cfg, recipe)
+    truth = add_w4_head(sd, cfg, recipe, head=head) if embedding else {}
     if edit is not None:
         edit(sd, cfg)
     path.mkdir(parents=True, exist_ok=True)
@@ -75,6 +76,28 @@ def test_the_embedding_rows_are_the_int4_rows_the_harness_computes_from_the_fp16
     bank = open_models(path, None).bank
     looked_up = bank.embed(ids, True, torch.float16, _mode(arch, "W4A16").prep, "int4")
     assert torch.equal(looked_up, rows[ids].float())
+
+
+def test_the_stored_rows_run_as_embedding_int4_of_the_fp16_table(tmp_path):
+    """End to end (Mamba-2; the embedding knob is prep=quamba2's): the mode run from a W4O16Embedding checkpoint
+    computes, bit for bit, what the mode with embedding=int4 computes from the same checkpoint holding the fp16
+    table (every tap and the logits)."""
+    arch = "mamba2"
+    fp16, _, _ = _write(tmp_path / "fp16", arch, "W4A16", embedding=False)
+    w4, _, _ = _write(tmp_path / "w4", arch, "W4A16", head=False)
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"modes": {"q2-e": {"base": "q2-w4a16", "embedding": "int4"}}}))
+    common = ["--layers", "all", "--end-to-end", "--seq_len", 10, "--taps", "all", "--quiet",
+              "--calib_file", tmp_path / "absent.txt"]
+    assert run_cli(capture_main, ["--model", fp16, "--modes", "q2-e", "--modes_file", f, *common,
+                                  "--output_file", tmp_path / "a.npz"]) == 0
+    assert run_cli(capture_main, ["--model", w4, "--modes", "q2-w4a16", *common,
+                                  "--output_file", tmp_path / "b.npz"]) == 0
+    ours, theirs = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    keys = [k for k in ours.files if k.startswith("mode_q2-e__")]
+    assert len(keys) > 10 and "mode_q2-e__logits" in keys
+    for k in keys:
+        assert np.array_equal(ours[k], theirs[k.replace("mode_q2-e__", "mode_q2-w4a16__")]), k
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1"])

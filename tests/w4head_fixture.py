@@ -29,15 +29,19 @@ def quamba_w4_embedding(embed_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return torch.from_numpy(packed).to(torch.int32), scales.flatten().to(torch.float16)
 
 
-def add_w4_head(sd: dict, cfg: dict, recipe: str, seed: int = 1, input_scale: float = 0.03) -> dict:
+def add_w4_head(sd: dict, cfg: dict, recipe: str, seed: int = 1, input_scale: float = 0.03, head: bool = True) -> dict:
     """Replace sd's fp16 embedding and lm_head (in place) by a W4O16Embedding of the same fp16 table and a seeded
-    W4 lm_head; cfg's embedding_cfg / lm_head_cfg likewise (modelutils_mamba.py:865-866). Returns the truth:
-    the fp16 table, the head's codes, group scales and (W4A8) channel scales."""
+    W4 lm_head (head False: the fp16 lm_head kept); cfg's embedding_cfg / lm_head_cfg likewise
+    (modelutils_mamba.py:865-866). Returns the truth: the fp16 table, the head's codes, group scales and (W4A8)
+    channel scales."""
     g = torch.Generator().manual_seed(seed)
     table = sd["backbone.embedding.weight"]
     vocab, d_model = table.shape
     weight, scales = quamba_w4_embedding(table)
     sd["backbone.embedding.weight"], sd["backbone.embedding.scales"] = weight, scales
+    cfg["embedding_cfg"] = {"layer": "W4O16Embedding"}
+    if not head:
+        return {"table": table}
     del sd["lm_head.weight"]
     codes = torch.randint(0, 16, (vocab, d_model), generator=g).to(torch.uint8)
     # W4A8's s_group is s / s_channel, around 127 / 7 (marlin_utils.py:184-192): its int8 weights span [-128, 127]
@@ -48,5 +52,5 @@ def add_w4_head(sd: dict, cfg: dict, recipe: str, seed: int = 1, input_scale: fl
     if recipe == "W4A8":  # QRMSNorm.from_fp16(output_scale=lm_head:input.item()) and the head's input_scale tensor
         s = torch.tensor(input_scale, dtype=torch.float32)
         sd["backbone.norm_f.output_scale"], sd["lm_head.input_scale"] = s.item(), s
-    cfg["embedding_cfg"], cfg["lm_head_cfg"] = {"layer": "W4O16Embedding"}, {"layer": HEADS[recipe]}
+    cfg["lm_head_cfg"] = {"layer": HEADS[recipe]}
     return {"table": table, "codes": codes, "groups": groups, "channel": channel}
