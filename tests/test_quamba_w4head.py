@@ -181,3 +181,23 @@ def test_a_malformed_w4_head_is_exit_2_naming_the_key(arch, recipe, edit, messag
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_head_in_vocabulary_slices_is_the_whole_gemm(recipe, ckpts):
+    """emulation.q2_head.w4_lm_head_logits runs the head `rows` out-features at a time: any slicing (here one
+    that does not divide the vocabulary) gives the single GEMM's logits bit for bit."""
+    from harness.emulation.q2_head import w4_lm_head_logits
+    from harness.spec import QTensor
+
+    truth = ckpts[("mamba2", recipe)][2]
+    w = Int4Weight(truth["codes"], truth["groups"], truth["channel"])
+    g = torch.Generator().manual_seed(7)
+    if recipe == "W4A8":
+        x = QTensor(torch.randint(-128, 128, (2, 3, 256), generator=g, dtype=torch.int8), 0.03)
+        whole = w4a8_linear(x, w, False)
+    else:
+        x = torch.randn(2, 3, 256, generator=g).to(torch.float16).float()
+        whole = w4a16_linear(x, w)
+    assert torch.equal(w4_lm_head_logits(x, w, rows=1000), whole)
+    assert whole.shape == (2, 3, VOCAB)
