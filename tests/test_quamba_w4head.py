@@ -201,3 +201,17 @@ def test_the_head_in_vocabulary_slices_is_the_whole_gemm(recipe, ckpts):
         whole = w4a16_linear(x, w)
     assert torch.equal(w4_lm_head_logits(x, w, rows=1000), whole)
     assert whole.shape == (2, 3, VOCAB)
+
+
+@pytest.mark.parametrize("d_model, headdim, message", [
+    (192, 32, "W4A16B16O16Linear lm_head needs d_model a multiple of 128 above 128"),
+    (200, 25, "W4O16Embedding needs d_model a multiple of 32")])
+def test_a_width_marlin_or_the_lookup_kernel_cannot_take_is_named(d_model, headdim, message, tmp_path):
+    from harness.checkpoints.loading import ModelDirError
+
+    def edit(sd, cfg):
+        cfg["d_model"], cfg["ssm_cfg"]["headdim"] = d_model, headdim
+
+    path, _, _ = _write(tmp_path / "w", "mamba2", "W4A16", edit=edit)
+    with pytest.raises(ModelDirError, match=message):
+        open_any_quamba(path)
