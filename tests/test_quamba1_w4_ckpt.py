@@ -161,8 +161,8 @@ def _config(recipe, **changes):
     (_config("W4A8", d_model=192), "d_model 192 (Marlin packs"),
     (_config("W4A8", norm_cfg={"norm": "RMSNorm"}), "norm_cfg.norm 'RMSNorm' with W4A8QMamba is not supported"),
     (_config("W4A16", norm_cfg={"norm": "QRMSNorm"}), "norm_cfg.norm 'QRMSNorm' with W4A16QMamba is not supported"),
-    (_config("W4A8", embedding_cfg={"layer": "W4O16Embedding"}), "embedding_cfg.layer 'W4O16Embedding'"),
-    (_config("W4A16", lm_head_cfg={"layer": "W4A16B16O16Linear"}), "lm_head_cfg.layer 'W4A16B16O16Linear'"),
+    (_config("W4A8", embedding_cfg={"layer": "W8O16Embedding"}), "embedding_cfg.layer 'W8O16Embedding'"),
+    (_config("W4A16", lm_head_cfg={"layer": "W4A8B16O16Linear"}), "lm_head_cfg.layer 'W4A8B16O16Linear'"),
     (_config("W4A8", d_intermediate=64), "a checkpoint with MLP (d_intermediate) or attention layers"),
 ], ids=["d128", "d192", "norm8", "norm16", "embedding", "lm_head", "mlp"])
 def test_an_unsupported_config_is_named(cfg, message, tmp_path):

@@ -18,9 +18,9 @@ block's norm and mixer and ``save_pretrained`` writes ``config.json`` with ``ssm
   ``dt_proj.weight`` [E, dt_rank] (no bias), the ``dt_proj_bias`` buffer, ``A_log``, ``D`` (:345-368, any float
   dtype: MambaSimple holds dt_proj_bias as fp32, qMambaLayer.py:63); ``Hadamard`` holds no state (qHadamard.py:41-47).
 
-The embedding and lm_head are read as Quamba1's (fp16 ``Embedding`` and ``Linear``); Quamba's W4O16Embedding and
-W4 lm_heads (modelutils_mamba.py:590, 652, 657) are refused by name. Marlin's int4 packing groups 128
-in-features; a linear of 128 or fewer in-features is packed per channel (qLinearLayer.py:46, 319,
+The embedding and lm_head: fp16 ``Embedding`` and ``Linear`` (read as Quamba1's), or Quamba's W4O16Embedding and
+the recipe's W4 lm_head (modelutils_mamba.py:590, 652, 657), checked and read by checkpoints.quamba_w4head.
+Marlin's int4 packing groups 128 in-features; a linear of 128 or fewer in-features is packed per channel (qLinearLayer.py:46, 319,
 marlin_utils.py:193-214, 233), which the harness does not unpack: d_model and d_inner must be multiples of 128
 above 128.
 """
@@ -31,9 +31,10 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError
-from .quamba import QuambaCheckpoint, _top_spec, check_spec, layer_spec
+from .quamba import QuambaCheckpoint, check_spec, layer_spec
 from .quamba2_w4 import FLOAT, _check_marlin, _marlin, _ok, _what, load_w4
 from .quamba_checks import _field, _layer_kind, check_blocks_present, check_values, mamba1_sizes
+from .quamba_w4head import W4HeadMixin, check_w4_top, w4_head_kinds
 from ..emulation.mamba1_w4 import Q1W4Layer
 from ..emulation.ops.int4 import Int4Weight
 from ..emulation.ops.marlin import unpack_marlin, unpack_marlin_qqq
@@ -45,8 +46,8 @@ __all__ = ["Quamba1W4Checkpoint", "is_mamba1_w4_config", "open_quamba1_w4", "m1w
 MIXERS = {"W4A8QMamba": "W4A8", "W4A16QMamba": "W4A16"}
 _NORM = {"W4A8": "QRMSNorm", "W4A16": "RMSNorm"}  # modelutils_mamba.py:516-572
 SUPPORTED_M1W4 = ("Quamba2 W4 Mamba-1 checkpoints: ssm_cfg.layer W4A8QMamba (norm_cfg.norm QRMSNorm) or W4A16QMamba "
-                  "(RMSNorm), embedding_cfg.layer Embedding, lm_head_cfg.layer Linear, d_model and d_inner multiples "
-                  "of 128 above 128")
+                  "(RMSNorm), embedding_cfg.layer Embedding or W4O16Embedding, lm_head_cfg.layer Linear or the "
+                  "recipe's W4A8B16O16Linear / W4A16B16O16Linear, d_model and d_inner multiples of 128 above 128")
 _LINEARS = ("in_proj", "x_proj", "out_proj")
 # scales W4A8QMamba.from_fp16 stores twice from one calibrated value (qMambaLayer.py:593-645, qSelectiveScan.py:131-132)
 _SAME = (("mixer.conv1d.input_scale", "mixer.selective_scan.z_scale"),
@@ -72,12 +73,9 @@ def m1w4_config(path: Path, cfg: dict) -> tuple[ModelDims, str, dict]:
     layer = ssm["layer"]
     recipe = MIXERS[layer]
     norm = _layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
-    kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),
-             "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}
-    for what, got, want in (("norm_cfg.norm", norm, _NORM[recipe]), ("embedding_cfg.layer", kinds["embedding"],
-                            "Embedding"), ("lm_head_cfg.layer", kinds["lm_head"], "Linear")):
-        if got != want:
-            raise _refuse(path, f"{what} {got!r} with {layer}")
+    if norm != _NORM[recipe]:
+        raise _refuse(path, f"norm_cfg.norm {norm!r} with {layer}")
+    kinds = w4_head_kinds(path, cfg, recipe, _refuse)
     dims = mamba1_sizes(path, cfg, ssm, _refuse)
     for name, k in (("d_model", dims.d_model), ("d_inner (expand * d_model)", dims.d_inner)):
         if k % 128 or k <= 128:
@@ -104,7 +102,7 @@ def m1w4_block_spec(d: ModelDims, i: int, recipe: str, conv_bias: bool = True) -
     return spec
 
 
-class Quamba1W4Checkpoint(QuambaCheckpoint):
+class Quamba1W4Checkpoint(W4HeadMixin, QuambaCheckpoint):
     """A validated W4A8QMamba or W4A16QMamba directory (module docstring): prep=quamba (Quamba2 prepares a Mamba-1
     model as Quamba1 does, modes.ModeRecipe.on_architecture), ``weights`` "int4", ``calibration_key`` the
     calibration of the q2-w4a8 or q2-w4a16 mode it replaces."""
@@ -181,9 +179,7 @@ def open_quamba1_w4(path: Path | str) -> Quamba1W4Checkpoint:
         raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
     check_blocks_present(f, sd, dims.n_layer)
     conv_bias = "backbone.layers.0.mixer.conv1d.bias" in sd
-    top = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
-    check_spec(f, sd, top, SUPPORTED_M1W4)
-    check_values(f, sd, top)
+    check_w4_top(path, f, sd, dims, kinds, recipe, SUPPORTED_M1W4)
     w4a8 = recipe == "W4A8"
     for i in range(dims.n_layer):
         spec = m1w4_block_spec(dims, i, recipe, conv_bias)

@@ -14,10 +14,11 @@ Channel order: W4A16 is not reordered (modelutils_mamba.py:820-825), its order i
 stored reordered like W8A8; with the float model the order is recovered (checkpoints.quamba2_order.recover_order_w4),
 without it the taps come in the checkpoint's order.
 
-Refused by name: hybrid W4AX checkpoints (their embedding is hard-wired to W4O16Embedding, norm_f to QRMSNorm and
-lm_head to W4A8B16O16Linear, quamba_mixer_seq.py:201, 239, 408-409, which the harness does not read; and which
-mixer of a layer runs is chosen at run time, qBlock.py:60-77, quamba_mixer_seq.py:162-173, not stored), W4
-embeddings and lm_heads.
+The embedding and lm_head: fp16, or what --quantize_embedding / --quantize_lm_head write (W4O16Embedding, the
+recipe's W4A16B16O16Linear or W4A8B16O16Linear head), checked and read by checkpoints.quamba_w4head.
+
+Refused by name: hybrid W4AX checkpoints (which mixer of a layer runs is chosen at run time, qBlock.py:60-77,
+quamba_mixer_seq.py:162-173, not stored).
 """
 from __future__ import annotations
 
@@ -26,17 +27,19 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError
-from .quamba import _read_config, _top_spec, check_spec
+from .quamba import _read_config
 from .quamba2 import Quamba2Checkpoint
 from .quamba2_w4 import W4_MIXERS, W4Block, check_w4_blocks, load_w4, w4_plan
-from .quamba_checks import _layer_kind, check_values
+from .quamba_checks import _layer_kind
+from .quamba_w4head import W4HeadMixin, check_w4_top, w4_head_kinds
 from ..emulation.mamba2_q2w4 import Q2W4Layer
 from ..emulation.weights_mamba2 import Mamba2Params
 
 __all__ = ["Quamba2W4Checkpoint", "open_quamba2_w4", "is_w4_config", "SUPPORTED_W4"]
 
 SUPPORTED_W4 = ("Quamba2 W4 checkpoints: ssm_cfg.layer W4A8QMamba2 (norm_cfg.norm QRMSNorm) or W4A16QMamba2 "
-                "(RMSNorm), embedding_cfg.layer Embedding, lm_head_cfg.layer Linear, not hybrid")
+                "(RMSNorm), embedding_cfg.layer Embedding or W4O16Embedding, lm_head_cfg.layer Linear or the "
+                "recipe's W4A8B16O16Linear / W4A16B16O16Linear, not hybrid")
 _NORM = {"W4A8": "QRMSNorm", "W4A16": "RMSNorm"}  # modelutils_mamba.py:516-572
 
 
@@ -46,7 +49,7 @@ def is_w4_config(cfg: dict) -> bool:
     return bool(cfg.get("is_hybrid")) or isinstance(layer, list) or layer in W4_MIXERS
 
 
-class Quamba2W4Checkpoint(Quamba2Checkpoint):
+class Quamba2W4Checkpoint(W4HeadMixin, Quamba2Checkpoint):
     """A validated W4A8 or W4A16 directory (module docstring); ``prep`` is the recipe prep whose blocks it
     holds, ``weights`` "int4", ``calibration_key`` the calibration it replaces."""
 
@@ -118,15 +121,18 @@ class Quamba2W4Checkpoint(Quamba2Checkpoint):
                 "int4": "Marlin" + ("-QQQ" if self.recipe == "W4A8" else "") + " unpacked (emulation.ops.marlin)"}
 
 
+def _refuse(path: Path, what: str) -> ModelDirError:
+    return ModelDirError(f"{path}: {what} is not supported; supported: {SUPPORTED_W4}")
+
+
 def _refuse_hybrid(path: Path, table) -> None:
     """table: ssm_cfg.layer (a list of {recipe: class} per layer, or whatever the config holds)."""
     layers = "; ".join(f"layer {i}: {'+'.join(m) if isinstance(m, dict) else repr(m)}" for i, m in enumerate(table)) \
         if isinstance(table, list) else f"ssm_cfg.layer {table!r}"
     raise ModelDirError(
-        f"{path}: a hybrid W4AX checkpoint ({layers}) is not supported: Quamba's hybrid model has a W4O16Embedding, a "
-        f"QRMSNorm norm_f and a W4A8B16O16Linear lm_head (quamba_mixer_seq.py:201, 239, 408-409), which the harness "
-        f"does not read, and which mixer each layer runs is chosen at run time (qBlock.py:60-77), not stored; "
-        f"supported: {SUPPORTED_W4}")
+        f"{path}: a hybrid W4AX checkpoint ({layers}) is not supported: Quamba's hybrid model (a W4O16Embedding, a "
+        f"QRMSNorm norm_f and a W4A8B16O16Linear lm_head, quamba_mixer_seq.py:201, 239, 408-409) chooses which mixer "
+        f"each layer runs at run time (qBlock.py:60-77); that choice is not stored; supported: {SUPPORTED_W4}")
 
 
 def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
@@ -144,15 +150,9 @@ def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
         raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
     recipe = plan[0][0][0]
     norm = _layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
-    kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),
-             "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}
-    for what, got, want in (("norm_cfg.norm", norm, _NORM[recipe]), ("lm_head_cfg.layer", kinds["lm_head"], "Linear"),
-                            ("embedding_cfg.layer", kinds["embedding"], "Embedding")):
-        if got != want:
-            raise ModelDirError(f"{path}: {what} {got!r} with {recipe}QMamba2 is not supported; "
-                                f"supported: {SUPPORTED_W4}")
-    top = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
-    check_spec(f, sd, top, SUPPORTED_W4)
-    check_values(f, sd, top)
+    if norm != _NORM[recipe]:
+        raise _refuse(path, f"norm_cfg.norm {norm!r} with {recipe}QMamba2")
+    kinds = w4_head_kinds(path, cfg, recipe, _refuse)
+    check_w4_top(path, f, sd, dims, kinds, recipe, SUPPORTED_W4)
     dims, blocks = check_w4_blocks(path, cfg, sd, f)
     return Quamba2W4Checkpoint(path, cfg, sd, dims, kinds, [layer[recipe] for layer in blocks])

@@ -13,15 +13,21 @@ product is the fp16 multiply.
 lm_head W8A8 (modelutils_mamba.py:649-655): norm_f becomes QRMSNorm at the lm_head:input scale and lm_head
 W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785): per-tensor absmax int8 weight (ops.quant.quantize_weight_fp16),
 alpha = (f32(s_w) * s_in).item(), an int8 GEMM times alpha, fp16 output (runner.head.Head).
+
+lm_head W4 (a checkpoint's W4A16B16O16Linear or W4A8B16O16Linear, checkpoints.quamba_w4head): the Marlin / Marlin-QQQ
+GEMM of ops.q2_w4 on norm_f's fp16 output (W4A16) or its int8 codes at the lm_head:input scale (W4A8), fp16 logits;
+``w4_lm_head_logits`` runs it a slice of the vocabulary at a time (the output rows are independent).
 """
 from __future__ import annotations
 
 import torch
 
 from ..spec import QTensor
+from .ops.int4 import Int4Weight
+from .ops.q2_w4 import w4a8_linear, w4a16_linear
 from .ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16, round_half_even, round_to_dtype
 
-__all__ = ["quantize_rows_int4_fp16", "quantized_rows", "w8a8_lm_head"]
+__all__ = ["quantize_rows_int4_fp16", "quantized_rows", "w8a8_lm_head", "w4_lm_head_logits"]
 
 _INT4_ZERO = 8  # 2**(num_bits - 1) (qEmbedding.py:34)
 
@@ -56,3 +62,14 @@ def w8a8_lm_head(w_fp16: torch.Tensor, s_in: float) -> tuple[QTensor, float]:
     """W8A8B16O16Linear.from_fp16 of the (vocab, d_model) fp16 head at input scale s_in: (int8 weight, alpha)."""
     w = quantize_weight_fp16(w_fp16)
     return w, (torch.tensor(w.scale, dtype=torch.float32) * s_in).item()
+
+
+def w4_lm_head_logits(x: torch.Tensor | QTensor, w: Int4Weight, rows: int = 8192) -> torch.Tensor:
+    """(..., d_model) norm_f output -> (..., vocab) fp32 holding fp16 logits: W4A16 (w without channel scales, x fp16
+    values) or W4A8 (x a QTensor of int8 codes at the lm_head:input scale), `rows` output rows at a time."""
+    parts = []
+    for a in range(0, w.shape[0], rows):
+        part = Int4Weight(w.codes[a:a + rows], w.group_scales[a:a + rows],
+                          None if w.channel_scales is None else w.channel_scales[a:a + rows], w.group_size)
+        parts.append(w4a8_linear(x, part, False) if isinstance(x, QTensor) else w4a16_linear(x, part))
+    return torch.cat(parts, dim=-1)

@@ -13,7 +13,8 @@ from ..emulation.build import act_dtype
 from ..emulation.modules import EmuRMSNorm
 from ..emulation.ops.linear import float_linear, int8_gemm
 from ..emulation.ops.quant import dequantize, round_to_dtype, to_output
-from ..emulation.q2_head import w8a8_lm_head
+from ..emulation.ops.int4 import Int4Weight
+from ..emulation.q2_head import w4_lm_head_logits, w8a8_lm_head
 from ..modes import LmHead, ModeRecipe, Rotate, Weights
 from ..runtime.memory import release_freed
 from ..spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
@@ -30,16 +31,20 @@ class Head(nn.Module):
     with its weight, lm_head in the recipe's weight dtype (fp16 for int8 weights), output rounded
     to act_dtype. Rotated recipes fold norm_f's weight into lm_head and rotate it (as the blocks,
     modelutils_mamba.py:64-70). A Quamba checkpoint's W8A8B16O16Linear lm_head: norm_f output
-    quantized at its output scale (RNE), int8 GEMM, times the stored fp32 alpha, fp16 output.
+    quantized at its output scale (RNE), int8 GEMM, times the stored fp32 alpha, fp16 output. A Quamba2 W4
+    checkpoint's W4A16B16O16Linear / W4A8B16O16Linear (an Int4Weight): the Marlin GEMM (emulation.q2_head).
     """
 
-    def __init__(self, norm: EmuRMSNorm, weight: torch.Tensor | QTensor, out: FloatOut, alpha: float | None = None):
+    def __init__(self, norm: EmuRMSNorm, weight: torch.Tensor | QTensor | Int4Weight, out: FloatOut,
+                 alpha: float | None = None):
         super().__init__()
         self.norm, self.weight, self.out, self.alpha = norm, weight, out, alpha
 
     @torch.no_grad()
     def forward(self, residual: torch.Tensor) -> torch.Tensor:
         x = self.norm(residual)
+        if isinstance(self.weight, Int4Weight):
+            return w4_lm_head_logits(x, self.weight)
         if isinstance(self.weight, QTensor):
             acc = int8_gemm(x.codes, self.weight.codes).to(torch.float32)
             return to_output(torch.tensor(self.alpha, dtype=torch.float32) * acc, self.out)
@@ -99,7 +104,7 @@ def build_head(recipe: ModeRecipe, bank: WeightBank, head_scale: float | None = 
                     FloatOut(torch.float16), alpha)
     if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
         weight, s_in, alpha = bank.given.lm_head()
-        if isinstance(weight, QTensor):
+        if s_in is not None:  # W8A8B16O16Linear, W4A8B16O16Linear
             # QRMSNorm: rint (half even) at the output scale (qNorm.py:38-39, spec notes §2.6 step 1)
             return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(s_in, Rounding.HALF_EVEN)), weight,
                         FloatOut(torch.float16), alpha)
