@@ -55,7 +55,8 @@ M = "backbone.layers.1.mixer."
 BAD = {
     "missing s_channel": (_bad(lambda sd, c: sd.pop(M + "in_proj.s_channel")), "in_proj.s_channel' is missing"),
     "packed weight shape": (_bad(lambda sd, c: sd.__setitem__(M + "out_proj.weight", sd[M + "out_proj.weight"][:, :64])),
-                            "out_proj.weight' is a int32 tensor of shape [32, 64]"),
+                            "out_proj.weight' is a int32 tensor of shape [32, 64], expected a int32 tensor of shape "
+                            "[32, 512]"),
     "negative group scale": (_bad(lambda sd, c: sd[M + "in_proj.s_group"].__setitem__((0, 0), -1.0)),
                              "in_proj.s_group' holds 1 group scales"),
     "zero channel scale": (_bad(lambda sd, c: sd[M + "out_proj.s_channel"].__setitem__((0, 0), 0.0)),
@@ -63,7 +64,8 @@ BAD = {
     "NaN input scale": (_bad(lambda sd, c: sd.__setitem__(M + "in_proj.input_scale", torch.tensor(math.nan))),
                         "in_proj.input_scale' is nan"),
     "W4A16 float tensor as int": (_bad(lambda sd, c: sd.__setitem__(M + "D", torch.ones(8, dtype=torch.int8)),
-                                       (("W4A16",), ("W4A16",))), "'backbone.layers.1.mixer.D' is a int8 tensor"),
+                                       (("W4A16",), ("W4A16",))),
+                                  "'backbone.layers.1.mixer.D' is a int8 tensor of shape [8], expected a floating-point tensor"),
     "hybrid class mismatch": (_bad(lambda sd, c: c["ssm_cfg"]["layer"][1].update(W4A8="W4A16QMamba2"),
                                    (("W4A8",), ("W4A8",)), True), "layer 1: ssm_cfg.layer"),
     "hybrid list length": (_bad(lambda sd, c: c["norm_cfg"]["norm"].pop(), (("W4A8",), ("W4A8",)), True),
