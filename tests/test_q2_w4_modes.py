@@ -126,18 +126,19 @@ def test_w4a16_block_runs_the_marlin_linears(model):
 
 def test_gptq_cache_is_reused_and_a_bad_file_recomputed(model, tmp_path, caplog):
     bank, windows = model
-    first = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a16")
-    again = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a16")
+    cache = tmp_path / "cache" / "gptq"  # made on first use, with its parent
+    first = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
+    again = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
     assert first.info["source"] == "computed" and again.info["source"] == "reused"
     for x, y in zip(first.scales, again.scales):
         assert torch.equal(x.in_proj.codes, y.in_proj.codes) and torch.equal(x.out_proj.group_scales, y.out_proj.group_scales)
-    path = sorted(tmp_path.glob("gptq-*.npz"))[0]
+    path = sorted(cache.glob("gptq-*.npz"))[0]
     with np.load(path) as f:
         arrays = {k: f[k] for k in f.files}
     arrays["in_proj.codes"] = arrays["in_proj.codes"].copy()
     arrays["in_proj.codes"][0, 0] ^= 1
     np.savez(path, **arrays)
-    third = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a16")
+    third = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
     assert third.info["source"] == "recomputed" and "checksum" in third.info["reason"]
     assert torch.equal(third.scales[0].in_proj.codes, first.scales[0].in_proj.codes)
 
