@@ -193,3 +193,25 @@ def test_w4a8_cache_keeps_the_channel_scales(model, tmp_path):
         x, y = getattr(first.scales[0], part), getattr(again.scales[0], part)
         assert torch.equal(x.channel_scales, y.channel_scales) and torch.equal(x.group_scales, y.group_scales)
     assert again.scales[0].scales.s_in == first.scales[0].scales.s_in
+
+
+def test_w4a8_calibration_shows_its_w8a8_and_gptq_phases(model):
+    """q2-w4a8's calibration is W8A8's, then GPTQ of the reordered model: both phases reach the run's progress
+    (the display, and the line printed on interruption)."""
+    from harness.runtime.guard import Progress
+
+    bank, windows = model
+    seen = []
+
+    class Display:
+        def begin(self, phase, total, unit, estimate):
+            seen.append(phase.split(" (")[0])
+
+        def advance(self, n):
+            pass
+
+        def end(self, status):
+            pass
+
+    calibrate(bank, windows, SETTINGS, 1, ["a", "b"], None, "quamba2-w4a8", progress=Progress(Display()))
+    assert seen == ["calibrating", "GPTQ"]
