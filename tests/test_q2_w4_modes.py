@@ -197,21 +197,22 @@ def test_w4a8_cache_keeps_the_channel_scales(model, tmp_path):
 
 def test_w4a8_calibration_shows_its_w8a8_and_gptq_phases(model):
     """q2-w4a8's calibration is W8A8's, then GPTQ of the reordered model: both phases reach the run's progress
-    (the display, and the line printed on interruption)."""
+    (the display, and the line printed on interruption), each with its whole number of steps, every one advanced:
+    6 windows in batches of 4 are 2 batches, twice (two passes); GPTQ goes layer by layer."""
     from harness.runtime.guard import Progress
 
     bank, windows = model
-    seen = []
+    seen = []  # [phase, total, steps advanced]
 
     class Display:
         def begin(self, phase, total, unit, estimate):
-            seen.append(phase.split(" (")[0])
+            seen.append([phase.split(" (")[0], total, 0])
 
         def advance(self, n):
-            pass
+            seen[-1][2] += n
 
         def end(self, status):
             pass
 
     calibrate(bank, windows, SETTINGS, 1, ["a", "b"], None, "quamba2-w4a8", progress=Progress(Display()))
-    assert seen == ["calibrating", "GPTQ"]
+    assert seen == [["calibrating", 4, 4], ["GPTQ", 2, 2]]
