@@ -169,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants run killed ({_pct(killed / scored)}; "
                        f"95 % interval {_pct(lo)} to {_pct(hi)}).")
     out += ["", "## Surviving mutants and verdicts", "",
-            "Every mutant that survived (now, or in an earlier run) with its verdict: the test added for it, "
-            "or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
+            "Every mutant of the present code that survived (now, or in an earlier run) with its verdict: the test "
+            "for it, or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
     for m in MODULES:
         names = set(counts.get(m, {}).get("survivors", [])) | set((baseline.get(m) or {}).get("survivors", []))
-        names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in results.get(m, {})}
-        mine = results.get(m, {})
+        mine = results.get(m) or statuses(m) or {}  # a module none of whose mutants ran: all "not in this run"
+        names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in mine}
+        names &= set(mine)  # a mutant of code since edited or moved is gone: not a survivor of this code
         not_run = {n for n in names if mine.get(n, "gone") in UNCHECKED}  # survivors of an earlier run
         if not names:
             continue
