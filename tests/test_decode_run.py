@@ -101,7 +101,4 @@ def test_a_rotated_basis_run_checks_consistency_in_the_original_basis(decoded, t
                                   "--end-to-end", "--basis", "rotated", "--output_file", out, "--quiet"]) == 0
     rotated = json.loads(stats_path(out).read_text())["modes"]["0"]["decode"]["consistency"]
     original = decoded[1]["modes"]["0"]["decode"]["consistency"]
-    assert rotated.keys() == original.keys() and "decode.L1.block.out" in rotated
-    for name, row in original.items():
-        assert rotated[name]["rel_l2"] == pytest.approx(row["rel_l2"], rel=1e-6), name
-        assert rotated[name]["per_step"]["rel_l2"] == pytest.approx(row["per_step"]["rel_l2"], rel=1e-6), name
+    assert "decode.L1.block.out" in rotated and rotated == original  # the same Had^T of the same steps: bit for bit
