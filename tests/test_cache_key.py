@@ -244,3 +244,13 @@ def test_calibrate_observes_the_model_of_its_prep(setup, tmp_path):
     want, _ = calibration.run_observers(bank, windows, 0, BASE.alpha, BASE.batch_size, "exact")
     other, _ = calibration.run_observers(bank, windows, 0, BASE.alpha, BASE.batch_size, "quamba")
     assert exact == want and exact != other
+
+
+def test_a_quamba2_cache_file_past_16_mib_is_refused_unparsed(tmp_path):
+    """A Quamba2 calibration cache entry is a few KB: a file past 16 MiB (here one byte past) is refused by its
+    size before JSON parses it."""
+    from harness.runner.calibration_q2 import _read
+    path = tmp_path / "calib-q2-x.json"
+    path.write_bytes(b" " * ((1 << 24) + 1))
+    with pytest.raises(ValueError, match=f"^it is larger than {1 << 24} bytes$"):
+        _read(path, "k", None)

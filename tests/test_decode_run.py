@@ -91,3 +91,14 @@ def test_the_report_has_a_row_per_mode_and_step(decoded, tmp_path_factory):
     assert html.count("<tr>") == 1 + 2 * N   # the header, then fp32 and 0 at each step
     kl = stats["modes"]["0"]["decode"]["per_step"]["decode.logits"]["kl"]
     assert f"<td>{kl[0]:.4g}</td>" in html
+
+
+def test_a_rotated_basis_run_checks_consistency_in_the_original_basis(decoded, tmp_path):
+    """--basis rotated keeps a rotated mode's steps as they are; the prefill-decode consistency takes them back
+    to the original basis (Had^T) first, as the prefill it is compared with: the original-basis run's numbers."""
+    out = tmp_path / "R.npz"
+    assert run_cli(capture_main, ["--modes", "0", *FAST_CLI, "--decode", N, "--layers", "0", "1", "--taps", "all",
+                                  "--end-to-end", "--basis", "rotated", "--output_file", out, "--quiet"]) == 0
+    rotated = json.loads(stats_path(out).read_text())["modes"]["0"]["decode"]["consistency"]
+    original = decoded[1]["modes"]["0"]["decode"]["consistency"]
+    assert "decode.L1.block.out" in rotated and rotated == original  # the same Had^T of the same steps: bit for bit

@@ -64,6 +64,16 @@ def test_overflow_underflow_of_hifp8():
     assert m["mse"] == math.inf and m["sqnr_db"] == -math.inf and m["outlier_blocks"] is None
 
 
+def test_a_tensor_without_a_finite_element_has_nan_averages():
+    """No finite element (an all-NaN/inf capture): the averages over the finite elements are NaN (not a
+    ZeroDivisionError), and no element counts as lost, flushed or saturated."""
+    x = torch.tensor([math.nan, math.inf, -math.inf, math.nan])
+    for fmt in ("int8", "hifp8", "bf16"):
+        m = format_errors(x, fmt)
+        assert math.isnan(m["mse"]) and math.isnan(m["sqnr_db"]) and math.isnan(m["max_abs"])
+        assert m["rel_l2"] == 0.0 and m["overflow"] == m["underflow"] == m["saturated"] == 0.0
+
+
 def test_saturation_by_the_mx_floor_scale_and_int4_positive_side():
     x = torch.zeros(2, 32)
     x[0, 0], x[0, 1] = 7.0, 1.0    # amax 7: E8M0 floor scale 2^(2-2) = 1, 7 clamps to 6

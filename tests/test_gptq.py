@@ -104,6 +104,9 @@ def test_gptq_float32_as_quamba_gives_the_same_codes_here():
     q32, s32 = gptq_int4(torch.tensor(W), hess.H, group_size=2)
     q64, s64 = gptq_int4(torch.tensor(W), hess.H.to(torch.float64), group_size=2, dtype=torch.float64)
     assert torch.equal(q32, q64) and torch.allclose(s32, s64, rtol=1e-6)
+    # dtype is the whole computation's, the Hessian's inverse included: an fp32 Hessian is cast first
+    q64b, s64b = gptq_int4(torch.tensor(W), hess.H, group_size=2, dtype=torch.float64)
+    assert torch.equal(q64b, q64) and torch.equal(s64b, s64)
 
 
 def test_dead_columns_are_zeroed():

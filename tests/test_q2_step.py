@@ -25,6 +25,7 @@ def test_gemv_equals_its_loop_and_rounds_half_away():
     b = torch.linspace(0.0005, 0.3, 21, dtype=torch.float32)  # per-column f32(s_w / s_out): small to saturating
     got = q2_gemv(x, w, b)
     assert got.shape == (1, 1, 21) and torch.equal(got, q2_gemv_ref(x, w, b))
+    assert got.dtype == torch.int8  # codes, as the next op takes them (torch.equal ignores the dtype)
     assert ((got == 127) | (got == -128)).any() and (got.abs() < 100).any()
     # a tie: b * a * acc = 0.5 * 1 * 5 = 2.5 -> 3 (roundf, half away), where the prefill GEMM's RNE gives 2
     one = QTensor(torch.tensor([[5]], dtype=torch.int8), 1.0)

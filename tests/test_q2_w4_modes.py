@@ -126,18 +126,19 @@ def test_w4a16_block_runs_the_marlin_linears(model):
 
 def test_gptq_cache_is_reused_and_a_bad_file_recomputed(model, tmp_path, caplog):
     bank, windows = model
-    first = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a16")
-    again = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a16")
+    cache = tmp_path / "cache" / "gptq"  # made on first use, with its parent
+    first = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
+    again = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
     assert first.info["source"] == "computed" and again.info["source"] == "reused"
     for x, y in zip(first.scales, again.scales):
         assert torch.equal(x.in_proj.codes, y.in_proj.codes) and torch.equal(x.out_proj.group_scales, y.out_proj.group_scales)
-    path = sorted(tmp_path.glob("gptq-*.npz"))[0]
+    path = sorted(cache.glob("gptq-*.npz"))[0]
     with np.load(path) as f:
         arrays = {k: f[k] for k in f.files}
     arrays["in_proj.codes"] = arrays["in_proj.codes"].copy()
     arrays["in_proj.codes"][0, 0] ^= 1
     np.savez(path, **arrays)
-    third = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a16")
+    third = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
     assert third.info["source"] == "recomputed" and "checksum" in third.info["reason"]
     assert torch.equal(third.scales[0].in_proj.codes, first.scales[0].in_proj.codes)
 
@@ -192,3 +193,26 @@ def test_w4a8_cache_keeps_the_channel_scales(model, tmp_path):
         x, y = getattr(first.scales[0], part), getattr(again.scales[0], part)
         assert torch.equal(x.channel_scales, y.channel_scales) and torch.equal(x.group_scales, y.group_scales)
     assert again.scales[0].scales.s_in == first.scales[0].scales.s_in
+
+
+def test_w4a8_calibration_shows_its_w8a8_and_gptq_phases(model):
+    """q2-w4a8's calibration is W8A8's, then GPTQ of the reordered model: both phases reach the run's progress
+    (the display, and the line printed on interruption), each with its whole number of steps, every one advanced:
+    6 windows in batches of 4 are 2 batches, twice (two passes); GPTQ goes layer by layer."""
+    from harness.runtime.guard import Progress
+
+    bank, windows = model
+    seen = []  # [phase, total, steps advanced]
+
+    class Display:
+        def begin(self, phase, total, unit, estimate):
+            seen.append([phase.split(" (")[0], total, 0])
+
+        def advance(self, n):
+            seen[-1][2] += n
+
+        def end(self, status):
+            pass
+
+    calibrate(bank, windows, SETTINGS, 1, ["a", "b"], None, "quamba2-w4a8", progress=Progress(Display()))
+    assert seen == [["calibrating", 4, 4], ["GPTQ", 2, 2]]

@@ -155,7 +155,8 @@ BAD = {
     "hybrid": (_bad(cfg_edit=lambda c: c.update(is_hybrid=True)), "a hybrid W4AX checkpoint"),
     "attention layers": (_bad(cfg_edit=lambda c: c.update(attn_layer_idx=[1])), "attention layers"),
     "bad field type": (_bad(cfg_edit=lambda c: c["ssm_cfg"].update(headdim=8.0)), "'ssm_cfg.headdim' must be an integer"),
-    "too few heads per group": (_bad(cfg_edit=lambda c: c["ssm_cfg"].update(ngroups=4)), "must be at least 4"),
+    "too few heads per group": (_bad(cfg_edit=lambda c: c["ssm_cfg"].update(ngroups=4)),
+                                "nheads / ngroups = 2 and headdim = 8 must be at least 4"),
     "fewer blocks than n_layer": (_bad(cfg_edit=lambda c: c.update(n_layer=3)), "n_layer = 3"),
 }
 
@@ -178,3 +179,14 @@ def test_bad_checkpoint_is_exit_2_before_any_work(case, tmp_path, capsys):
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
     assert not out.exists() and not out.with_name("o_stats.json").exists()
+
+
+def test_is_hybrid_alone_takes_a_checkpoint_to_the_hybrid_refusal(tmp_path):
+    """is_hybrid: true is Quamba's hybrid W4AX model whatever ssm_cfg.layer says: open_any_quamba gives the W4
+    reader's refusal, which says why such a model is not read."""
+    cfg = handmade_q2_config()
+    cfg["is_hybrid"] = True
+    path = write_handmade_q2(tmp_path / "q", config=cfg)
+    with pytest.raises(ModelDirError, match=r"hybrid W4AX checkpoint \(ssm_cfg.layer 'W8A8QMamba2'\) is not "
+                                            r"supported: Quamba's hybrid model has a W4O16Embedding"):
+        open_any_quamba(path)

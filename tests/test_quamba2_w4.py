@@ -11,6 +11,7 @@ import torch
 from harness.checkpoints.loading import ModelDirError
 from harness.checkpoints.quamba2 import open_any_quamba
 from harness.checkpoints.quamba2_w4 import read_w4_blocks
+from harness.checkpoints.quamba2_w4ckpt import open_quamba2_w4
 from marlin_fixture import w4_config, w4_state_dict
 
 
@@ -43,6 +44,18 @@ def test_blocks_unpack_to_the_packed_codes_and_scales(case, tmp_path):
             assert blocks[i][recipe].tensors["conv1d.weight"].shape == (576, 1, 4)
 
 
+def test_w4a8_blocks_hand_back_each_linears_own_input_scale(tmp_path):
+    """W4A8: in_proj's and out_proj's input_scale are two numbers (the block quantizes each linear's input at its
+    own); W4A16 has none."""
+    recipes = [["W4A8"], ["W4A16"]]
+    sd, _ = w4_state_dict(recipes, hybrid=True)
+    for key in [k for k in sd if k.endswith("out_proj.input_scale")]:
+        sd[key] = torch.tensor(0.125)
+    _, blocks = read_w4_blocks(_write(tmp_path / "q", sd, w4_config(recipes, hybrid=True)))
+    assert (blocks[0]["W4A8"].in_scale, blocks[0]["W4A8"].out_scale) == (pytest.approx(0.05), 0.125)
+    assert (blocks[1]["W4A16"].in_scale, blocks[1]["W4A16"].out_scale) == (None, None)
+
+
 def _bad(change, recipes=(("W4A8",), ("W4A8",)), hybrid=False):
     recipes = [list(r) for r in recipes]
     sd, _ = w4_state_dict(recipes, hybrid=hybrid)
@@ -55,7 +68,8 @@ M = "backbone.layers.1.mixer."
 BAD = {
     "missing s_channel": (_bad(lambda sd, c: sd.pop(M + "in_proj.s_channel")), "in_proj.s_channel' is missing"),
     "packed weight shape": (_bad(lambda sd, c: sd.__setitem__(M + "out_proj.weight", sd[M + "out_proj.weight"][:, :64])),
-                            "out_proj.weight' is a int32 tensor of shape [32, 64]"),
+                            "out_proj.weight' is a int32 tensor of shape [32, 64], expected a int32 tensor of shape "
+                            "[32, 512]"),
     "negative group scale": (_bad(lambda sd, c: sd[M + "in_proj.s_group"].__setitem__((0, 0), -1.0)),
                              "in_proj.s_group' holds 1 group scales"),
     "zero channel scale": (_bad(lambda sd, c: sd[M + "out_proj.s_channel"].__setitem__((0, 0), 0.0)),
@@ -63,7 +77,8 @@ BAD = {
     "NaN input scale": (_bad(lambda sd, c: sd.__setitem__(M + "in_proj.input_scale", torch.tensor(math.nan))),
                         "in_proj.input_scale' is nan"),
     "W4A16 float tensor as int": (_bad(lambda sd, c: sd.__setitem__(M + "D", torch.ones(8, dtype=torch.int8)),
-                                       (("W4A16",), ("W4A16",))), "'backbone.layers.1.mixer.D' is a int8 tensor"),
+                                       (("W4A16",), ("W4A16",))),
+                                  "'backbone.layers.1.mixer.D' is a int8 tensor of shape [8], expected a floating-point tensor"),
     "hybrid class mismatch": (_bad(lambda sd, c: c["ssm_cfg"]["layer"][1].update(W4A8="W4A16QMamba2"),
                                    (("W4A8",), ("W4A8",)), True), "layer 1: ssm_cfg.layer"),
     "hybrid list length": (_bad(lambda sd, c: c["norm_cfg"]["norm"].pop(), (("W4A8",), ("W4A8",)), True),
@@ -98,3 +113,24 @@ def test_other_recipes_embeddings_and_heads_are_refused_by_name(field, value, tm
     cfg[field] = {"layer": value}
     with pytest.raises(ModelDirError, match=f"{field}.layer '{value}' with W4A16 .*is not supported"):
         open_any_quamba(_write(tmp_path / "q", sd, cfg))
+
+
+@pytest.mark.parametrize("recipe, order, int4", [
+    ("W4A8", "the checkpoint's own", "Marlin-QQQ unpacked (emulation.ops.marlin)"),
+    ("W4A16", "the float model's (not reordered)", "Marlin unpacked (emulation.ops.marlin)")])
+def test_a_w4_checkpoint_says_its_layer_order_and_packing(recipe, order, int4, tmp_path):
+    """info() (the run's provenance): W4A8's linears are Marlin-QQQ, W4A16's plain Marlin."""
+    sd, _ = w4_state_dict([[recipe], [recipe]])
+    ckpt = open_quamba2_w4(_write(tmp_path / "q", sd, w4_config([[recipe], [recipe]])))
+    assert ckpt.info() == {"ssm_layer": f"{recipe}QMamba2", "embedding": "Embedding", "lm_head": "Linear",
+                           "channel_order": order, "int4": int4}
+
+
+def test_a_norm_class_of_the_wrong_type_names_the_config_file(tmp_path):
+    sd, _ = w4_state_dict([["W4A8"], ["W4A8"]])
+    cfg = w4_config([["W4A8"], ["W4A8"]])
+    cfg["norm_cfg"] = {"norm": 7}
+    path = _write(tmp_path / "q", sd, cfg)
+    with pytest.raises(ModelDirError) as e:
+        open_quamba2_w4(path)
+    assert str(e.value) == f"{path}/config.json: field 'norm_cfg.norm' must be a string (a JSON string), got 7"

@@ -131,10 +131,12 @@ def test_unreadable_directories_are_clear_errors(tmp_path):
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
-def test_a_state_dict_that_would_run_code_is_refused(tmp_path, legacy):
+def test_a_state_dict_that_would_run_code_is_refused(tmp_path, legacy, monkeypatch):
     """pytorch_model.bin is unpickled with weights_only=True in both loads (memory-mapped, and the whole-file
     one legacy files need): a pickled call is refused as unreadable and never runs (mutants with
-    weights_only=False ran it and then reported missing keys)."""
+    weights_only=False ran it and then reported missing keys). Passed explicitly, not torch's default:
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD turns the default off, not an explicit weights_only=True."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     q = write_handmade(tmp_path / "q")
     sd = {**handmade_state_dict(), "backbone.embedding.extra": _Payload()}
     torch.save(sd, q / "pytorch_model.bin", _use_new_zipfile_serialization=not legacy)

@@ -98,12 +98,13 @@ def test_a_million_declared_blocks_are_refused_before_a_table_is_built(tmp_path)
     q = write_handmade(tmp_path / "q", config=cfg)
     tracemalloc.start()
     try:
-        with pytest.raises(ModelDirError, match="declares n_layer = 50000"):
+        with pytest.raises(ModelDirError, match="declares n_layer = 50000") as e:
             open_quamba(q)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 20 << 20, peak
+    assert str(e.value).startswith(f"{q / 'pytorch_model.bin'}: config.json declares")  # names the file
 
 
 def test_a_nan_inside_a_mode_fails_the_mode(tmp_path, monkeypatch):

@@ -178,5 +178,29 @@ def test_a_member_of_an_unknown_npy_version_is_refused_naming_it(tmp_path):
     member[6:8] = bytes([3, 0])  # the version bytes after the magic string
     with zipfile.ZipFile(tmp_path / "v3.npz", "w") as z:
         z.writestr("mode_0_output.npy", bytes(member))
-    with pytest.raises(StorageError, match=r"format version 3\.0 \(capture arrays are 1\.0 or 2\.0\)"):
+    with pytest.raises(StorageError, match=r"member mode_0_output\.npy is not a readable \.npy array \(ValueError: "
+                                           r"\.npy format version 3\.0 \(capture arrays are 1\.0 or 2\.0\)\)"):
         load_capture(tmp_path / "v3.npz").array("0", "output")
+
+
+def test_a_value_no_alternative_accepts_names_every_alternatives_problem():
+    """A field that may be one of several kinds (a recipe knob: a string, a number, a boolean or a table) says what
+    each kind would have needed, not only that it is wrong."""
+    with pytest.raises(StorageError) as e:
+        check_stats({"modes": {"0": {"recipe": {"bits": [1]}}}}, "x_stats.json")
+    assert str(e.value) == ("x_stats.json is not a valid stats file: field modes.0.recipe.bits: expected a string, "
+                            "got a list or expected a number, got a list ([1]) or expected true or false, got a list "
+                            "or expected an object, got a list")
+
+
+@pytest.mark.parametrize("ci95, ok", [([0.5, 1.0 - 1e-9], True), ([1.0 + 1e-9, 2.0], True),
+                                      ([0.5, 1.0 - 1.5e-9], False), ([1.0 + 1.5e-9, 2.0], False)])
+def test_an_interval_may_miss_its_centre_by_a_billionth_inclusive(ci95, ok):
+    """A centre computed apart from its bounds may round outside them: within 1e-9 (relative, bound included:
+    here hi + 1e-9 is exactly the centre) the interval still contains it; beyond, the file is refused."""
+    manifest = {"end_to_end": {"0": {"kl": {"mean": 1.0, "ci95": ci95}}}}
+    if ok:
+        check_stats(manifest, "x_stats.json")
+    else:
+        with pytest.raises(StorageError, match="does not contain its mean 1.0"):
+            check_stats(manifest, "x_stats.json")

@@ -149,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.chdir(ROOT)
     _narrow_string_operator()
-    # each worker's torch gets its share of the cores (tests/conftest.py): two workers with two OpenMP
-    # threads each on two cores wait on each other's spinning threads
-    os.environ["HARNESS_MUTATION_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, args.max_children)))
+    # one torch thread per worker (tests/conftest.py): each mutant's tests run in a child forked from mutmut's
+    # fork server, and a child that uses torch's OpenMP pool hangs until its timeout (seen with
+    # --max-children 1 on 2 cores: 5 of the first 20 mutants, 0 s of CPU in 150 s); two workers with two
+    # threads each would also wait on each other's spinning threads
+    os.environ["HARNESS_MUTATION_THREADS"] = "1"
     if args.rerun_survivors:  # one mutmut run for all of them: one clean-test pass instead of one per module
         names = [n for module in args.modules for n in _survivors(module)] if (ROOT / "mutants").is_dir() else []
         return _timed_run(names, args.max_children, f"survivors of {len(args.modules)} modules (rerun)",

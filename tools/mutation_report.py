@@ -33,7 +33,8 @@ VERDICTS = ROOT / "tools" / "mutation_verdicts.toml"
 # MODULES is the file format, the metrics and the comparison
 CORE = {m for m in MODULES if m.startswith("harness.emulation.")} | {
     "harness.runner.calibration", "harness.runner.calibration_q2", "harness.runner.weightbank",
-    "harness.runner.sharedops", "harness.runner.decode", "harness.checkpoints.text"}
+    "harness.runner.sharedops", "harness.runner.decode", "harness.checkpoints.text", "harness.runner.headprep",
+    "harness.runner.gptq_q2", "harness.runner.q2_head_scale"}
 
 
 UNCHECKED = ("not checked", "check was interrupted by user", "skipped")
@@ -120,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
            "", "How it is run (pyproject `[tool.mutmut]`, `tools/mutation.py`):", "",
            "- mutants of every module listed below; per mutant, only the tests that call the mutated function "
            "(mutmut's per-function test selection), file by file in each file's order, the cheapest file first by mutmut's "
-           "measured durations (tests/conftest.py), stopping at the first failure; each worker's torch runs on its "
-           "share of the cores (`--max-children 2` on 2 cores: one thread each);",
+           "measured durations (tests/conftest.py), stopping at the first failure; each worker runs torch on "
+           "one thread (a child forked from the fork server hangs in a torch thread pool);",
            "- the unit and block-level tests take part; the subprocess CLI tests (a test that starts a subprocess "
            "skips itself under mutmut, tests/conftest.py: the child cannot run mutmut's trampolines) and the "
            "end-to-end tests that run whole pipelines (`test_mode_contracts`, `test_fp_contracts`, `test_lean`, `test_shipped_model`, "
@@ -168,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants run killed ({_pct(killed / scored)}; "
                        f"95 % interval {_pct(lo)} to {_pct(hi)}).")
     out += ["", "## Surviving mutants and verdicts", "",
-            "Every mutant that survived (now, or in an earlier run) with its verdict: the test added for it, "
-            "or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
+            "Every mutant of the present code that survived (now, or in an earlier run) with its verdict: the test "
+            "for it, or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
     for m in MODULES:
         names = set(counts.get(m, {}).get("survivors", [])) | set((baseline.get(m) or {}).get("survivors", []))
-        names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in results.get(m, {})}
-        mine = results.get(m, {})
+        mine = results.get(m) or statuses(m) or {}  # a module none of whose mutants ran: all "not in this run"
+        names |= {n for n in (*tested, *equivalent) if n.startswith(m + ".") and n in mine}
+        names &= set(mine)  # a mutant of code since edited or moved is gone: not a survivor of this code
         not_run = {n for n in names if mine.get(n, "gone") in UNCHECKED}  # survivors of an earlier run
         if not names:
             continue
