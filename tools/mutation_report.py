@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
            "they catch counts as surviving;",
            "- a mutant is a timeout only past (mutmut's estimate + 30 s) x 10 CPU seconds (a real hang); timeouts "
            "count as killed;",
-           "- `make mutation` runs a seeded random fifth of each module's mutants (`--fraction 0.2 --seed 1`; "
+           "- `make mutation` runs a seeded random 3 % of each module's mutants (`--fraction 0.03 --seed 1`; "
            "`FRACTION=1` runs all of them) and only mutants without a result in mutants/; column \"not run\" counts "
            "the others, and the score is then the score of the mutants run, with a 95 % Wilson interval per part;",
            "- operators: all of mutmut's, except that string literals are mutated only when they look like "
