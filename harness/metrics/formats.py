@@ -10,8 +10,8 @@ For x (a captured float32 tensor) and y = fake_quantize(x, fmt), over the finite
     outlier_blocks  (formats with a block size) fraction of scale groups whose largest |x| is at least twice
                 the second largest: one element set the group's scale, at least one binade above the rest
 
-A y - x that overflows makes mse, max_abs infinite and sqnr -inf; an x with no finite element gives NaN
-throughout. Tensors whose last dimension does not fit a format's block are reported as not applicable.
+A y - x that overflows makes mse, max_abs infinite and sqnr -inf; an x with no finite element gives NaN mse,
+sqnr and max_abs, rel_l2 0 and no element counted as overflowing, flushed or saturated. Tensors whose last dimension does not fit a format's block are reported as not applicable.
 """
 from __future__ import annotations
 
