@@ -244,18 +244,24 @@ class QuambaCheckpoint:
         return {"ssm_layer": "W8A8QMamba", **self.kinds}
 
 
+def parse_config(path: Path, cfg: dict, parse):
+    """parse(path, cfg), a missing or mistyped field (KeyError, TypeError, ValueError) turned into a ModelDirError
+    naming config.json; a ModelDirError of the parser passes as it is."""
+    try:
+        return parse(path, cfg)
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, ModelDirError):
+            raise
+        raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
+
+
 def open_config(path: Path, parse) -> tuple[dict, object, dict, Path]:
     """(config, dims, kinds, the state dict's file) of a Quamba checkpoint directory: config.json read and parsed
     by ``parse(path, cfg) -> (dims, kinds)``, pytorch_model.bin present; else ModelDirError naming what is wrong."""
     cfg = _read_config(path)
     if cfg is None:
         raise ModelDirError(f"{path}: config.json is missing or not a JSON object")
-    try:
-        dims, kinds = parse(path, cfg)
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, ModelDirError):
-            raise
-        raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
+    dims, kinds = parse_config(path, cfg, parse)
     f = path / "pytorch_model.bin"
     if not is_regular(f, refuse_in(f)):
         raise ModelDirError(f"{path}: pytorch_model.bin is missing (a Quamba checkpoint holds config.json and pytorch_model.bin)")

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError
-from .quamba import QuambaCheckpoint, check_spec, layer_spec
+from .quamba import QuambaCheckpoint, check_spec, layer_spec, parse_config
 from .quamba2_w4 import FLOAT, _check_marlin, _marlin, _ok, _what, load_w4
 from .quamba_checks import _field, _layer_kind, check_blocks_present, check_values, mamba1_sizes
 from .quamba_w4head import W4HeadMixin, check_w4_top, w4_head_kinds
@@ -171,12 +171,7 @@ def open_quamba1_w4(path: Path | str) -> Quamba1W4Checkpoint:
     ModelDirError naming the field or key and what is valid."""
     path = Path(path)
     cfg, sd, f = load_w4(path)
-    try:
-        dims, recipe, kinds = m1w4_config(path, cfg)
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, ModelDirError):
-            raise
-        raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
+    dims, recipe, kinds = parse_config(path, cfg, m1w4_config)
     check_blocks_present(f, sd, dims.n_layer)
     conv_bias = "backbone.layers.0.mixer.conv1d.bias" in sd
     check_w4_top(path, f, sd, dims, kinds, recipe, SUPPORTED_M1W4)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError, refuse_in
-from .quamba import F, T0, _describe, _kind_ok, _read_config, check_spec, load_state_dict
+from .quamba import F, T0, _describe, _kind_ok, _read_config, check_spec, load_state_dict, parse_config
 from .quamba2_checks import bad_scale, check_q2_grouped, q2_layer_spec, q2_sizes, q2_unsupported
 from .quamba_checks import _field, check_blocks_present, check_values
 from ..emulation.ops.int4 import Int4Weight
@@ -167,10 +167,7 @@ def read_w4_blocks(path: Path | str) -> tuple[Mamba2Dims, list[dict[str, W4Block
 
 def check_w4_blocks(path: Path, cfg: dict, sd: dict, f: Path) -> tuple[Mamba2Dims, list[dict[str, W4Block]]]:
     """read_w4_blocks on a config and state dict already loaded (f: the state dict's file, for messages)."""
-    try:
-        dims, plan = w4_plan(path, cfg)
-    except (KeyError, TypeError) as e:
-        raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
+    dims, plan = parse_config(path, cfg, w4_plan)
     check_blocks_present(f, sd, dims.n_layer)
     n_in = 2 * dims.d_inner + 2 * dims.ngroups * dims.d_state + dims.nheads
     out = []

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError
-from .quamba import _read_config
+from .quamba import _read_config, parse_config
 from .quamba2 import Quamba2Checkpoint
 from .quamba2_w4 import W4_MIXERS, W4Block, check_w4_blocks, load_w4, w4_plan
 from .quamba_checks import _layer_kind
@@ -144,10 +144,7 @@ def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
     if cfg is not None and (cfg.get("is_hybrid") or isinstance(ssm.get("layer"), list)):
         _refuse_hybrid(path, ssm.get("layer"))  # before any size or tensor is read
     cfg, sd, f = load_w4(path)
-    try:
-        dims, plan = w4_plan(path, cfg)
-    except (KeyError, TypeError) as e:
-        raise ModelDirError(f"{path}/config.json: missing or malformed field ({type(e).__name__}: {e})") from None
+    dims, plan = parse_config(path, cfg, w4_plan)
     recipe = plan[0][0][0]
     norm = _layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
     if norm != _NORM[recipe]:

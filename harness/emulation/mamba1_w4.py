@@ -53,10 +53,7 @@ class Q1W4Layer:
     scales: LayerScales | None
 
     def info(self) -> dict:
-        def one(w: Int4Weight) -> dict:
-            return {"group_size": w.group_size, "codes_sum": int(w.codes.to(torch.int64).sum()),
-                    "group_scale_max": float(w.group_scales.to(torch.float32).max())}
-        return {"in_proj": one(self.in_proj), "x_proj": one(self.x_proj), "out_proj": one(self.out_proj),
+        return {"in_proj": self.in_proj.info(), "x_proj": self.x_proj.info(), "out_proj": self.out_proj.info(),
                 **({"w8a8": self.scales.as_dict()} if self.scales is not None else {})}
 
 

@@ -53,10 +53,7 @@ class Q2W4Layer:
     scales: Q2Scales | None
 
     def info(self) -> dict:
-        def one(w: Int4Weight) -> dict:
-            return {"group_size": w.group_size, "codes_sum": int(w.codes.to(torch.int64).sum()),
-                    "group_scale_max": float(w.group_scales.to(torch.float32).max())}
-        return {"in_proj": one(self.in_proj), "out_proj": one(self.out_proj),
+        return {"in_proj": self.in_proj.info(), "out_proj": self.out_proj.info(),
                 **({"w8a8": self.scales.info()} if self.scales is not None else {})}
 
 

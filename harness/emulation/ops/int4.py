@@ -40,6 +40,11 @@ class Int4Weight:
         if self.channel_scales is not None and tuple(self.channel_scales.shape) != (out,):
             raise ValueError(f"channel_scales has shape {tuple(self.channel_scales.shape)}, expected {(out,)}")
 
+    def info(self) -> dict:
+        """What the stats record of the weight: its group size, the sum of its codes, its largest group scale."""
+        return {"group_size": self.group_size, "codes_sum": int(self.codes.to(torch.int64).sum()),
+                "group_scale_max": float(self.group_scales.to(torch.float32).max())}
+
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)  # type: ignore[return-value]
