@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import MODES, peak_mb, spawn  # noqa: E402
+from common import MODES, run_child, spawn  # noqa: E402
 
 
 
@@ -176,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        out = CHILDREN[args.child[0]](json.loads(args.child[1]))
-        print(json.dumps({**out, "peak_mb": round(peak_mb(), 1)}))
+        run_child(args.child, CHILDREN)
         return 0
     shape = "mamba-130m"
     if args.quick:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_layers import _child_hf, _child_hf_calib, _ids, _summary, _timed, _write_ids  # noqa: E402
-from common import peak_mb, spawn  # noqa: E402
+from common import run_child, spawn  # noqa: E402
 
 
 def _calibration(models, a: dict, prep: str):
@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        out = CHILDREN[args.child[0]](json.loads(args.child[1]))
-        print(json.dumps({**out, "peak_mb": round(peak_mb(), 1)}))
+        run_child(args.child, CHILDREN)
         return 0
     if args.quick:
         args.n_layer, args.seq_len, args.calib_samples, args.calib_seqlen, args.runs = 2, 128, 2, 128, 1

@@ -26,6 +26,12 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def run_child(child: list[str], children: dict) -> None:
+    """The child side of ``spawn``: run children[kind](args) and print its result with this process's peak RSS."""
+    out = children[child[0]](json.loads(child[1]))
+    print(json.dumps({**out, "peak_mb": round(peak_mb(), 1)}))
+
+
 def spawn(script: str, kind: str, args: dict) -> dict:
     """Run `script --child kind args` in a fresh process (offline); its last stdout line, parsed as JSON."""
     proc = subprocess.run([sys.executable, script, "--child", kind, json.dumps(args)], capture_output=True,

@@ -71,6 +71,15 @@ def write_mamba_ssm_dir(path: Path, model) -> Path:
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (bit-identical comparisons across processes that each use one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def hf_model():
     return make_hf_model()

@@ -70,3 +70,41 @@ def teacher_forced_steps(model, ids, prompt: int):
 def rel_per_step(a, b) -> list[float]:
     """Relative L2 of a against b at every step (axis 1)."""
     return [float((a[:, k] - b[:, k]).norm() / b[:, k].norm()) for k in range(a.shape[1])]
+
+
+def capture_w4_checkpoint(path, recipe: str, tmp_path) -> tuple[dict, dict]:
+    """Capture the mode named for a Quamba2 W4 checkpoint's recipe ("W4A8", "W4A16") from it, layers 0 and 1, every
+    tap, with no calibration text at hand: (the stats, the mode's calibration record)."""
+    import json
+
+    from harness.cli import capture_main
+
+    mode, key = f"q2-{recipe.lower()}", f"quamba2-{recipe.lower()}"
+    out = tmp_path / "q.npz"
+    rc = run_cli(capture_main, ["--model", path, "--modes", mode, "--output_file", out, "--seq_len", 12,
+                                "--layers", 0, 1, "--taps", "all", "--quiet", "--calib_file", tmp_path / "absent.txt"])
+    assert rc == 0
+    stats = json.loads(out.with_name("q_stats.json").read_text())
+    calib = stats["provenance"]["calibration_by_prep"][key]
+    assert calib["source"] == "checkpoint" and calib["prep"] == key and "gptq" not in calib
+    assert stats["modes"][mode]["status"] == "ok"
+    return stats, calib
+
+
+def input_hessians(block, residuals, dims):
+    """GPTQ's Hessians of in_proj (its input: the block's norm.out) and out_proj (had.out) over one forward of
+    `block` per residual batch, one add per sequence, written out with the block's hooks."""
+    from harness.emulation.gptq import Hessian
+
+    h_in, h_out = Hessian(dims.d_model), Hessian(dims.d_inner)
+    for r in residuals:
+        taps = {}
+        hooks = [block.hooks[k].register_forward_hook(lambda _m, _i, o, k=k: taps.__setitem__(k, o))
+                 for k in ("norm_out", "had_out")]
+        block(r)
+        for h in hooks:
+            h.remove()
+        for seq in range(r.shape[0]):
+            h_in.add(taps["norm_out"][seq])
+            h_out.add(taps["had_out"][seq])
+    return h_in, h_out

@@ -11,10 +11,8 @@ prompt's prefill runs once per mode.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import ROOT
 from harness.cli import capture_main
@@ -36,12 +34,7 @@ ARGS = ["--modes", "all", "1", *FAST_CLI, "--decode", N, "--layers", "0", "1", "
         "--quiet"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _bits(x) -> tuple:

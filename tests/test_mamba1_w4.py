@@ -14,7 +14,7 @@ from conftest import SHIPPED, make_hf_model, write_hf_dir
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
 from harness.emulation.build import build_backbone, build_block
-from harness.emulation.gptq import Hessian, gptq_int4, to_int4_weight
+from harness.emulation.gptq import gptq_int4, to_int4_weight
 from harness.emulation.mamba1_w4 import EmuW4A8O8Linear, with_output_scale
 from harness.emulation.ops.int4 import Int4Weight
 from harness.emulation.ops.marlin_rtn import rtn_int4
@@ -24,7 +24,7 @@ from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import FloatOut, QTensor
 from harness.store.format import load_capture, stats_path
-from helpers import rel_per_step, run_cli, teacher_forced_steps
+from helpers import input_hessians, rel_per_step, run_cli, teacher_forced_steps
 
 SEQ = 19
 SETTINGS = CalibrationSettings(num_samples=6, seqlen=SEQ, batch_size=4)
@@ -158,18 +158,7 @@ def test_gptq_takes_each_layer_s_inputs_from_the_quantized_layers_before(model):
     res = [bank.embed(b, True, torch.float16, "quamba", "fp16") for b in windows.split(SETTINGS.batch_size)]
     for i in range(2):
         p = bank.layer(i, "fp16", True, "quamba")
-        block = build_block(recipe, p, None, dims, i, calibration=True)
-        h_in, h_out = Hessian(dims.d_model), Hessian(dims.d_inner)
-        for r in res:
-            taps = {}
-            hooks = [block.hooks[k].register_forward_hook(lambda _m, _i, o, k=k: taps.__setitem__(k, o))
-                     for k in ("norm_out", "had_out")]
-            block(r)
-            for h in hooks:
-                h.remove()
-            for seq in range(r.shape[0]):
-                h_in.add(taps["norm_out"][seq])
-                h_out.add(taps["had_out"][seq])
+        h_in, h_out = input_hessians(build_block(recipe, p, None, dims, i, calibration=True), res, dims)
         q_in, s_in = gptq_int4(p.in_proj, h_in.H)
         q_out, s_out = gptq_int4(p.out_proj, h_out.H)
         for key in ("quamba2-w4a16", "quamba2-w4a8"):

@@ -19,7 +19,7 @@ from harness.modes import Q2_CALIBRATION_RECIPE, ModeError, get_mode, resolve_mo
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.weightbank import WeightBank
 from harness.store.format import load_capture
-from helpers import run_cli
+from helpers import input_hessians, run_cli
 
 from mamba2_fixtures import make_mamba2
 
@@ -52,17 +52,7 @@ def test_gptq_takes_each_layer_s_inputs_from_the_quantized_layers_before(model):
     for i in range(2):
         p = float_layer_mamba2(bank.raw(i), True, torch.float16)
         block = build_mamba2_block(Q2_CALIBRATION_RECIPE, p, dims, i)
-        h_in, h_out = Hessian(dims.d_model), Hessian(dims.d_inner)
-        for r in res:  # the block's in_proj input (norm.out) and out_proj input (had.out), one sequence at a time
-            taps = {}
-            hooks = [block.hooks[k].register_forward_hook(lambda _m, _i, o, k=k: taps.__setitem__(k, o))
-                     for k in ("norm_out", "had_out")]
-            block(r)
-            for h in hooks:
-                h.remove()
-            for seq in range(r.shape[0]):
-                h_in.add(taps["norm_out"][seq])
-                h_out.add(taps["had_out"][seq])
+        h_in, h_out = input_hessians(block, res, dims)  # norm.out and had.out, one sequence at a time
         q_in, s_in = gptq_int4(p.in_proj, h_in.H)
         q_out, s_out = gptq_int4(p.out_proj, h_out.H)
         expect.append(to_int4_weight(q_in, s_in, False))

@@ -3,7 +3,6 @@ no GPTQ; the blocks' linears are the hand-packed int4 weights (tests/quamba1_w4_
 tensors; the other mode and float modes need the float model; a malformed file is exit 2 naming the key."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from harness.cli import capture_main
 from harness.emulation.build import build_backbone
 from harness.modes import get_mode
 from harness.runner.pairing import checkpoint_calibration, open_models
-from helpers import run_cli
+from helpers import capture_w4_checkpoint, run_cli
 from quamba1_w4_fixture import w4_mamba1_config, w4_mamba1_state_dict, write_w4_mamba1
 
 RECIPES = ("W4A8", "W4A16")
@@ -29,15 +28,7 @@ def ckpts(tmp_path_factory):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_mode_runs_from_the_checkpoint_without_calibration(recipe, ckpts, tmp_path):
     path, sd, _ = ckpts[recipe]
-    mode, key = f"q2-{recipe.lower()}", f"quamba2-{recipe.lower()}"
-    out = tmp_path / "q.npz"
-    rc = run_cli(capture_main, ["--model", path, "--modes", mode, "--output_file", out, "--seq_len", 12,
-                                "--layers", 0, 1, "--taps", "all", "--quiet", "--calib_file", tmp_path / "absent.txt"])
-    assert rc == 0
-    stats = json.loads(out.with_name("q_stats.json").read_text())
-    calib = stats["provenance"]["calibration_by_prep"][key]
-    assert calib["source"] == "checkpoint" and calib["prep"] == key and "gptq" not in calib
-    assert stats["modes"][mode]["status"] == "ok"
+    stats, calib = capture_w4_checkpoint(path, recipe, tmp_path)
     assert stats["provenance"]["model"]["quamba"]["ssm_layer"] == f"{recipe}QMamba"
     assert stats["provenance"]["model"]["architecture"] == "mamba1"
     if recipe == "W4A8":
@@ -55,18 +46,33 @@ def test_pretrained_dir_and_model_name(recipe, ckpts, tmp_path):
     assert rc == 0
 
 
-def test_w4a8_blocks_use_the_hand_packed_weights_and_stored_int8_tensors(ckpts):
-    path, sd, truth = ckpts["W4A8"]
+def _blocks(ckpts, recipe: str):
+    """(the state dict, the fixture's packed truth, the blocks 0 and 1 the mode builds from the checkpoint)."""
+    path, sd, truth = ckpts[recipe]
     models = open_models(path, None)
     scales = checkpoint_calibration(models.quamba, 1).scales
-    blocks = build_backbone(get_mode("q2-w4a8").on_architecture("mamba1"), models.bank, scales, 1).blocks
+    mode = get_mode(f"q2-{recipe.lower()}").on_architecture("mamba1")
+    return sd, truth, build_backbone(mode, models.bank, scales, 1).blocks
+
+
+def _check_linears(block, truth: dict, i: int) -> None:
+    """in_proj, x_proj and out_proj hold the hand-packed codes and scales (W4A8: channel scales, in_proj's and
+    x_proj's with their output scale divided in, marlin_utils.py:254-256; W4A16: none)."""
+    for name, lin in (("in_proj", block.in_proj), ("x_proj", block.x_proj), ("out_proj", block.out_proj)):
+        codes, packed = truth[(i, name)]
+        assert torch.equal(lin.weight.codes, codes) and torch.equal(lin.weight.group_scales, packed["groups"])
+        if "channel" in packed:
+            assert torch.equal(lin.weight.channel_scales, packed["channel"])
+        else:
+            assert lin.weight.channel_scales is None
+
+
+def test_w4a8_blocks_use_the_hand_packed_weights_and_stored_int8_tensors(ckpts):
+    sd, truth, blocks = _blocks(ckpts, "W4A8")
     for i, block in enumerate(blocks):
         m = f"backbone.layers.{i}.mixer."
-        for name, lin in (("in_proj", block.in_proj), ("x_proj", block.x_proj), ("out_proj", block.out_proj)):
-            codes, packed = truth[(i, name)]
-            # in_proj's and x_proj's stored s_channel hold their output scale divided in (marlin_utils.py:254-256)
-            assert torch.equal(lin.weight.codes, codes) and torch.equal(lin.weight.group_scales, packed["groups"])
-            assert torch.equal(lin.weight.channel_scales, packed["channel"])
+        _check_linears(block, truth, i)
+        assert block.in_proj.weight.channel_scales is not None
         assert block.in_proj.scale == sd[m + "conv1d.input_scale"]
         assert block.x_proj.scale == float(sd[m + "selective_scan.B_scale"])
         assert torch.equal(block.conv1d.weight.codes, sd[m + "conv1d.weight"])
@@ -79,16 +85,11 @@ def test_w4a8_blocks_use_the_hand_packed_weights_and_stored_int8_tensors(ckpts):
 
 
 def test_w4a16_blocks_use_the_hand_packed_weights_and_stored_fp16_tensors(ckpts):
-    path, sd, truth = ckpts["W4A16"]
-    models = open_models(path, None)
-    scales = checkpoint_calibration(models.quamba, 1).scales
-    blocks = build_backbone(get_mode("q2-w4a16").on_architecture("mamba1"), models.bank, scales, 1).blocks
+    sd, truth, blocks = _blocks(ckpts, "W4A16")
     for i, block in enumerate(blocks):
         m = f"backbone.layers.{i}.mixer."
-        for name, lin in (("in_proj", block.in_proj), ("x_proj", block.x_proj), ("out_proj", block.out_proj)):
-            codes, packed = truth[(i, name)]
-            assert torch.equal(lin.weight.codes, codes) and torch.equal(lin.weight.group_scales, packed["groups"])
-            assert lin.weight.channel_scales is None
+        _check_linears(block, truth, i)
+        assert block.in_proj.weight.channel_scales is None
         assert torch.equal(block.conv1d.weight, sd[m + "conv1d.weight"][:, 0].float())
         assert torch.equal(block.conv1d.bias, sd[m + "conv1d.bias"].float())
         assert torch.equal(block.dt_proj.weight, sd[m + "dt_proj.weight"].float())

@@ -14,7 +14,7 @@ from harness.cli import capture_main
 from harness.emulation.build import build_backbone
 from harness.modes import get_mode
 from harness.runner.pairing import checkpoint_calibration, open_models
-from helpers import run_cli
+from helpers import capture_w4_checkpoint, run_cli
 from marlin_fixture import w4_config, w4_state_dict
 
 RECIPES = ("W4A8", "W4A16")
@@ -38,15 +38,7 @@ def ckpts(tmp_path_factory):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_mode_runs_from_the_checkpoint_without_calibration(recipe, ckpts, tmp_path):
     path, sd, _ = ckpts[recipe]
-    mode, key = f"q2-{recipe.lower()}", f"quamba2-{recipe.lower()}"
-    out = tmp_path / "q.npz"
-    rc = run_cli(capture_main, ["--model", path, "--modes", mode, "--output_file", out, "--seq_len", 12,
-                                "--layers", 0, 1, "--taps", "all", "--quiet", "--calib_file", tmp_path / "absent.txt"])
-    assert rc == 0
-    stats = json.loads(out.with_name("q_stats.json").read_text())
-    calib = stats["provenance"]["calibration_by_prep"][key]
-    assert calib["source"] == "checkpoint" and calib["prep"] == key and "gptq" not in calib
-    assert stats["modes"][mode]["status"] == "ok"
+    stats, calib = capture_w4_checkpoint(path, recipe, tmp_path)
     assert stats["provenance"]["model"]["quamba"]["ssm_layer"] == f"{recipe}QMamba2"
     if recipe == "W4A8":
         assert calib["scales"][1]["w8a8"]["s_H"] == sd["backbone.layers.1.mixer.had.x_H_scale"]
