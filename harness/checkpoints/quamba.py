@@ -282,16 +282,24 @@ def load_state_dict(f: Path) -> dict:
     return sd
 
 
-def open_quamba(path: Path | str) -> QuambaCheckpoint:
-    """Validate config and every key, dtype, shape and scalar type (no tensor data is read), or raise ModelDirError."""
-    path = Path(path)
-    cfg, dims, kinds, f = open_config(path, config_dims)
+def open_w8a8(path: Path, parse, block_spec) -> tuple[dict, object, dict, Path, dict, dict]:
+    """(config, dims, kinds, the state dict's file, the state dict, key -> kind of every entry) of a W8A8 checkpoint
+    directory: config.json parsed by ``parse``, the blocks present, every block's keys by
+    ``block_spec(dims, i, conv_bias)`` beside the embedding, norm_f and lm_head keys."""
+    cfg, dims, kinds, f = open_config(path, parse)
     sd = load_state_dict(f)
     check_blocks_present(f, sd, dims.n_layer)
     conv_bias = "backbone.layers.0.mixer.conv1d.bias" in sd
     expected = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
     for i in range(dims.n_layer):
-        expected.update(layer_spec(dims, i, conv_bias))
+        expected.update(block_spec(dims, i, conv_bias))
+    return cfg, dims, kinds, f, sd, expected
+
+
+def open_quamba(path: Path | str) -> QuambaCheckpoint:
+    """Validate config and every key, dtype, shape and scalar type (no tensor data is read), or raise ModelDirError."""
+    path = Path(path)
+    cfg, dims, kinds, f, sd, expected = open_w8a8(path, config_dims, layer_spec)
     check_spec(f, sd, expected, SUPPORTED)
     check_values(f, sd, expected)
     for i in range(dims.n_layer):  # scales stored twice must agree (qMambaLayer.py:848-892)

@@ -24,11 +24,10 @@ from pathlib import Path
 import torch
 
 from .loading import ModelDirError
-from .quamba import (_QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _describe, _kind_ok, _read_config, _top_spec, check_spec,
-                     load_state_dict, open_config,
-                     open_quamba, pad16)
+from .quamba import (_QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _describe, _kind_ok, _read_config, check_spec,
+                     open_quamba, open_w8a8, pad16)
 from .quamba2_checks import NONE, SUPPORTED2, check_q2_values, q2_config_dims, q2_layer_spec
-from .quamba_checks import check_blocks_present, check_values
+from .quamba_checks import check_values
 from ..emulation.grouping_q2 import GroupReorder
 from ..emulation.ops.q2_w8a8 import conv_out_scales, x_channel_scales
 from ..emulation.q2_params import Q2Params, Q2Scales
@@ -168,13 +167,7 @@ def open_quamba2(path: Path | str) -> Quamba2Checkpoint:
     """Validate config and every key, dtype, shape, scalar type and scale (tensor data of the scales and ranges
     is read; the weights are not), or raise ModelDirError naming the key and what is valid."""
     path = Path(path)
-    cfg, dims, kinds, f = open_config(path, q2_config_dims)
-    sd = load_state_dict(f)
-    check_blocks_present(f, sd, dims.n_layer)
-    conv_bias = "backbone.layers.0.mixer.conv1d.bias" in sd
-    expected = _top_spec(dims, dims.vocab_size, kinds["embedding"], kinds["lm_head"])
-    for i in range(dims.n_layer):
-        expected.update(q2_layer_spec(dims, i, conv_bias))
+    cfg, dims, kinds, f, sd, expected = open_w8a8(path, q2_config_dims, q2_layer_spec)
     check_spec(f, sd, expected, SUPPORTED2, _ok, _what)
     check_values(f, sd, {k: v for k, v in expected.items() if v != NONE})
     for i in range(dims.n_layer):
