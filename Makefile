@@ -44,7 +44,7 @@ chromium:
 
 # Mutation testing (mutmut, the `dev` extra, installed on first use): writes docs/mutation.md.
 # A seeded 3 % of every module's mutants (about 600, an hour on 2 cores; FRACTION=1: all, days); mutants with a
-# result in mutants/ are not run again, so a stopped run resumes. MODULES=harness.emulation.ops.quant limits the
+# result in mutants/ are not run again, so a stopped run resumes. MODULES=harness.kernels.quant limits the
 # run; CHILDREN workers (default: one per core, each with one torch thread) run mutants side by side;
 # all modules go through one mutmut run (one clean-test pass).
 DEV_STAMP := $(VENV)/.installed-dev

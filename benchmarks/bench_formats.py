@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from harness.emulation.ops.quant import quantize  # noqa: E402
+from harness.kernels.quant import quantize  # noqa: E402
 from harness.formats import FORMATS, fake_quantize  # noqa: E402
 from harness.spec import Rounding  # noqa: E402
 

@@ -109,7 +109,7 @@ def _child_scan(a: dict) -> dict:
     """Median time of the harness scan (both orders) and transformers' reference loop at the same shape."""
     import torch
 
-    from harness.emulation.ops.scan import ScanOrder, selective_scan
+    from harness.kernels.scan import ScanOrder, selective_scan
     from harness.spec import FloatOut
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 import harness.emulation.build as build_mod  # noqa: E402
 from harness.runner.calibration import CalibrationSettings  # noqa: E402
 from harness.checkpoints.loading import open_checkpoint  # noqa: E402
-from harness.emulation.ops.hadamard import hadamard_transform, hadamard_transform_fht  # noqa: E402
-from harness.emulation.ops.quant import quantize_weight_fp16, round_to_dtype  # noqa: E402
-from harness.emulation.ops.scan import ScanOrder  # noqa: E402
+from harness.kernels.hadamard import hadamard_transform, hadamard_transform_fht  # noqa: E402
+from harness.kernels.quant import quantize_weight_fp16, round_to_dtype  # noqa: E402
+from harness.kernels.scan import ScanOrder  # noqa: E402
 from harness.runner.pipeline import RunConfig, run  # noqa: E402
 from harness.emulation.weights import fht_fp16, float_layer, quamba_fp16_layer  # noqa: E402
 

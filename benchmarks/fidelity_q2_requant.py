@@ -4,7 +4,7 @@ does not reproduce of the GPU step").
     .venv/bin/python benchmarks/fidelity_q2_requant.py [--n 10000000] [--seed 0]
 
 Quamba2's Triton step re-quantizes the state as ``rint((h * 1e6) / (s * 1e6))`` (enyac-group/Quamba c474646
-quamba/triton/selective_state_update.py:355; the same at quant_ssm_states.py:113), harness.emulation.ops.q2_step.
+quamba/triton/selective_state_update.py:355; the same at quant_ssm_states.py:113), harness.kernels.ssd_step.
 requantize_q2_state. This counts the int8 codes where that form and a plain ``rint(h / s)`` differ, both in IEEE
 fp32 (the GPU's ``div.full.f32`` is not reproduced): over random states (|h / s| ~ N(0, 60), s uniform in
 [1e-4, 0.05]) and over states half a code off the grid (h = f32((k + 1/2) s), the ties). Nothing is written.
@@ -20,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.emulation.ops.q2_step import requantize_q2_state  # noqa: E402
+from harness.kernels.ssd_step import requantize_q2_state  # noqa: E402
 
 
 def _plain(h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -27,8 +27,8 @@ from harness.checkpoints.loading import load_tokenizer, open_checkpoint  # noqa:
 from harness.checkpoints.text import DEFAULT_TEXT_FILE, tokenize_file  # noqa: E402
 from harness.emulation.build import build_backbone  # noqa: E402
 from harness.emulation.capture import capture  # noqa: E402
-from harness.emulation.ops import portable  # noqa: E402
-from harness.emulation.ops.ssd import _heads, ssd_chunked  # noqa: E402
+from harness.kernels import portable  # noqa: E402
+from harness.kernels.ssd import _heads, ssd_chunked  # noqa: E402
 from harness.modes import get_mode  # noqa: E402
 from harness.runner.calibration import CalibrationSettings, calibrate  # noqa: E402
 from harness.runner.weightbank import WeightBank  # noqa: E402

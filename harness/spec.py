@@ -109,7 +109,7 @@ class FloatOut:
 
 
 # The number formats of harness.formats (../shared/reference/formats.md), named here so that the recipes
-# (rank 0) can offer them as knob values; harness.emulation.ops.formats implements exactly these.
+# (rank 0) can offer them as knob values; harness.kernels.formats implements exactly these.
 FORMAT_NAMES: tuple[str, ...] = (
     "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4_e2m1",
     "nvfp4", "nvfp4_noglobal", "hifp8", "int8", "int8_g128", "int4_g128",

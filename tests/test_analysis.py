@@ -212,7 +212,8 @@ def test_device_plumbing(hf_dir, tmp_path, capsys):
 
 
 def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, monkeypatch):
-    from harness.store.format import load_capture, write_pair
+    from harness.store.reader import load_capture
+    from harness.store.format import write_pair
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     kw = dict(layers=["all"], taps=["ssm.u"], seq_len=32, samples=2, isolated=True, end_to_end=True)
@@ -238,7 +239,7 @@ def test_streamed_file_equals_the_file_written_from_memory(hf_dir, tmp_path, mon
 def test_quamba_checkpoint_head_is_emulated_as_quamba_computes(tmp_path, lm_head):
     from quamba_fixture import handmade_state_dict, write_handmade
 
-    from harness.emulation.ops import portable
+    from harness.kernels import portable
     from harness.checkpoints.quamba import open_quamba
 
     q = write_handmade(tmp_path / "q", lm_head=lm_head)

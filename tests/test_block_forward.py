@@ -8,8 +8,8 @@ from harness.emulation.build import build_block
 from harness.emulation.capture import capture, point_name
 from harness.modes import BUILTIN_MODES
 from harness.emulation.modules import BLOCK_POINTS
-from harness.emulation.ops.hadamard import hadamard_transform
-from harness.emulation.ops.quant import dequantize
+from harness.kernels.hadamard import hadamard_transform
+from harness.kernels.quant import dequantize
 from helpers import observed_bank
 
 

@@ -219,7 +219,7 @@ def test_the_calibration_model_scans_in_mamba_ssms_order(setup, monkeypatch):
     """Quamba calibrates its fp16 model with mamba_ssm's selective_scan (spec notes §1.3): run_observers builds the
     calibration model, whose scan order is MAMBA whatever the recipe's ssm_impl (mutants that built the
     mode's own model survived: one fp32 ulp in the scan rarely moves an fp16 percentile)."""
-    from harness.emulation.ops.scan import ScanOrder
+    from harness.kernels.scan import ScanOrder
     ckpt, windows, _ = setup
     built = []
     real = calibration.build_backbone

@@ -9,7 +9,7 @@ from harness.cli import capture_main, compare_main
 from harness.emulation.capture import array_key
 from harness.metrics.crossrun import execution_key
 from harness.runner.crossrun import CrossRunError, compare_files
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from helpers import FAST_CLI, run_cli
 
 

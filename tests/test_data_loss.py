@@ -12,7 +12,8 @@ import torch
 from conftest import make_hf_model, write_hf_dir
 from harness.runner import calibration
 from harness.cli import capture_main, compare_main
-from harness.store.format import StorageError, load_capture, stats_path, write_pair
+from harness.store.format import StorageError, stats_path, write_pair
+from harness.store.reader import load_capture
 
 FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
 

@@ -13,7 +13,8 @@ from harness.emulation.build import build_backbone
 from harness.modes import get_mode
 from harness.runner.forwards import build_head
 from harness.runner.weightbank import WeightBank
-from harness.store.format import load_capture, stats_path
+from harness.store.reader import load_capture
+from harness.store.format import stats_path
 from helpers import run_cli
 from mamba2_fixtures import make_mamba2
 

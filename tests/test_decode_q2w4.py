@@ -14,11 +14,12 @@ from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
 from harness.emulation.build import build_backbone
-from harness.emulation.ops.q2_w4 import w4a8_linear_ref, w4a16_linear_ref
+from harness.kernels.w4_linear import w4a8_linear_ref, w4a16_linear_ref
 from harness.modes import get_mode
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.weightbank import WeightBank
-from harness.store.format import load_capture, stats_path
+from harness.store.reader import load_capture
+from harness.store.format import stats_path
 from helpers import rel_per_step, run_cli, teacher_forced_steps
 
 TINY2 = ROOT / "models" / "mamba2-tiny"

@@ -7,7 +7,7 @@ import torch
 from harness.checkpoints.loading import open_checkpoint
 from harness.emulation.build import build_backbone
 from harness.emulation.capture import capture
-from harness.emulation.ops.state_update import handover_codes
+from harness.kernels.state_update import handover_codes
 from harness.modes import BUILTIN_MODES
 from harness.runner.forwards import build_head
 from harness.runner.weightbank import WeightBank
@@ -115,7 +115,7 @@ def test_w8a8_step_keeps_int8_states_and_stays_near_the_prefill(observed, mode):
         assert isinstance(states[0].ssm, QTensor) and states[0].ssm.codes.dtype == torch.int8
         assert (mode == "3") != isinstance(states[0].conv, QTensor)   # mode 3: float window, dynamic scale
         if mode != "3":   # the int8 in_proj of one token is the GEMV
-            from harness.emulation.ops.step import w8a8_gemv_ref
+            from harness.kernels.step import w8a8_gemv_ref
             norm = got["L0.norm.out"]
             want = w8a8_gemv_ref(QTensor(norm.codes, norm.scale), model.blocks[0].in_proj.weight,
                                  model.blocks[0].in_proj.out)

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from harness.store.format import dedup_arrays, load_capture, write_npz
+from harness.store.format import dedup_arrays, write_npz
+from harness.store.reader import load_capture
 
 
 def test_identical_tap_arrays_are_stored_once():

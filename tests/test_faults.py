@@ -17,7 +17,8 @@ import pytest
 from conftest import ROOT, make_hf_model, write_hf_dir
 from harness.cli import compare_main
 from harness.runtime.guard import OutputLock
-from harness.store.format import load_capture, pending_path, stats_path
+from harness.store.reader import load_capture
+from harness.store.format import pending_path, stats_path
 
 FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"]
 PHASES = ["before-calibration", "calibration", "modes", "write-npz", "write-stats", "between-renames"]

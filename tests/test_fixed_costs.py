@@ -148,7 +148,8 @@ def test_npz_hash_taken_behind_the_writer_is_the_files(tmp_path, compress):
     """PairWriter hashes finished members in a worker thread while it writes; the sha256 in the manifest is
     still file_sha256 of the .npz on disk, and load_capture accepts the pair."""
     from harness.store.files import TrailingSha256, file_sha256
-    from harness.store.format import PairWriter, load_capture
+    from harness.store.format import PairWriter
+    from harness.store.reader import load_capture
 
     rng = np.random.default_rng(2)
     arrays = {f"mode_{m}_{t}": rng.standard_normal((1, 300, 70)).astype(np.float32)

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from harness.emulation.build import layer_formats
-from harness.emulation.ops.quant import to_output
+from harness.kernels.quant import to_output
 from harness.formats import fake_quantize
 from harness.modes import ModeError, get_mode, load_modes_file
 from harness.spec import FloatOut, FormatOut, ModelDims
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from tests.helpers import run_modes
 
 ROOT = Path(__file__).resolve().parent.parent

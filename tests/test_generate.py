@@ -12,7 +12,8 @@ from harness.modes import BUILTIN_MODES
 from harness.runner.forwards import Forward
 from harness.runner.generate import divergence, greedy_ids
 from harness.runner.weightbank import WeightBank
-from harness.store.format import load_capture, stats_path
+from harness.store.reader import load_capture
+from harness.store.format import stats_path
 from helpers import FAST_CLI, run_cli
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from harness.emulation.ops import hadamard as H
-from harness.emulation.ops.quant import round_to_dtype
+from harness.kernels import hadamard as H
+from harness.kernels.quant import round_to_dtype
 from harness.runner import forwards, headprep
 
 
@@ -52,7 +52,7 @@ def test_rotated_head_in_blocks_equals_the_whole_head(dtype, monkeypatch):
 def test_the_head_rounds_its_logits_in_place_as_float_linear(dtype, monkeypatch):
     """Head.forward (the logits rounded in place, by rows) vs float_linear's output rule, bit for bit."""
     from harness.emulation.modules import EmuRMSNorm
-    from harness.emulation.ops.linear import float_linear
+    from harness.kernels.linear import float_linear
     from harness.spec import FloatOut
 
     monkeypatch.setattr(headprep, "_ROUND_ROWS", 5)
@@ -85,7 +85,7 @@ def test_end_to_end_metrics_share_log_probs_bit_for_bit(seq):
 def test_chunked_ssd_decay_on_the_triangle_equals_the_masked_square():
     """The chunk's decay with exp on the lower triangle only vs exp over the masked square (-inf above the
     diagonal): chunk lengths 1, 5 and 256, several heads and batches, large, infinite and NaN sums included."""
-    from harness.emulation.ops import ssd
+    from harness.kernels import ssd
 
     g = torch.Generator().manual_seed(5)
     for b, q, h in ((1, 1, 3), (2, 5, 4), (1, 256, 24)):
@@ -147,7 +147,7 @@ def test_q2_params_hold_no_float_copy_of_the_quantized_linears(tmp_path):
     """q2_params keeps in_proj and out_proj as int8 codes only (the fp16 float matrices shape-only, meta), the
     codes those of the reordered, folded, rotated fp16 weights; the block's output is unchanged by it."""
     from harness.checkpoints.loading import open_checkpoint
-    from harness.emulation.ops.quant import quantize_weight_fp16
+    from harness.kernels.quant import quantize_weight_fp16
     from harness.emulation.q2_params import q2_params, reorder_raw
     from harness.emulation.weights_mamba2 import float_layer_mamba2
     from harness.runner.calibration import CalibrationSettings, calibrate
@@ -170,7 +170,7 @@ def test_q2_params_hold_no_float_copy_of_the_quantized_linears(tmp_path):
 def test_reference_ssd_in_buffers_equals_the_allocating_recurrence():
     """ssd_ref (in-place state, buffers) vs the recurrence with a new tensor per op: y and the final state bit for
     bit, from zeros and from a given state (left unchanged), batches of 1 and 2, one and several SSD groups."""
-    from harness.emulation.ops import ssd
+    from harness.kernels import ssd
 
     g = torch.Generator().manual_seed(7)
     for b, L, h, p, n, groups in ((1, 16, 24, 64, 128, 1), (2, 9, 8, 4, 16, 2), (1, 1, 4, 8, 8, 4)):

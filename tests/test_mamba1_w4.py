@@ -16,14 +16,15 @@ from harness.cli import capture_main
 from harness.emulation.build import build_backbone, build_block
 from harness.emulation.gptq import gptq_int4, to_int4_weight
 from harness.emulation.mamba1_w4 import EmuW4A8O8Linear, with_output_scale
-from harness.emulation.ops.int4 import Int4Weight
-from harness.emulation.ops.marlin_rtn import rtn_int4
-from harness.emulation.ops.q2_w4 import w4a8_linear_ref, w4a8_values, w4a16_linear_ref
+from harness.kernels.int4 import Int4Weight
+from harness.kernels.marlin_rtn import rtn_int4
+from harness.kernels.w4_linear import w4a8_linear_ref, w4a8_values, w4a16_linear_ref
 from harness.modes import CALIBRATION_RECIPES, ModeError, get_mode, resolve_modes
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import FloatOut, QTensor
-from harness.store.format import load_capture, stats_path
+from harness.store.reader import load_capture
+from harness.store.format import stats_path
 from helpers import input_hessians, rel_per_step, run_cli, teacher_forced_steps
 
 SEQ = 19

@@ -11,7 +11,7 @@ import torch
 from harness.checkpoints.loading import ModelDirError, open_checkpoint
 from harness.emulation.build import build_backbone
 from harness.emulation.capture import MAMBA2_POINTS, TapError, capture, points_of, select_points
-from harness.emulation.ops.ssd import gated_rmsnorm, gated_rmsnorm_ref, ssd_chunked, ssd_dt, ssd_ref
+from harness.kernels.ssd import gated_rmsnorm, gated_rmsnorm_ref, ssd_chunked, ssd_dt, ssd_ref
 from harness.modes import ModeError, get_mode, resolve_modes
 from harness.runner.forwards import _to_original, build_head
 from harness.runner.weightbank import WeightBank

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.emulation.ops.int4 import Int4Weight
-from harness.emulation.ops.marlin import unpack_marlin, unpack_marlin_qqq, unpack_marlin_qqq_ref, unpack_marlin_ref
+from harness.kernels.int4 import Int4Weight
+from harness.kernels.marlin import unpack_marlin, unpack_marlin_qqq, unpack_marlin_qqq_ref, unpack_marlin_ref
 from marlin_fixture import quamba_pack as _quamba_pack, quamba_perm as _quamba_perm, scale_perms as _scale_perms
 
 
@@ -65,7 +65,7 @@ def test_per_channel_packing_is_refused():
 def test_pack_equals_quambas_packing_and_unpacks_back(qqq, out, k):
     """The W4 export's packing gives the tensors the test packs from Quamba's source (pack_given, with its padding)
     and the unpacking gives the weight back."""
-    from harness.emulation.ops.marlin import pack_marlin, pack_marlin_qqq
+    from harness.kernels.marlin import pack_marlin, pack_marlin_qqq
     from marlin_fixture import pack_given
 
     g = torch.Generator().manual_seed(5)

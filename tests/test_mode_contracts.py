@@ -12,7 +12,7 @@ from harness.emulation.capture import capture
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.modes import get_mode
-from harness.emulation.ops.quant import quantize
+from harness.kernels.quant import quantize
 from harness.spec import Rounding
 from harness.runner.weightbank import WeightBank
 from helpers import FAST_CALIB, on_grid, run_modes

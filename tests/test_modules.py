@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from harness.emulation.modules import ConvInput, EmuConv1d, EmuHadamard, EmuMambaBlock, UInput
-from harness.emulation.ops.hadamard import hadamard_matrix
-from harness.emulation.ops.quant import round_half_away
+from harness.kernels.hadamard import hadamard_matrix
+from harness.kernels.rounding import round_half_away
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 
@@ -95,7 +95,7 @@ def test_linear_with_one_int8_operand_runs_in_floating_point():
     int8 input with a float weight is an fp32 matmul of the dequantized operands (a mutant that sent either
     case to the kernel survived: no built-in mode mixes them)."""
     from harness.emulation.modules import EmuLinear
-    from harness.emulation.ops.linear import Epilogue, float_linear
+    from harness.kernels.linear import Epilogue, float_linear
     g = torch.Generator().manual_seed(3)
     wq = QTensor(torch.randint(-128, 128, (5, 8), generator=g, dtype=torch.int8), 0.02)
     xq = QTensor(torch.randint(-128, 128, (2, 3, 8), generator=g, dtype=torch.int8), 0.05)

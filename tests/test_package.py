@@ -28,7 +28,7 @@ def test_import_changes_no_signal_handler_environment_or_import_of_torch():
 def test_public_names_load_on_first_use():
     import harness
     from harness.runner.pipeline import RunConfig, run
-    from harness.store.format import load_capture
+    from harness.store.reader import load_capture
     assert harness.RunConfig is RunConfig and harness.run is run and harness.load_capture is load_capture
     assert set(harness.__all__) <= set(dir(harness))
     try:

@@ -18,8 +18,8 @@ import torch
 from harness.emulation.build import build_block
 from harness.checkpoints.loading import open_checkpoint
 from harness.modes import BUILTIN_MODES
-from harness.emulation.ops.hadamard import hadamard_transform
-from harness.emulation.ops.linear import Epilogue
+from harness.kernels.hadamard import hadamard_transform
+from harness.kernels.linear import Epilogue
 from harness.spec import FloatOut, LayerScales, QTensor, QuantOut, Rounding
 from harness.runner.weightbank import WeightBank
 

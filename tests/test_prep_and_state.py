@@ -160,8 +160,8 @@ def test_quamba_int8_layer_honours_rotate(bank):
 def test_fht_fp16_rounds_its_input_to_fp16_first():
     """The fp16 tensor is what the kernel reads: inputs off the fp16 grid (the float embedding's fp32 rows) are
     rounded before the transform (a mutant that skipped it survived: the other callers round already)."""
-    from harness.emulation.ops.hadamard import hadamard_transform_fht
-    from harness.emulation.ops.quant import round_to_dtype
+    from harness.kernels.hadamard import hadamard_transform_fht
+    from harness.kernels.quant import round_to_dtype
     from harness.emulation.weights import fht_fp16
     w = torch.randn(64, 48, generator=torch.Generator().manual_seed(6))
     f16 = lambda t: round_to_dtype(t, torch.float16)  # noqa: E731

@@ -22,7 +22,8 @@ from harness.report.build import build_report
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.forwards import Forward, RefInputs, run_mode
 from harness.runner.weightbank import WeightBank
-from harness.store.format import load_capture, tensor_name
+from harness.store.reader import load_capture
+from harness.store.format import tensor_name
 from helpers import FAST_CLI, run_cli
 
 from mamba2_fixtures import make_mamba2

@@ -16,13 +16,13 @@ from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
 from harness.emulation.build import build_backbone
 from harness.emulation.q2_head import quantize_rows_int4_fp16, quantized_rows
-from harness.emulation.ops.quant import quantize_rows_signed_max_fp16
+from harness.kernels.quant import quantize_rows_signed_max_fp16
 from harness.modes import ModeError, get_mode, load_modes_file
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.forwards import build_head
 from harness.runner.resume import recorded_recipe
 from harness.runner.weightbank import WeightBank
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from helpers import run_cli
 
 TINY2 = ROOT / "models" / "mamba2-tiny"

@@ -15,14 +15,14 @@ from harness.cli import capture_main
 from harness.emulation.build import build_backbone, build_q2_mamba2_block
 from harness.emulation.capture import MAMBA2_POINTS, capture
 from harness.emulation.mamba2_q2 import build_q2_block
-from harness.emulation.ops.q2_w8a8 import q2_conv1d_ref
-from harness.emulation.ops.ssd import ssd_chunked, ssd_ref
+from harness.kernels.conv1d_grouped import q2_conv1d_ref
+from harness.kernels.ssd import ssd_chunked, ssd_ref
 from harness.emulation.q2_params import q2_params
 from harness.modes import ModeError, get_mode, load_modes_file
 from harness.runner.calibration import CalibrationSettings, calibrate
 from harness.runner.resume import recorded_recipe
 from harness.runner.weightbank import WeightBank
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from helpers import on_grid, run_cli
 
 from mamba2_fixtures import make_mamba2
@@ -87,7 +87,7 @@ def test_x_groups_tensor_quantizes_x_at_one_percentile_scale(model):
         x = tensor[f"L{i}.conv1d.x"].numpy()
         assert on_grid(x, s.s_x_tensor)
         assert not torch.equal(tensor[f"L{i}.conv1d.x"], grouped[f"L{i}.conv1d.x"])
-    # layer 0's x codes are the grouped conv's (the oracle, ops.q2_w8a8) with every output scale s_x_tensor
+    # layer 0's x codes are the grouped conv's (the oracle, kernels.conv1d_grouped) with every output scale s_x_tensor
     s = calib.scales[0]
     q = build_q2_mamba2_block(_variant(x_groups="tensor"), bank.raw(0), s, d, 0).q
     ch = s.reorder.channel_index.long()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.emulation.ops.conv1d import silu_kernel
-from harness.emulation.ops.q2_w8a8 import (conv_out_scales, q2_conv1d, q2_conv1d_ref, q2_in_proj, q2_in_proj_ref,
-                                           x_channel_scales)
-from harness.emulation.ops.quant import fma_f32
+from harness.kernels.conv1d import silu_kernel
+from harness.kernels.conv1d_grouped import conv_out_scales, q2_conv1d, q2_conv1d_ref, x_channel_scales
+from harness.kernels.linear import q2_in_proj, q2_in_proj_ref
+from harness.kernels.quant import fma_f32
 from harness.spec import QTensor
 
 
@@ -142,7 +142,7 @@ def test_conv_weights_are_quantized_in_fp32():
 
 
 def test_gated_norm_is_groupwise_and_close_to_its_float64_reference():
-    from harness.emulation.ops.q2_w8a8 import q2_gated_norm, q2_gated_norm_ref
+    from harness.kernels.norms import q2_gated_norm, q2_gated_norm_ref
 
     gen = torch.Generator().manual_seed(3)
     y = (torch.randn(2, 9, 24, generator=gen) * 3).to(torch.float16).float()
@@ -157,7 +157,7 @@ def test_gated_norm_is_groupwise_and_close_to_its_float64_reference():
 
 
 def test_q2_ssd_dequantizes_as_the_kernels_and_scans():
-    from harness.emulation.ops.q2_ssd import Q2SSDParams, q2_ssd, q2_ssd_inputs
+    from harness.kernels.ssd_inputs import Q2SSDParams, q2_ssd, q2_ssd_inputs
     from test_mamba2 import _ssd_float64
 
     gen = torch.Generator().manual_seed(4)

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from harness.emulation.ops import hadamard as H
-from harness.emulation.ops.q2_w8a8 import x_channel_scales, x_channel_scales_ref
+from harness.kernels import hadamard as H
+from harness.kernels.conv1d_grouped import x_channel_scales, x_channel_scales_ref
 
 
 def _out_of_place(x: torch.Tensor, normalized: bool, transpose: bool) -> torch.Tensor:

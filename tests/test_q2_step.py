@@ -1,4 +1,4 @@
-"""Quamba2's W8A8 decode-step ops (harness.emulation.ops.q2_step) against their written-out loops of Quamba's
+"""Quamba2's W8A8 decode-step ops (harness.kernels.ssd_step) against their written-out loops of Quamba's
 kernel order (enyac-group/Quamba c474646): the in_proj GEMV, the grouped conv-window update, the SSM state update
 with its 1e6 re-quantization, the state-scale lookup and a saturating state."""
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.emulation.ops.q2_ssd import Q2SSDParams
-from harness.emulation.ops.q2_step import (dequantize_q2_state, q2_conv_pre_act, handover_q2_state, q2_conv_update, q2_conv_update_ref,
+from harness.kernels.ssd_inputs import Q2SSDParams
+from harness.kernels.ssd_step import (dequantize_q2_state, q2_conv_pre_act, handover_q2_state, q2_conv_update, q2_conv_update_ref,
                                            q2_gemv, q2_gemv_ref, q2_state_scales, q2_state_update,
                                            q2_state_update_ref, requantize_q2_state)
-from harness.emulation.ops.q2_w8a8 import x_channel_scales
+from harness.kernels.conv1d_grouped import x_channel_scales
 from harness.spec import QTensor
 
 
@@ -60,7 +60,7 @@ def test_conv_update_equals_its_loop():
 def test_conv_update_chains_one_fma_per_tap_from_the_bias():
     """The sum before SiLU: v = f32(s_b·b), then fma(f32(scale_in·w_k), x_k, v) for k = 0..3, one rounding each
     (quamba2_conv1d_update_kernel.cuh:139-141); it differs in the last bit from rounding every product first."""
-    from harness.emulation.ops.step import fma_f32_exact
+    from harness.kernels.step import fma_f32_exact
     gen = torch.Generator().manual_seed(5)
     conv, _, x_dim, conv_dim, K = _conv_case(gen, True)
     win = _codes(gen, 3, conv_dim, K)
@@ -83,7 +83,7 @@ def test_conv_update_chains_one_fma_per_tap_from_the_bias():
 
 def test_state_scale_lookup_agrees_with_the_conv_kernels_x_lookup():
     """The Triton kernels' sum-of-where lookup (selective_state_update.py:300-321) and the conv kernel's loops
-    (quamba2_conv1d_fwd_kernel.cuh:174-197, ops.q2_w8a8.x_channel_scales) pick the same (head group, dim group)."""
+    (quamba2_conv1d_fwd_kernel.cuh:174-197, kernels.conv1d_grouped.x_channel_scales) pick the same (head group, dim group)."""
     head_range = torch.tensor([[1, 3, 4, 6], [2, 3, 5, 6]], dtype=torch.int32)       # 6 heads per SSD group
     dim_range = torch.tensor([[[1, 2, 3, 4], [2, 2, 3, 4], [1, 3, 3, 4], [4, 4, 4, 4]],
                               [[1, 2, 3, 4], [3, 3, 3, 4], [1, 1, 2, 4], [2, 3, 4, 4]]], dtype=torch.int32)

@@ -1,10 +1,10 @@
-"""Quamba2's int4 linears (emulation.ops.q2_w4) against their written-out references."""
+"""Quamba2's int4 linears (kernels.w4_linear) against their written-out references."""
 from __future__ import annotations
 
 import torch
 
-from harness.emulation.ops.int4 import Int4Weight
-from harness.emulation.ops.q2_w4 import (qqq_int8_weight, qqq_int8_weight_ref, w4a8_linear, w4a8_linear_ref,
+from harness.kernels.int4 import Int4Weight
+from harness.kernels.w4_linear import (qqq_int8_weight, qqq_int8_weight_ref, w4a8_linear, w4a8_linear_ref,
                                          w4a16_linear, w4a16_linear_ref)
 from harness.spec import QTensor
 

@@ -19,15 +19,17 @@ from harness.emulation.build import build_backbone, build_mamba2_block
 from harness.emulation.capture import MAMBA2_POINTS, capture
 from harness.emulation.grouping_q2 import group_wise_sort_indices
 from harness.emulation.modules import EmuBackbone
-from harness.emulation.ops.hadamard import hadamard_transform
-from harness.emulation.ops.q2_w8a8 import q2_conv1d_ref, q2_gated_norm_ref, q2_in_proj_ref
+from harness.kernels.hadamard import hadamard_transform
+from harness.kernels.conv1d_grouped import q2_conv1d_ref
+from harness.kernels.norms import q2_gated_norm_ref
+from harness.kernels.linear import q2_in_proj_ref
 from harness.emulation.q2_params import q2_params, reorder_raw
 from harness.emulation.weights_mamba2 import float_layer_mamba2
 from harness.modes import Q2_CALIBRATION_RECIPE, ModeError, get_mode, resolve_modes
 from harness.runner.calibration import CalibrationSettings, _checksum, calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import QTensor
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from helpers import on_grid, run_cli
 
 from mamba2_fixtures import make_mamba2
@@ -155,7 +157,7 @@ def _ssd_float64(x, dt, A, B, C, D):
 
 
 def test_block_against_written_out_reference(model):
-    """Every stage of the block from its own input, by the oracles of ops.q2_w8a8 and float64 written out:
+    """Every stage of the block from its own input, by the oracles of kernels.conv1d_grouped and float64 written out:
     in_proj and conv codes exact, the SSD's y within fp16 rounding, gated norm and out_proj within an fp16 ulp,
     the Hadamard's codes within one (the kernel's fp32 butterflies)."""
     bank, windows, calib = model

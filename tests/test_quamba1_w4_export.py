@@ -14,7 +14,7 @@ import torch
 from conftest import make_hf_model, write_hf_dir
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main, main
-from harness.emulation.ops.marlin_rtn import rtn_int4
+from harness.kernels.marlin_rtn import rtn_int4
 from harness.runner.weightbank import WeightBank
 from helpers import run_cli
 from marlin_fixture import pack_given

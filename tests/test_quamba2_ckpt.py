@@ -81,7 +81,7 @@ def test_q2_w8a8_decodes_from_the_checkpoint_at_its_state_scales(handmade, tmp_p
     assert state.shape[:2] == (1, 3) and np.isfinite(state).all()
     # every stored state value is an int8 code times its (head, channel, n) entry of the checkpoint's table (the
     # reader keeps the checkpoint's channel order without a float model)
-    from harness.emulation.ops.q2_step import q2_state_scales
+    from harness.kernels.ssd_step import q2_state_scales
 
     sd = handmade_q2_state_dict()
     table = sd[M0 + "qchunk_scan.ssm_state_scale"]

@@ -116,8 +116,8 @@ def test_other_recipes_embeddings_and_heads_are_refused_by_name(field, value, tm
 
 
 @pytest.mark.parametrize("recipe, order, int4", [
-    ("W4A8", "the checkpoint's own", "Marlin-QQQ unpacked (emulation.ops.marlin)"),
-    ("W4A16", "the float model's (not reordered)", "Marlin unpacked (emulation.ops.marlin)")])
+    ("W4A8", "the checkpoint's own", "Marlin-QQQ unpacked (kernels.marlin)"),
+    ("W4A16", "the float model's (not reordered)", "Marlin unpacked (kernels.marlin)")])
 def test_a_w4_checkpoint_says_its_layer_order_and_packing(recipe, order, int4, tmp_path):
     """info() (the run's provenance): W4A8's linears are Marlin-QQQ, W4A16's plain Marlin."""
     sd, _ = w4_state_dict([[recipe], [recipe]])

@@ -18,9 +18,9 @@ from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.cli import capture_main, main
 from harness.runner.export import ExportConfig, export
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
-from harness.emulation.ops.quant import quantize_rows_signed_max_fp16
+from harness.kernels.quant import quantize_rows_signed_max_fp16
 from harness.checkpoints.quamba import open_quamba
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from harness.runner.weightbank import WeightBank
 
 QUANT = ["0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]

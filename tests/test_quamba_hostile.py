@@ -14,7 +14,7 @@ from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 from harness.checkpoints.loading import ModelDirError
 from harness.checkpoints.quamba import open_quamba
 from harness.cli import capture_main
-from harness.emulation.ops.quant import quantize
+from harness.kernels.quant import quantize
 from harness.spec import Rounding
 
 FAST = ["--seq_len", "16", "--calib_data_num", "4", "--calib_seqlen", "16"]

@@ -13,20 +13,20 @@ import torch.nn.functional as F
 
 from harness.emulation.build import build_block
 from harness.modes import CALIBRATION_RECIPES, get_mode
-from harness.emulation.ops import portable
-from harness.emulation.ops.portable import sum_last
+from harness.kernels import portable
+from harness.kernels.portable import sum_last
 from harness.emulation.modules import EmuRMSNorm
-from harness.emulation.ops.conv1d import float_causal_conv1d_silu, silu_kernel
-from harness.emulation.ops.hadamard import (
+from harness.kernels.conv1d import float_causal_conv1d_silu, silu_kernel
+from harness.kernels.hadamard import (
     _base_matrix,
     hadamard_factors,
     hadamard_transform,
     hadamard_transform_fht,
     quamba_kernel_support,
 )
-from harness.emulation.ops.linear import Epilogue, w8a8_linear
-from harness.emulation.ops.quant import round_to_dtype
-from harness.emulation.ops.scan import ScanOrder, selective_scan
+from harness.kernels.linear import Epilogue, w8a8_linear
+from harness.kernels.quant import round_to_dtype
+from harness.kernels.scan import ScanOrder, selective_scan
 from harness.spec import FloatOut, LayerScales, ModelDims, QTensor
 from harness.runner.weightbank import WeightBank
 from harness.emulation.weights import fht_fp16, float_layer, quamba_fp16_layer, quamba_int8_layer
@@ -148,7 +148,7 @@ def test_rms_norm_multiplies_by_one_over_sqrt():
 def _fork_scan(u, delta, A_log, B, C, D, z, bias):
     """selective_scan_SE.py:129-273 written out: (B, D, L) layout, per step, .sum(dim=2), y * F.silu(z).
 
-    With the emulation's portable functions: exp, log1p and silu from harness.emulation.ops.portable, and the
+    With the emulation's portable functions: exp, log1p and silu from harness.kernels.portable, and the
     sum over d_state (contiguous) in its fixed pairwise order: the bits the fork's order gives on any CPU."""
     u, delta, z = (t.transpose(1, 2) for t in (u, delta, z))          # (B, D, L)
     B, C = B.transpose(1, 2), C.transpose(1, 2)                       # (B, N, L)
@@ -246,7 +246,7 @@ def test_calibration_model_of_prep_quamba():
 
 def test_mamba_order_is_the_kernel_order_with_mamba_ssms_gate(monkeypatch):
     """mamba_ssm selective_scan_fwd_kernel.cuh:158-298: D*u first, FMA per state, then out *= z / (1 + expf(-z))."""
-    import harness.emulation.ops.scan as scan_mod
+    import harness.kernels.scan as scan_mod
     g = torch.Generator().manual_seed(6)
     bsz, L, E, N = 1, 9, 16, 4
     ops = [torch.randn(bsz, L, E, generator=g), torch.randn(bsz, L, E, generator=g), torch.randn(E, N, generator=g),

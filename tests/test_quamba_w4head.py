@@ -15,8 +15,8 @@ from conftest import TOKENIZER
 from harness.checkpoints.quamba2 import open_any_quamba
 from harness.cli import capture_main
 from harness.emulation.modules import EmuRMSNorm
-from harness.emulation.ops.int4 import Int4Weight
-from harness.emulation.ops.q2_w4 import w4a8_linear, w4a16_linear
+from harness.kernels.int4 import Int4Weight
+from harness.kernels.w4_linear import w4a8_linear, w4a16_linear
 from harness.emulation.q2_head import quantize_rows_int4_fp16, quantized_rows
 from harness.modes import get_mode
 from harness.runner.head import build_head

@@ -8,7 +8,7 @@ from conftest import ROOT
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.checkpoints.text import DEFAULT_TEXT_FILE, tokenize_file
 from harness.cli import capture_main
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from helpers import run_cli
 
 TINY2 = ROOT / "models" / "mamba2-tiny"

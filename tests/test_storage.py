@@ -3,16 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from harness.store.format import (
-    StorageError,
-    array_key,
-    dedup_arrays,
-    load_capture,
-    parse_array_key,
-    stats_path,
-    write_json,
-    write_npz,
-)
+from harness.store.format import StorageError, array_key, dedup_arrays, parse_array_key, stats_path, write_json, write_npz
+from harness.store.reader import load_capture
 
 
 def test_keys_round_trip():
@@ -128,7 +120,8 @@ def test_a_pair_killed_between_its_renames_is_read_through_the_pending_manifest(
     tests reach it). A pending manifest that does not match is not taken."""
     import shutil
 
-    from harness.store.format import load_capture, pending_path, write_pair
+    from harness.store.reader import load_capture
+    from harness.store.format import pending_path, write_pair
 
     old, new = tmp_path / "p.npz", tmp_path / "new" / "p.npz"
     new.parent.mkdir()

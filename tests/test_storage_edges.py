@@ -4,17 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from harness.store.format import (
-    StorageError,
-    check_writable,
-    json_safe,
-    load_capture,
-    parse_array_key,
-    stats_path,
-    tensor_name,
-    write_json,
-    write_npz,
-)
+from harness.store.format import StorageError, check_writable, json_safe, parse_array_key, stats_path, tensor_name, write_json, write_npz
+from harness.store.reader import load_capture
 
 
 @pytest.mark.parametrize("key, parsed", [

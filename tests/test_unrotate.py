@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.emulation.ops.hadamard import hadamard_factors, hadamard_matrix
+from harness.kernels.hadamard import hadamard_factors, hadamard_matrix
 from helpers import run_modes
 
 # d_model -> its base (the symmetric 12 base and powers of two: test_fp_contracts)

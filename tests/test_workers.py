@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, make_hf_model, write_hf_dir
 from harness.cli import capture_main
-from harness.store.format import load_capture
+from harness.store.reader import load_capture
 from helpers import FAST_CLI, run_cli
 from quamba_fixture import write_handmade
 

@@ -2,10 +2,10 @@
 
     python tools/mutation.py [--max-children N] [--fraction F] [--one-call] [MODULE ...]   # default: every module
 
-MODULE is a dotted name (harness.emulation.ops.quant). mutmut keeps every result in mutants/ (edit a module and the
+MODULE is a dotted name (harness.kernels.quant). mutmut keeps every result in mutants/ (edit a module and the
 mutants of the functions changed are regenerated without one); only mutants without a result are handed
 to mutmut, so a stopped run resumes where it stopped. (mutmut itself runs every mutant matching the names
-it is given again, results or not: ``mutmut run 'harness.emulation.ops.quant.*'`` starts over.)
+it is given again, results or not: ``mutmut run 'harness.kernels.quant.*'`` starts over.)
 ``--fraction F`` runs a seeded random fraction of each module's mutants (at least one): the session-sized
 check ``make mutation`` runs (F = 0.03, seed 1; about 600 of the 19929 mutants, an hour with two workers on this 2-core machine).
 ``--sample N`` runs N mutants per module instead, ``--rerun-survivors`` the surviving mutants again

@@ -26,7 +26,7 @@ import torch
 from .loading import ModelDirError, refuse_in
 from .quamba_checks import SUPPORTED, check_blocks_present, check_values, config_dims
 from ..store.files import is_regular, read_regular
-from ..emulation.ops.quant import f32
+from ..kernels.quant import f32
 from ..spec import LayerScales, ModelDims, QTensor
 from ..emulation.weights import LayerParams
 

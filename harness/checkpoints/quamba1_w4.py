@@ -36,8 +36,8 @@ from .quamba2_w4 import FLOAT, _check_marlin, _marlin, _ok, _what, load_w4
 from .quamba_checks import _field, _layer_kind, check_blocks_present, check_values, mamba1_sizes
 from .quamba_w4head import W4HeadMixin, check_w4_top, w4_head_kinds
 from ..emulation.mamba1_w4 import Q1W4Layer
-from ..emulation.ops.int4 import Int4Weight
-from ..emulation.ops.marlin import unpack_marlin, unpack_marlin_qqq
+from ..kernels.int4 import Int4Weight
+from ..kernels.marlin import unpack_marlin, unpack_marlin_qqq
 from ..emulation.weights import LayerParams
 from ..spec import ModelDims, QTensor
 
@@ -163,7 +163,7 @@ class Quamba1W4Checkpoint(W4HeadMixin, QuambaCheckpoint):
 
     def info(self) -> dict:
         return {"ssm_layer": f"{self.recipe}QMamba", **self.kinds,
-                "int4": "Marlin" + ("-QQQ" if self.recipe == "W4A8" else "") + " unpacked (emulation.ops.marlin)"}
+                "int4": "Marlin" + ("-QQQ" if self.recipe == "W4A8" else "") + " unpacked (kernels.marlin)"}
 
 
 def open_quamba1_w4(path: Path | str) -> Quamba1W4Checkpoint:

@@ -29,7 +29,7 @@ from .quamba import (_QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _describe, _ki
 from .quamba2_checks import NONE, SUPPORTED2, check_q2_values, q2_config_dims, q2_layer_spec
 from .quamba_checks import check_values
 from ..emulation.grouping_q2 import GroupReorder
-from ..emulation.ops.q2_w8a8 import conv_out_scales, x_channel_scales
+from ..kernels.conv1d_grouped import conv_out_scales, x_channel_scales
 from ..emulation.q2_params import Q2Params, Q2Scales
 from ..emulation.weights_mamba2 import Mamba2Params
 from ..spec import Mamba2Dims, QTensor

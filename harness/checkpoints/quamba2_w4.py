@@ -1,5 +1,5 @@
 """Quamba2 W4A8, W4A16 and hybrid W4AX checkpoints: every block key checked, the Marlin linears unpacked into
-``Int4Weight`` (emulation.ops.marlin), the activation scales and the other tensors handed back validated.
+``Int4Weight`` (kernels.marlin), the activation scales and the other tensors handed back validated.
 
 ``read_w4_blocks`` gives one ``W4Block`` per layer and recipe; checkpoints.quamba2_w4ckpt runs the q2-w4a8 and
 q2-w4a16 modes from them. enyac-group/Quamba c474646:
@@ -30,8 +30,8 @@ from .loading import ModelDirError, refuse_in
 from .quamba import F, T0, _describe, _kind_ok, _read_config, check_spec, load_state_dict, parse_config
 from .quamba2_checks import bad_scale, check_q2_grouped, q2_layer_spec, q2_sizes, q2_unsupported
 from .quamba_checks import _field, check_blocks_present, check_values
-from ..emulation.ops.int4 import Int4Weight
-from ..emulation.ops.marlin import unpack_marlin, unpack_marlin_qqq
+from ..kernels.int4 import Int4Weight
+from ..kernels.marlin import unpack_marlin, unpack_marlin_qqq
 from ..spec import Mamba2Dims
 from ..store.files import is_regular
 

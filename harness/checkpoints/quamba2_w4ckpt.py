@@ -118,7 +118,7 @@ class Quamba2W4Checkpoint(W4HeadMixin, Quamba2Checkpoint):
         return {"ssm_layer": f"{self.recipe}QMamba2", **self.kinds,
                 "channel_order": "the float model's (not reordered)" if self.recipe == "W4A16" else
                 "recovered from the float model" if self.order_source else "the checkpoint's own",
-                "int4": "Marlin" + ("-QQQ" if self.recipe == "W4A8" else "") + " unpacked (emulation.ops.marlin)"}
+                "int4": "Marlin" + ("-QQQ" if self.recipe == "W4A8" else "") + " unpacked (kernels.marlin)"}
 
 
 def _refuse(path: Path, what: str) -> ModelDirError:

@@ -31,7 +31,7 @@ from .loading import ModelDirError
 from .quamba import F, check_spec
 from .quamba2_w4 import _marlin, _ok, _what
 from .quamba_checks import _layer_kind, check_values
-from ..emulation.ops.marlin import unpack_marlin, unpack_marlin_qqq
+from ..kernels.marlin import unpack_marlin, unpack_marlin_qqq
 
 __all__ = ["W4_HEADS", "w4_head_kinds", "w4_top_spec", "check_w4_top", "w4_embedding_rows", "W4HeadMixin"]
 

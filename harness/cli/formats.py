@@ -78,7 +78,7 @@ def _suggest_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _suggest_main(argv: list[str], prog: str = "python -m harness formats") -> int:
-    from ..emulation.ops.formats import FORMATS
+    from ..kernels.formats import FORMATS
     from ..modes import ModeError
     from ..runner.pipeline import InputError
     from ..runner.suggest import SUGGESTED, suggest

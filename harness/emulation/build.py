@@ -48,12 +48,12 @@ from .modules import (
     EmuSelectiveScan,
     UInput,
 )
-from .ops.hadamard import quamba_kernel_support
-from .ops.linear import Epilogue
-from .ops.scan import ScanOrder
+from ..kernels.hadamard import quamba_kernel_support
+from ..kernels.linear import Epilogue
+from ..kernels.scan import ScanOrder
 from ..spec import (FLOAT_DTYPES, FORMAT_NAMES, FloatOut, FormatOut, LayerScales, Mamba2Dims, ModelDims, OutSpec,
                     QuantOut, Rounding)
-from .ops.formats import FORMATS, fake_quantize
+from ..kernels.formats import FORMATS, fake_quantize
 from .state import StateRule
 from .weights import LayerParams
 from .mamba2 import EmuConvXBC, EmuGatedNorm, EmuMamba2Block, EmuSSD

@@ -33,8 +33,8 @@ import math
 
 import torch
 
-from .ops.int4 import ZERO_POINT, Int4Weight
-from .ops.quant import round_half_even
+from ..kernels.int4 import ZERO_POINT, Int4Weight
+from ..kernels.rounding import round_half_even
 
 __all__ = ["Hessian", "gptq_int4", "gptq_group_size", "int4_quant", "marlin_codes", "PERCDAMP", "GROUP_SIZE"]
 

@@ -26,7 +26,7 @@ from ..modes import CALIBRATION_RECIPES, Prep
 from ..spec import ModelDims
 from .build import build_block
 from .gptq import gptq_group_size, gptq_int4, to_int4_weight
-from .ops.int4 import Int4Weight
+from ..kernels.int4 import Int4Weight
 from .q2_gptq import block_hessians
 from .weights import LayerParams
 

@@ -32,10 +32,10 @@ from torch import nn
 from ..spec import FloatOut, LayerScales, QTensor, Rounding
 from .mamba2_q2w4 import EmuW4A8Linear, EmuW4A16Linear
 from .modules import ConvInput, EmuConv1d, EmuMambaBlock
-from .ops.int4 import Int4Weight
-from .ops.marlin_rtn import rtn_int4
-from .ops.q2_w4 import qqq_int8_weight, w4a8_values
-from .ops.quant import quantize_prescaled
+from ..kernels.int4 import Int4Weight
+from ..kernels.marlin_rtn import rtn_int4
+from ..kernels.w4_linear import qqq_int8_weight, w4a8_values
+from ..kernels.quant import quantize_prescaled
 
 __all__ = ["Q1W4Layer", "EmuW4A8O8Linear", "with_output_scale", "q1w4_layer", "with_w4a8_linears",
            "with_w4a16_linears"]

@@ -29,9 +29,9 @@ from torch import nn
 from ..spec import Act, FloatOut, HookPoint, Mamba2Dims
 from .capture import MAMBA2_POINTS, hook_attr
 from .modules import EmuHadamard, EmuLinear, EmuRMSNorm, OpCache
-from .ops.conv1d import float_causal_conv1d_silu
-from .ops.quant import dequantize, to_output
-from .ops.ssd import gated_rmsnorm, ssd_chunked, ssd_dt, ssd_ref
+from ..kernels.conv1d import float_causal_conv1d_silu
+from ..kernels.quant import dequantize, to_output
+from ..kernels.ssd import gated_rmsnorm, ssd_chunked, ssd_dt, ssd_ref
 from .state import BlockState, StateRule, conv_window, ssm_handover
 
 __all__ = ["EmuConvXBC", "EmuSSD", "EmuGatedNorm", "EmuMamba2Block", "MAMBA2_BLOCK_POINTS"]

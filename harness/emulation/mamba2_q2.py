@@ -3,7 +3,7 @@
     q_u            = sat8(RNE(RMSNorm(residual) / s_in))                     norm.out
     z | x | B | C | dt (int8) = q2_in_proj(q_u)  (per-column factor b)      in_proj.z, in_proj.xBC, in_proj.dt
     x | B | C (int8) = q2_conv1d(x | B | C)  (x per group, B/C per SSD group) conv1d.x, conv1d.B, conv1d.C
-    y, state       = SSD of the dequantized int8 inputs (ops.q2_ssd), y fp16  ssd.dt, ssd.y, ssd.state
+    y, state       = SSD of the dequantized int8 inputs (kernels.ssd_inputs), y fp16  ssd.dt, ssd.y, ssd.state
     g              = QRMSNormGated(y, z) in fp16                               gnorm.out
     q_g            = sat8(RNA(Hadamard(g) / s_H))                              had.out
     out            = W8A8B16O16 out_proj(q_g), fp16                            out_proj.out
@@ -26,14 +26,16 @@ import torch
 from ..spec import FloatOut, Mamba2Dims, QuantOut, Rounding
 from .mamba2 import EmuMamba2Block
 from .modules import EmuHadamard, EmuLinear, EmuRMSNorm
-from .ops.linear import Epilogue
+from ..kernels.linear import Epilogue
 from .grouping_q2 import group_ranges
-from .ops.q2_ssd import Q2SSDParams, q2_ssd_inputs
-from .ops.q2_step import handover_q2_state, q2_conv_update, q2_gemv, q2_state_scales, q2_state_update, \
+from ..kernels.ssd_inputs import Q2SSDParams, q2_ssd_inputs
+from ..kernels.ssd_step import handover_q2_state, q2_conv_update, q2_gemv, q2_state_scales, q2_state_update, \
     requantize_q2_state
-from .ops.q2_w8a8 import q2_conv1d_quantize, q2_conv1d_values, q2_gated_norm, q2_in_proj
-from .ops.quant import round_to_dtype
-from .ops.ssd import ssd_chunked, ssd_ref
+from ..kernels.conv1d_grouped import q2_conv1d_quantize, q2_conv1d_values
+from ..kernels.norms import q2_gated_norm
+from ..kernels.linear import q2_in_proj
+from ..kernels.quant import round_to_dtype
+from ..kernels.ssd import ssd_chunked, ssd_ref
 from .q2_params import Q2Params, Q2Scales
 from .state import Q2BlockState, conv_window
 
@@ -91,7 +93,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         return q2_in_proj(normed, self.q.in_proj, self.q.in_proj_b)
 
     def _step_in_proj(self, normed) -> torch.Tensor:
-        """The int8 codes of one token: W8A8's GEMV (ops.q2_step.q2_gemv; the W4A8 block overrides it)."""
+        """The int8 codes of one token: W8A8's GEMV (kernels.ssd_step.q2_gemv; the W4A8 block overrides it)."""
         return q2_gemv(normed, self.q.in_proj, self.q.in_proj_b)
 
     def x_groups(self) -> dict:
@@ -173,7 +175,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
 
     def prefill(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Q2BlockState]:
         """``forward``, plus the state it hands to the first step (qMamba2.py:1305-1320): the last d_conv int8
-        xBC codes (zeros in front when shorter) and the final state as int8 codes (ops.q2_step.handover_q2_state)."""
+        xBC codes (zeros in front when shorter) and the final state as int8 codes (kernels.ssd_step.handover_q2_state)."""
         if self.state_scales is None and self.state_dtype == "int8":
             raise ValueError("these q2-w8a8 scales have no ssm_state_scale: the decode step needs a calibration "
                              "that observed the SSM state (harness.emulation.q2_calibration)")
@@ -186,7 +188,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
     def store_state(self, h: torch.Tensor, handover: bool = False) -> torch.Tensor:
         """The state the next step starts from, the one place that decides its form: with state_dtype int8 the
         fp32 values re-quantized by the kernel's rule (selective_state_update.py:355; the prefill's hand-over first
-        rounds to fp16, ops.q2_step.handover_q2_state); with fp32 the values as they are."""
+        rounds to fp16, kernels.ssd_step.handover_q2_state); with fp32 the values as they are."""
         if self.state_dtype == "fp32":
             return h.to(torch.float32)
         return handover_q2_state(h, self.state_scales) if handover else requantize_q2_state(h, self.state_scales)

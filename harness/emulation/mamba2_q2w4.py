@@ -33,9 +33,9 @@ from torch import nn
 from ..spec import Mamba2Dims, QTensor
 from .mamba2 import EmuMamba2Block
 from .mamba2_q2 import EmuQ2Mamba2Block, build_q2_block
-from .ops.int4 import Int4Weight
-from .ops.q2_w4 import qqq_int8_weight, w4a8_linear, w4a8_values, w4a16_linear
-from .ops.quant import round_to_dtype
+from ..kernels.int4 import Int4Weight
+from ..kernels.w4_linear import qqq_int8_weight, w4a8_linear, w4a8_values, w4a16_linear
+from ..kernels.quant import round_to_dtype
 from .q2_params import Q2Params, Q2Scales, q2_params
 
 __all__ = ["Q2W4Layer", "EmuW4A8Linear", "EmuW4A16Linear", "EmuQ2W4A8Block", "build_q2w4a8_block",
@@ -58,7 +58,7 @@ class Q2W4Layer:
 
 
 class EmuW4A16Linear(nn.Module):
-    """Marlin W4A16: fp16 in, fp16 out (ops.q2_w4.w4a16_linear)."""
+    """Marlin W4A16: fp16 in, fp16 out (kernels.w4_linear.w4a16_linear)."""
 
     def __init__(self, weight: Int4Weight) -> None:
         super().__init__()
@@ -71,8 +71,8 @@ class EmuW4A16Linear(nn.Module):
 
 
 class EmuW4A8Linear(nn.Module):
-    """Marlin-QQQ W4A8B16O16: int8 in (its per-tensor scale is s_tok), fp16 out (ops.q2_w4.w4a8_linear).
-    keep_int8: hold the kernel's int8 weight after the first call (ops.q2_w4.qqq_int8_weight, 60 % of a call's
+    """Marlin-QQQ W4A8B16O16: int8 in (its per-tensor scale is s_tok), fp16 out (kernels.w4_linear.w4a8_linear).
+    keep_int8: hold the kernel's int8 weight after the first call (kernels.w4_linear.qqq_int8_weight, 60 % of a call's
     time at 130m's out_proj) instead of converting the int4 codes at every call; the same values either way."""
 
     def __init__(self, weight: Int4Weight, keep_int8: bool = False) -> None:

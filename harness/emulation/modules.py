@@ -19,14 +19,14 @@ from torch import nn
 from ..modes import SsmU
 from ..spec import Act, HookPoint, OutSpec, QTensor, QuantOut, Rounding
 from .capture import POINTS, hook_attr
-from .ops import portable
-from .ops.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
-from .ops.hadamard import hadamard_transform, hadamard_transform_fht
-from .ops.linear import Epilogue, float_linear, w8a8_linear
-from .ops.quant import dequantize, f32, quantize, quantize_prescaled, round_to_dtype, to_output
-from .ops.scan import ScanOrder, selective_scan
-from .ops.state_update import quant_state_update, requantize_state
-from .ops.step import float_conv_update, int8_conv_update, shift_window, w8a8_gemv
+from ..kernels import portable
+from ..kernels.conv1d import float_causal_conv1d_silu, int8_causal_conv1d_silu
+from ..kernels.hadamard import hadamard_transform, hadamard_transform_fht
+from ..kernels.linear import Epilogue, float_linear, w8a8_linear
+from ..kernels.quant import dequantize, f32, quantize, quantize_prescaled, round_to_dtype, to_output
+from ..kernels.scan import ScanOrder, selective_scan
+from ..kernels.state_update import quant_state_update, requantize_state
+from ..kernels.step import float_conv_update, int8_conv_update, shift_window, w8a8_gemv
 from .state import BlockState, StateRule, conv_window, ssm_handover
 
 __all__ = [

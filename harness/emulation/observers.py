@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops.quant import minmax_scale_fp16, scale_from_amax_fp32
+from ..kernels.quant import minmax_scale_fp16, scale_from_amax_fp32
 
 __all__ = ["MinMaxObserver", "PercentileObserver", "quantile_high"]
 

@@ -28,7 +28,7 @@ from .grouping_q2 import group_wise_sort_indices
 from .modules import EmuBackbone
 from .observers import MinMaxObserver, PercentileObserver
 from .observers_q2 import CachedStatesObserver, CrossHeadMinmaxObserver
-from .ops import portable
+from ..kernels import portable
 from .q2_params import Q2Scales, reorder_raw
 from .weights_mamba2 import float_layer_mamba2
 

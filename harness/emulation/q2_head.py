@@ -15,7 +15,7 @@ W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785): per-tensor absmax int8 wei
 alpha = (f32(s_w) * s_in).item(), an int8 GEMM times alpha, fp16 output (runner.head.Head).
 
 lm_head W4 (a checkpoint's W4A16B16O16Linear or W4A8B16O16Linear, checkpoints.quamba_w4head): the Marlin / Marlin-QQQ
-GEMM of ops.q2_w4 on norm_f's fp16 output (W4A16) or its int8 codes at the lm_head:input scale (W4A8), fp16 logits;
+GEMM of kernels.w4_linear on norm_f's fp16 output (W4A16) or its int8 codes at the lm_head:input scale (W4A8), fp16 logits;
 ``w4_lm_head_logits`` runs it a slice of the vocabulary at a time (the output rows are independent).
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ from __future__ import annotations
 import torch
 
 from ..spec import QTensor
-from .ops.int4 import Int4Weight
-from .ops.q2_w4 import w4a8_linear, w4a16_linear
-from .ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16, round_half_even, round_to_dtype
+from ..kernels.int4 import Int4Weight
+from ..kernels.w4_linear import w4a8_linear, w4a16_linear
+from ..kernels.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16, round_to_dtype
+from ..kernels.rounding import round_half_even
 
 __all__ = ["quantize_rows_int4_fp16", "quantized_rows", "w8a8_lm_head", "w4_lm_head_logits"]
 

@@ -44,8 +44,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .grouping_q2 import GroupReorder, group_ranges
-from .ops.q2_w8a8 import conv_out_scales, x_channel_scales
-from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
+from ..kernels.conv1d_grouped import conv_out_scales, x_channel_scales
+from ..kernels.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
 from .weights_mamba2 import Mamba2Params, float_layer_mamba2
 from .weights_q2 import q2_conv_weights, q2_in_proj_weight
 

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import Act, QTensor
-from .ops.quant import dequantize, round_to_dtype
-from .ops.q2_step import dequantize_q2_state
-from .ops.state_update import handover_codes
+from ..kernels.quant import dequantize, round_to_dtype
+from ..kernels.ssd_step import dequantize_q2_state
+from ..kernels.state_update import handover_codes
 
 __all__ = ["StateRule", "BlockState", "Q2BlockState", "conv_window", "ssm_handover"]
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from ..spec import QTensor
-from .ops.hadamard import hadamard_transform, hadamard_transform_fht
-from .ops.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
+from ..kernels.hadamard import hadamard_transform, hadamard_transform_fht
+from ..kernels.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
 
 __all__ = ["LayerParams", "PREPS", "float_layer", "rotated_projections", "quamba_fp16_layer", "quamba_int8_layer", "int8_layer", "fht_fp16"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .weights import rotated_projections
-from .ops.quant import round_to_dtype
+from ..kernels.quant import round_to_dtype
 
 __all__ = ["Mamba2Params", "float_layer_mamba2"]
 

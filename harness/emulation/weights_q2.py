@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops.quant import f32, quantize_param_fp32, quantize_weight_fp16
+from ..kernels.quant import f32, quantize_param_fp32, quantize_weight_fp16
 
 __all__ = ["q2_in_proj_weight", "q2_conv_weights"]
 

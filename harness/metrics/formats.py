@@ -1,4 +1,4 @@
-"""The error of representing one tensor in a number format (harness.emulation.ops.formats), for the format sweep.
+"""The error of representing one tensor in a number format (harness.kernels.formats), for the format sweep.
 
 For x (a captured float32 tensor) and y = fake_quantize(x, fmt), over the finite elements of x, in float64:
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..emulation.ops.formats import FORMATS, check_shape, fake_quantize_with_limit, scale_groups
+from ..kernels.formats import FORMATS, check_shape, fake_quantize_with_limit, scale_groups
 
 __all__ = ["FORMAT_METRICS", "format_errors", "not_applicable", "reference", "Reference"]
 

@@ -1,7 +1,7 @@
 """Quamba2's x group diagnostics: SQNR and saturation of the grouped int8 x, per head group and per dim group.
 
 Quamba2's conv quantizes x (the conv + SiLU output) with one scale per (SSD group g, head group hg, dim group
-dg) cell (emulation.ops.q2_w8a8). For every cell, over every token of every sample, with v the fp32 value the
+dg) cell (kernels.conv1d_grouped). For every cell, over every token of every sample, with v the fp32 value the
 quantizer saw, q its int8 code and s_c the cell's scale (the same mode's own float x, before quantization, is
 the reference: the error is the quantizer's alone, not the int8 in_proj's or the conv's upstream of it):
 

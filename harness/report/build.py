@@ -19,7 +19,7 @@ from ..store.files import atomic_write
 from ..store.format import StorageError, check_writable
 from .figures import mode_colors, render, style
 from .format_section import DEFAULT_REPORT_FORMATS, format_section
-from ..emulation.ops.formats import FORMATS
+from ..kernels.formats import FORMATS
 from .target import check_target, report_path
 from .data import load_report_data
 from .crossrun import crossrun_section

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..emulation.ops.formats import fake_quantize
+from ..kernels.formats import fake_quantize
 from ..metrics.formats import format_errors, not_applicable, reference
 from .data import ReportData
 from .html import section, table

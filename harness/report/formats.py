@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
-from ..emulation.ops.formats import FORMATS
+from ..kernels.formats import FORMATS
 from ..metrics.formats import FORMAT_METRICS, format_errors, not_applicable, reference
 from ..store.format import StorageError
 from ..store.reader import load_capture

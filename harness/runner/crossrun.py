@@ -13,7 +13,8 @@ import numpy as np
 
 from ..metrics.crossrun import compare_runs
 from ..runtime.log import error
-from ..store.format import CaptureFile, StorageError, check_output, check_writable, load_capture, stats_path, write_json
+from ..store.reader import CaptureFile, load_capture
+from ..store.format import StorageError, check_output, check_writable, stats_path, write_json
 
 __all__ = ["CrossRunError", "compare_files", "crossrun_text", "command"]
 

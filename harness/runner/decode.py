@@ -27,7 +27,7 @@ from ..metrics.errors import error_metrics, tensor_stats
 from ..metrics.logits import kl_divergence, top1_agreement
 from ..modes import Rotate
 from ..spec import QTensor
-from ..emulation.ops.hadamard import hadamard_transform
+from ..kernels.hadamard import hadamard_transform
 from .context import RunContext
 from .forwards import Forward, basis_of, build_head
 from .weightbank import WeightBank

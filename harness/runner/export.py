@@ -25,7 +25,7 @@ from ..runtime.guard import Progress
 from ..modes import CALIBRATION_RECIPES
 from ..emulation.modules import EmuRMSNorm
 from ..emulation.observers import MinMaxObserver
-from ..emulation.ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
+from ..kernels.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
 from ..spec import FloatOut
 from ..checkpoints.quamba import is_quamba_dir, write_quamba
 from ..store.files import StorageError, is_regular

@@ -2,7 +2,7 @@
 
 enyac-group/Quamba c474646. The int4 weights are the q2-w4a8 / q2-w4a16 mode's (runner.gptq_mamba1: GPTQ's in_proj
 and out_proj, its cache shared with capture; x_proj Marlin's round to nearest), packed as Marlin-QQQ / Marlin
-(emulation.ops.marlin; in_proj's and x_proj's channel scales carry their output scale, as ``w4a8_quantize(
+(kernels.marlin; in_proj's and x_proj's channel scales carry their output scale, as ``w4a8_quantize(
 out_scales=)`` fuses it, marlin_utils.py:254-256; out-features padded to 64 / 256, qLinearLayer.py:24-26, 289-291).
 W4A8's other tensors are mode 0's (``W4A8QMamba.from_fp16`` builds W8A8QMamba's QCausalConv1D, dt_proj, QSScan and
 QHadamard from the same scales, qMambaLayer.py:593-645; checkpoints.quamba's writer without its int8 in_proj,

@@ -19,7 +19,7 @@ from .weightbank import WeightBank
 from ..checkpoints.quamba2 import q2_state_dict, write_quamba2
 from ..emulation.q2_params import q2_params
 from ..emulation.q2_lm_head_scale import q2_lm_head_scale
-from ..emulation.ops.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
+from ..kernels.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
 from ..modes import Q2_CALIBRATION_RECIPE, get_mode
 from ..spec import Mamba2Dims
 

@@ -1,7 +1,7 @@
 """``python -m harness export --recipe w4a8|w4a16`` of a Mamba-2 model: a ``W4A8QMamba2`` / ``W4A16QMamba2`` checkpoint.
 
 The int4 weights are the q2-w4a8 / q2-w4a16 mode's GPTQ (runner.gptq_q2, its cache shared with capture), packed
-as Marlin-QQQ / Marlin (emulation.ops.marlin; in_proj's channel scales carry the splits' output scales, as
+as Marlin-QQQ / Marlin (kernels.marlin; in_proj's channel scales carry the splits' output scales, as
 ``w4a8_quantize(out_scales=)`` fuses them, enyac-group/Quamba c474646 quamba/marlin_utils.py:254-256). W4A8's
 activation path is q2-w8a8's (checkpoints.quamba2.q2_state_dict without its int8 linears; ``W4A8QMamba2``
 builds W8A8's conv1d, qchunk_scan, norm and had, qMamba2.py:800-824), with ``input_scale`` s_in and s_H on the
@@ -20,7 +20,7 @@ from .forwards import build_head
 from .weightbank import WeightBank
 from ..checkpoints.quamba2 import q2_state_dict, write_quamba2
 from ..emulation.mamba2_q2w4 import Q2W4Layer
-from ..emulation.ops.marlin import pack_marlin, pack_marlin_qqq
+from ..kernels.marlin import pack_marlin, pack_marlin_qqq
 from ..emulation.q2_params import q2_params
 from ..emulation.weights_mamba2 import float_layer_mamba2
 from ..modes import get_mode

@@ -29,7 +29,7 @@ from ..metrics.errors import tensor_stats
 from ..metrics.q2groups import XGroupSums
 from ..modes import ModeRecipe, Rotate
 from ..emulation.modules import EmuBackbone, EmuMambaBlock
-from ..emulation.ops.hadamard import hadamard_transform
+from ..kernels.hadamard import hadamard_transform
 from .head import Head, build_head, keep_only
 from .sharedops import SharedOps
 from ..spec import LayerScales, QTensor

@@ -16,7 +16,7 @@ import torch
 
 from ..emulation.mamba1_gptq import gptq_mamba1
 from ..emulation.mamba1_w4 import Q1W4Layer, q1w4_layer
-from ..emulation.ops.marlin_rtn import rtn_group_size
+from ..kernels.marlin_rtn import rtn_group_size
 from ..runtime.guard import Progress
 from .calibration import CalibrationResult, CalibrationSettings, _layer_keys, calibrate
 from .gptq_q2 import GPTQ_VERSION, cached_gptq, gptq_info

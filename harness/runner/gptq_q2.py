@@ -22,7 +22,7 @@ import torch
 
 from ..emulation.gptq import PERCDAMP, gptq_group_size
 from ..emulation.mamba2_q2w4 import Q2W4Layer
-from ..emulation.ops.int4 import Int4Weight
+from ..kernels.int4 import Int4Weight
 from ..emulation.q2_gptq import gptq_q2, q2w4_layers
 from ..emulation.q2_params import reorder_raw
 from ..modes import Q2_CALIBRATION_RECIPE

@@ -11,9 +11,9 @@ from torch import nn
 
 from ..emulation.build import act_dtype
 from ..emulation.modules import EmuRMSNorm
-from ..emulation.ops.linear import float_linear, int8_gemm
-from ..emulation.ops.quant import dequantize, round_to_dtype, to_output
-from ..emulation.ops.int4 import Int4Weight
+from ..kernels.linear import float_linear, int8_gemm
+from ..kernels.quant import dequantize, round_to_dtype, to_output
+from ..kernels.int4 import Int4Weight
 from ..emulation.q2_head import w4_lm_head_logits, w8a8_lm_head
 from ..modes import LmHead, ModeRecipe, Rotate, Weights
 from ..runtime.memory import release_freed

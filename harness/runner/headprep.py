@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..emulation.ops.hadamard import hadamard_transform
-from ..emulation.ops.quant import round_to_dtype
+from ..kernels.hadamard import hadamard_transform
+from ..kernels.quant import round_to_dtype
 
 __all__ = ["rotated_head", "round_rows_"]
 

@@ -24,7 +24,7 @@ from ..checkpoints.quamba import QuambaCheckpoint, is_quamba_dir
 from ..checkpoints.quamba2 import open_any_quamba
 from ..store.files import is_regular
 from .weightbank import WeightBank
-from ..emulation.ops.marlin_rtn import rtn_int4
+from ..kernels.marlin_rtn import rtn_int4
 from ..emulation.weights import int8_layer
 
 __all__ = ["Models", "open_models", "check_pair", "checkpoint_calibration", "needs_float", "PAIR_MIN_FRACTION"]

@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from ..emulation.ops.formats import FORMATS
+from ..kernels.formats import FORMATS
 from .config import RunConfig
 from .pipeline import run
 

@@ -12,9 +12,9 @@ from ..checkpoints.loading import Checkpoint
 from ..emulation.weights import (
     PREPS, LayerParams, fht_fp16, float_layer, int8_layer, quamba_fp16_layer,
 )
-from ..emulation.ops.hadamard import hadamard_transform
+from ..kernels.hadamard import hadamard_transform
 from ..emulation.weights_mamba2 import float_layer_mamba2
-from ..emulation.ops.quant import round_to_dtype
+from ..kernels.quant import round_to_dtype
 from ..runtime.memory import release_freed
 from ..spec import FLOAT_DTYPES
 

@@ -285,10 +285,3 @@ def dedup_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], 
         kept[key] = arr
     return kept, aliases
 
-
-def __getattr__(name: str):
-    """The reader moved to ``store.reader``; ``from harness.store.format import load_capture`` still works."""
-    if name in ("CaptureFile", "load_capture"):
-        from . import reader
-        return getattr(reader, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.emulation.ops.linear import Epilogue, w8a8_linear
-from harness.emulation.ops.quant import f32
-from harness.emulation.ops.scan import softplus_thresholded
-from harness.emulation.ops.state_update import (handover_codes, quant_state_update, quant_state_update_ref,
+from harness.kernels.linear import Epilogue, w8a8_linear
+from harness.kernels.quant import f32
+from harness.kernels.scan import softplus_thresholded
+from harness.kernels.state_update import (handover_codes, quant_state_update, quant_state_update_ref,
                                                 requantize_state, triton_softplus)
-from harness.emulation.ops.step import (gemv_alpha, int8_conv_update, int8_conv_update_ref, shift_window,
+from harness.kernels.step import (gemv_alpha, int8_conv_update, int8_conv_update_ref, shift_window,
                                         w8a8_gemv, w8a8_gemv_ref)
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 

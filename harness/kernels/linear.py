@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
 import torch
 
-from ...spec import FloatOut, OutSpec, QTensor, QuantOut, Rounding
-from .quant import dequantize, f32, quantize_prescaled, round_half_even, to_output
+from ..spec import FloatOut, OutSpec, QTensor, QuantOut, Rounding
+from .quant import dequantize, f32, quantize_prescaled, to_output
+from .rounding import round_half_even
 
-__all__ = ["Epilogue", "int8_gemm", "int8_gemm_float", "w8a8_linear", "w8a8_linear_ref", "float_linear"]
+__all__ = ["q2_in_proj", "q2_in_proj_ref", "Epilogue", "int8_gemm", "int8_gemm_float", "w8a8_linear", "w8a8_linear_ref", "float_linear"]
 
 
 class Epilogue(str, enum.Enum):
@@ -116,3 +118,39 @@ def float_linear(x: QTensor | torch.Tensor, w: QTensor | torch.Tensor, out: OutS
     x: (..., k); w: (n, k) -> (..., n).
     """
     return to_output(torch.nn.functional.linear(dequantize(x), dequantize(w)), out)
+
+
+# Quamba2's int8 in_proj of the Mamba-2 block, split-wise output scales.
+# in_proj (``W8A8B8O8LinearParallel``, quamba/qLinearLayer.py:653-742): the weight is split by rows
+# into z | x | B | C | dt, each split quantized per tensor at its own s_w; ``b`` holds, per output column,
+# f32(s_w(split) / s_out(split)) (:698, :709-711), ``a`` the input scale (:706-708). The output is int8
+# (``y`` has x's dtype, :732). The CUTLASS epilogue (csrc/linear/quant_linear_fwd_kernel.cuh:84-106)
+# is ``Compute0 = ScaleB * Accum`` in fp32, then ``Compute1 = ScaleA * Compute0`` converted to int8
+# with round_to_nearest (PTX cvt.rni.sat: half to even, saturating):
+# 
+#     q[.., j] = sat8(RNE(f32(a * f32(b[j] * f32(acc[.., j])))))
+# 
+# (batch * seqlen = 1 takes ``w8a8o8_gemv``, :733-736: the decode step, kernels.ssd_step.q2_gemv.)
+def q2_in_proj(x: QTensor, w_codes: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x: (..., d_model) int8 at x.scale (``a``); w_codes: (n, d_model) int8; b: (n,) fp32 per-column factors.
+    Returns (..., n) int8 codes (each split at its own output scale)."""
+    acc = int8_gemm(x.codes, w_codes).to(torch.float32)
+    a = torch.tensor(x.scale, dtype=torch.float32)
+    v = a * (b.to(torch.float32) * acc)
+    return round_half_even(v).clamp(-128, 127).to(torch.int8)
+
+
+def q2_in_proj_ref(x: QTensor, w_codes: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Oracle of q2_in_proj: int64 dot products, then the epilogue element by element in numpy float32."""
+    xs = x.codes.reshape(-1, x.codes.shape[-1]).to(torch.int64).numpy()
+    w = w_codes.to(torch.int64).numpy()
+    bs = b.to(torch.float32).numpy()
+    a = np.float32(x.scale)
+    out = np.zeros((xs.shape[0], w.shape[0]), dtype=np.int8)
+    for r in range(xs.shape[0]):
+        for j in range(w.shape[0]):
+            acc = np.float32(int(np.dot(xs[r], w[j])))
+            v = float(a * np.float32(bs[j] * acc))
+            q = float(np.rint(v))  # half to even
+            out[r, j] = int(min(127.0, max(-128.0, q)))
+    return torch.from_numpy(out).reshape(*x.codes.shape[:-1], w.shape[0])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .int4 import ZERO_POINT, Int4Weight
-from .quant import round_half_even
+from .rounding import round_half_even
 
 __all__ = ["rtn_group_size", "rtn_int4"]
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...spec import QTensor
+from ..spec import QTensor
 from .int4 import ZERO_POINT, Int4Weight
 from .linear import int8_gemm
-from .quant import round_half_even, round_to_dtype
+from .rounding import round_half_even
+from .quant import round_to_dtype
 
 __all__ = ["w4a16_weight", "w4a16_linear", "w4a16_linear_ref", "qqq_int8_weight", "qqq_int8_weight_ref",
            "w4a8_values", "w4a8_linear", "w4a8_linear_ref"]

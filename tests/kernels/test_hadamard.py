@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from harness.emulation.ops.hadamard import _base_matrix, hadamard_factors, hadamard_matrix, hadamard_transform
+from harness.kernels.hadamard import _base_matrix, hadamard_factors, hadamard_matrix, hadamard_transform
 
 SYMMETRIC_SIZES = [1, 2, 16, 128, 12, 24, 192, 768, 1536]
 OTHER_SIZES = [20, 28, 40, 56, 80, 160]

@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from ...spec import FORMAT_NAMES
-from .quant import round_half_away, round_half_even
+from ..spec import FORMAT_NAMES
+from .rounding import round_half_away, round_half_even
 
 __all__ = ["Format", "FORMATS", "fake_quantize", "fake_quantize_with_limit", "format_names", "check_shape", "pow2", "scale_groups"]
 

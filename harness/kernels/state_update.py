@@ -26,10 +26,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...spec import FloatOut, QTensor
+from ..spec import FloatOut, QTensor
 from . import portable
 from .quant import dequantize, f32, fma_f32, quantize, quantize_prescaled, round_to_dtype
-from ...spec import Rounding
+from ..spec import Rounding
 
 __all__ = ["requantize_state", "handover_codes", "triton_softplus", "quant_state_update", "quant_state_update_ref"]
 

@@ -10,7 +10,7 @@ f32(s_w / s_out)) and s_b = a (the input scale) (:56), and ``roundf`` (half **aw
 
     q[j] = sat8(RNA(f32(f32(b[j] * a) * f32(acc[j]))))
 
-(the prefill's CUTLASS GEMM instead computes f32(a * f32(b[j] * acc)) and rounds half to even, ops.q2_w8a8).
+(the prefill's CUTLASS GEMM instead computes f32(a * f32(b[j] * acc)) and rounds half to even, kernels.conv1d_grouped).
 The kernel strides K by 32 without a bound check (:44-47) and needs 16-byte aligned rows (:119-120): Quamba's
 GEMV is only correct for d_model % 32 == 0; the harness computes the exact sum for any d_model.
 
@@ -24,7 +24,7 @@ conv inputs (in_proj's codes at s_x, s_B or s_C) shifts left and takes the new c
     q = sat8(roundf(v / s_out[c]))                                   (:144-145, RNA)
 
 with s_out[c] the channel's x group scale (:83-107, the same lookup as the prefill) or its SSD group's B / C
-scale (:116-121, :129-134). The prefill conv sums the integer products first (ops.q2_w8a8.q2_conv1d).
+scale (:116-121, :129-134). The prefill conv sums the integer products first (kernels.conv1d_grouped.q2_conv1d).
 
 SSM state update (``Quamba2ChunkScan.update``, quamba/qChunkScan.py:234-244, calling
 ``quamba2_sscan_update_triton`` with q_A_log, q_D and dt_bias repeated over headdim by ``repeat`` (:188-199),
@@ -58,12 +58,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...spec import QTensor
+from ..spec import QTensor
 from . import portable
 from .conv1d import silu_kernel
 from .linear import int8_gemm
-from .q2_ssd import Q2SSDParams
-from .quant import fma_f32, round_half_away, round_half_even, round_to_dtype
+from .ssd_inputs import Q2SSDParams
+from .quant import fma_f32, round_to_dtype
+from .rounding import round_half_away, round_half_even
 from .state_update import triton_softplus
 from .step import fma_f32_exact, shift_window
 

@@ -2,14 +2,8 @@
 import pytest
 import torch
 
-from harness.emulation.ops.quant import (
-    quantize,
-    quantize_param_fp32,
-    quantize_weight_fp16,
-    round_half_away,
-    round_with,
-    saturate_int8,
-)
+from harness.kernels.quant import quantize, quantize_param_fp32, quantize_weight_fp16, saturate_int8
+from harness.kernels.rounding import round_half_away, round_with
 from harness.spec import Rounding
 
 
@@ -73,14 +67,14 @@ def test_param_quantization_is_fp32_also_for_fp16_input():
 
 
 def test_unknown_output_spec_is_named():
-    from harness.emulation.ops.quant import to_output
+    from harness.kernels.quant import to_output
     with pytest.raises(TypeError, match="unknown output spec 'int4'"):
         to_output(torch.zeros(1), "int4")
 
 
 def test_fma_with_python_float_operands_rounds_once():
     """A scale passed as a Python float (as the scan and conv do) must not make the product an fp32 multiply."""
-    from harness.emulation.ops.quant import fma_f32
+    from harness.kernels.quant import fma_f32
     a = 1.0 + 2 ** -23
     b = torch.tensor([1.0 - 2 ** -23], dtype=torch.float32)
     out = fma_f32(a, b, torch.tensor([-1.0]))
@@ -90,7 +84,7 @@ def test_fma_with_python_float_operands_rounds_once():
 
 def test_scale_rules_compute_in_their_own_dtype_whatever_the_input():
     """min-max scales are fp16 quotients, percentile scales fp32 quotients, also for an input of the other dtype."""
-    from harness.emulation.ops.quant import minmax_scale_fp16, scale_from_amax_fp32
+    from harness.kernels.quant import minmax_scale_fp16, scale_from_amax_fp32
     amax = torch.tensor(0.8437, dtype=torch.float16)
     s16 = float((amax / 127).float())
     s32 = float(amax.float() / 127)
@@ -101,6 +95,6 @@ def test_scale_rules_compute_in_their_own_dtype_whatever_the_input():
 
 def test_dequantize_returns_a_float_tensor_itself():
     """Only QTensors are dequantized; torch's own Tensor.dequantize() would turn an fp16 tensor into fp32."""
-    from harness.emulation.ops.quant import dequantize
+    from harness.kernels.quant import dequantize
     x = torch.tensor([1.5], dtype=torch.float16)
     assert dequantize(x) is x

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from harness.emulation.ops.linear import Epilogue, float_linear, int8_gemm, w8a8_linear, w8a8_linear_ref
+from harness.kernels.linear import Epilogue, float_linear, int8_gemm, w8a8_linear, w8a8_linear_ref
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 

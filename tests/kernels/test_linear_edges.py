@@ -3,7 +3,7 @@ block boundary, and on CPUs whose oneDNN int8 kernel is wrong; bad orders."""
 import pytest
 import torch
 
-from harness.emulation.ops.linear import _EXACT_K, Epilogue, int8_gemm, int8_gemm_float, w8a8_linear
+from harness.kernels.linear import _EXACT_K, Epilogue, int8_gemm, int8_gemm_float, w8a8_linear
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 
@@ -47,7 +47,7 @@ def test_int32_gemm_equals_the_integer_product(shape):
 
 _GEMM_PROBE = """
 import numpy as np, torch
-from harness.emulation.ops.linear import int8_gemm
+from harness.kernels.linear import int8_gemm
 rng = np.random.default_rng(0)
 x = torch.from_numpy(rng.integers(-128, 128, (80, 192)).astype(np.int8))
 w = torch.from_numpy(rng.integers(-128, 128, (48, 192)).astype(np.int8))
@@ -94,7 +94,7 @@ def test_float_output_uses_ratio_s_x_and_the_output_dtype():
 
 def test_saturating_outputs_match_the_oracle():
     """Outputs beyond 127 saturate in the kernel and in the oracle (a clamp to 128 would wrap to -128)."""
-    from harness.emulation.ops.linear import w8a8_linear_ref
+    from harness.kernels.linear import w8a8_linear_ref
     x = QTensor(torch.full((1, 4), 127, dtype=torch.int8), 0.5)
     w = QTensor(torch.tensor([[127, 127, 127, 127], [-128, -128, -128, -128], [1, 0, 0, 0]], dtype=torch.int8), 0.5)
     for order in Epilogue:

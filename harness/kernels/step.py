@@ -32,10 +32,11 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from ...spec import FloatOut, OutSpec, QTensor, QuantOut, Rounding
+from ..spec import FloatOut, OutSpec, QTensor, QuantOut, Rounding
 from .conv1d import silu_kernel
 from .linear import int8_gemm_float
-from .quant import f32, fma_f32, quantize_prescaled, round_half_away, round_to_dtype, to_output
+from .quant import f32, fma_f32, quantize_prescaled, round_to_dtype, to_output
+from .rounding import round_half_away
 
 __all__ = ["gemv_alpha", "w8a8_gemv", "w8a8_gemv_ref", "shift_window", "int8_conv_update",
            "int8_conv_update_ref", "float_conv_update", "fma_f32_exact"]

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .quant import round_half_even
+from .rounding import round_half_even
 
 __all__ = ["exp", "exp_", "log", "log1p", "sigmoid", "silu", "softplus", "sqrt", "sum_last"]
 

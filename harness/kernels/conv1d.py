@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...spec import OutSpec, QTensor
+from ..spec import OutSpec, QTensor
 from .portable import exp
 from .quant import dequantize, f32, fma_f32, round_to_dtype, to_output
 

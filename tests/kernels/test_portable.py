@@ -1,4 +1,4 @@
-"""harness.emulation.ops.portable: accurate, and the same bits on every CPU.
+"""harness.kernels.portable: accurate, and the same bits on every CPU.
 
 The functions are built from single IEEE operations, so their bits are recorded here once
 (HASHES) and must hold on any machine: inputs come from numpy's PCG64 (portable), and a
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.emulation.ops import portable
+from harness.kernels import portable
 
 SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-30, -1e-30, 88.72, 88.73, -87.3, -103.9, -104.0, 20.0, 20.5]
 
@@ -111,7 +111,7 @@ def _code_paths() -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("env", _code_paths(), ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))
 def test_same_bits_under_every_code_path(env):
-    code = "import json, tests.ops.test_portable as t; print(json.dumps(t._hashes()))"
+    code = "import json, tests.kernels.test_portable as t; print(json.dumps(t._hashes()))"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
                          check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert json.loads(out.stdout) == _hashes()

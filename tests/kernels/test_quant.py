@@ -1,18 +1,8 @@
 import pytest
 import torch
 
-from harness.emulation.ops.quant import (
-    dequantize,
-    fma_f32,
-    minmax_scale_fp16,
-    quantize,
-    quantize_param_fp32,
-    quantize_weight_fp16,
-    round_half_away,
-    round_half_even,
-    saturate_int8,
-    scale_from_amax_fp32,
-)
+from harness.kernels.quant import dequantize, fma_f32, minmax_scale_fp16, quantize, quantize_param_fp32, quantize_weight_fp16, saturate_int8, scale_from_amax_fp32
+from harness.kernels.rounding import round_half_away, round_half_even
 from harness.spec import QTensor, Rounding
 
 

@@ -1,7 +1,7 @@
 import torch
 
-from harness.emulation.ops.conv1d import causal_conv1d_silu_ref, float_causal_conv1d_silu, int8_causal_conv1d_silu
-from harness.emulation.ops.quant import quantize
+from harness.kernels.conv1d import causal_conv1d_silu_ref, float_causal_conv1d_silu, int8_causal_conv1d_silu
+from harness.kernels.quant import quantize
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 

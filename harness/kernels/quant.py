@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from ...spec import INT8_BOUNDS, FloatOut, FormatOut, OutSpec, QTensor, QuantOut, Rounding
+from ..spec import INT8_BOUNDS, FloatOut, FormatOut, OutSpec, QTensor, QuantOut, Rounding
+from .formats import fake_quantize
+from .rounding import round_half_away, round_half_even, round_with
 
 __all__ = [
-    "round_half_even",
-    "round_half_away",
-    "round_with",
     "saturate_int8",
     "quantize",
     "quantize_prescaled",
@@ -43,29 +42,6 @@ __all__ = [
 _QMIN, _QMAX = INT8_BOUNDS
 _SCALE_FLOOR = 1e-6  # observer.py: scales.clamp(min=1e-6)
 _AMAX_FLOOR = 1e-5   # observer.py / quant_utils.py: amax.clamp(min=1e-5)
-
-
-def round_half_even(x: torch.Tensor) -> torch.Tensor:
-    """Nearest integer, ties to even (RNE); same dtype as x."""
-    return torch.round(x)
-
-
-def round_half_away(x: torch.Tensor) -> torch.Tensor:
-    """Nearest integer, ties away from zero (C roundf); same dtype as x.
-
-    Computed as sign(x) * floor(|x| + 0.5) in float64: in fp32 the sum |x| + 0.5
-    can itself round up (0.49999997 + 0.5 -> 1.0), float64 holds it exactly.
-    """
-    xd = x.to(torch.float64)
-    return (torch.sign(xd) * torch.floor(xd.abs() + 0.5)).to(x.dtype)
-
-
-def round_with(x: torch.Tensor, rounding: Rounding) -> torch.Tensor:
-    if rounding is Rounding.HALF_EVEN:
-        return round_half_even(x)
-    if rounding is Rounding.HALF_AWAY:
-        return round_half_away(x)
-    raise ValueError(f"unknown rounding {rounding!r}; valid: {[r.value for r in Rounding]}")
 
 
 def saturate_int8(r: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -116,8 +92,6 @@ def to_output(v: torch.Tensor, out: OutSpec) -> QTensor | torch.Tensor:
     if isinstance(out, FloatOut):
         return round_to_dtype(v, out.dtype)
     if isinstance(out, FormatOut):
-        from .formats import fake_quantize  # formats rounds with this module's rules: imported on use
-
         return fake_quantize(v.to(torch.float32), out.fmt)
     raise TypeError(f"unknown output spec {out!r}")
 

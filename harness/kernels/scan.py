@@ -39,7 +39,7 @@ import enum
 
 import torch
 
-from ...spec import FloatOut, FormatOut, QTensor
+from ..spec import FloatOut, FormatOut, QTensor
 from . import portable
 from .quant import dequantize, fma_f32, to_output
 

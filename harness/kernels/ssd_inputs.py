@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...spec import QTensor
+from ..spec import QTensor
 from .ssd import ssd_chunked, ssd_dt
 
 __all__ = ["Q2SSDParams", "q2_ssd_inputs", "q2_ssd"]
@@ -45,7 +45,7 @@ def _deq(codes: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
 def q2_ssd_inputs(p: Q2SSDParams, q_x: torch.Tensor, x_scales: torch.Tensor, q_dt: torch.Tensor, *,
                   q_B: torch.Tensor, B_scales: torch.Tensor, q_C: torch.Tensor, C_scales: torch.Tensor) -> dict:
     """Real values of the SSD's inputs. q_x: (batch, seqlen, nheads, headdim) int8; x_scales: (nheads * headdim,)
-    per channel (ops.q2_w8a8.x_channel_scales); q_dt: (batch, seqlen, nheads) int8; q_B, q_C: (batch, seqlen,
+    per channel (kernels.conv1d_grouped.x_channel_scales); q_dt: (batch, seqlen, nheads) int8; q_B, q_C: (batch, seqlen,
     ngroups, d_state) int8 with (ngroups,) scales. Returns x, dt (after softplus), A_log, B, C, D (fp32)."""
     b, L, h, hd = q_x.shape
     x = _deq(q_x, x_scales.reshape(h, hd))

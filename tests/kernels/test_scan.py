@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-import harness.emulation.ops.scan as scan_mod
-from harness.emulation.ops.quant import dequantize
-from harness.emulation.ops.scan import ScanOrder, selective_scan, selective_scan_ref, softplus_thresholded
+import harness.kernels.scan as scan_mod
+from harness.kernels.quant import dequantize
+from harness.kernels.scan import ScanOrder, selective_scan, selective_scan_ref, softplus_thresholded
 from harness.spec import FloatOut, QTensor
 
 

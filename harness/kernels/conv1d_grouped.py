@@ -1,17 +1,6 @@
-"""Quamba2 W8A8 ops of the Mamba-2 block: the int8 in_proj and the grouped int8 conv1d.
+"""The grouped int8 causal conv1d of Quamba2's W8A8 Mamba-2 block, and the scales it quantizes x, B, C at.
 
 Sources: enyac-group/Quamba at c474646.
-
-in_proj (``W8A8B8O8LinearParallel``, quamba/qLinearLayer.py:653-742): the weight is split by rows
-into z | x | B | C | dt, each split quantized per tensor at its own s_w; ``b`` holds, per output column,
-f32(s_w(split) / s_out(split)) (:698, :709-711), ``a`` the input scale (:706-708). The output is int8
-(``y`` has x's dtype, :732). The CUTLASS epilogue (csrc/linear/quant_linear_fwd_kernel.cuh:84-106)
-is ``Compute0 = ScaleB * Accum`` in fp32, then ``Compute1 = ScaleA * Compute0`` converted to int8
-with round_to_nearest (PTX cvt.rni.sat: half to even, saturating):
-
-    q[.., j] = sat8(RNE(f32(a * f32(b[j] * f32(acc[.., j])))))
-
-(batch * seqlen = 1 takes ``w8a8o8_gemv``, :733-736: the decode step, ops.q2_step.q2_gemv.)
 
 conv1d (``Quamb2Conv1D``, quamba/qConvLayer.py:129-311; kernel csrc/causal_conv1d/
 quamba2_conv1d_fwd_kernel.cuh:163-270), per channel c of x | B | C (conv_dim channels):
@@ -26,56 +15,21 @@ x channels the scale of the channel's (SSD group, head group, dim group), found 
 cumulative ranges (:174-197); for B and C one scale per SSD group (:206-217). The GPU's ``expf`` is
 fast math; here ops.portable's exp (the same bits on every CPU), so rare codes can differ by one.
 
-gated norm (``QRMSNormGated`` with use_float16_output=True, quamba/qMamba2.py:1152-1154, forward
-quamba/qNorm.py:145-166; Triton kernel quamba/triton/quant_normgated.py:35-71), per token and per group
-of d_ssm / ngroups channels (norm_before_gate=False):
-
-    x   = float(y);  z = float(q_z) * z_scale;  x = x * (z * sigmoid(z))     (:47-50)
-    var = sum(x * x) / N;  rstd = 1 / sqrt(var + eps)                       (:56-58)
-    out = f16((x * rstd) * float(w))                                       (:61-71)
-
-The Triton reduction's order is not reproduced: the sum is ops.portable's fixed pairwise order.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ...spec import QTensor
+from ..spec import QTensor
 from .conv1d import silu_kernel
-from .linear import int8_gemm
 from . import portable
 from .portable import exp as portable_exp
-from .quant import fma_f32, round_half_away, round_half_even
+from .quant import fma_f32
+from .rounding import round_half_away, round_half_even
 
-__all__ = ["q2_in_proj", "q2_in_proj_ref", "x_channel_scales", "x_channel_scales_ref", "conv_out_scales", "q2_conv1d",
-           "q2_conv1d_ref", "q2_conv1d_values", "q2_conv1d_quantize",
-           "q2_gated_norm", "q2_gated_norm_ref"]
-
-
-def q2_in_proj(x: QTensor, w_codes: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x: (..., d_model) int8 at x.scale (``a``); w_codes: (n, d_model) int8; b: (n,) fp32 per-column factors.
-    Returns (..., n) int8 codes (each split at its own output scale)."""
-    acc = int8_gemm(x.codes, w_codes).to(torch.float32)
-    a = torch.tensor(x.scale, dtype=torch.float32)
-    v = a * (b.to(torch.float32) * acc)
-    return round_half_even(v).clamp(-128, 127).to(torch.int8)
-
-
-def q2_in_proj_ref(x: QTensor, w_codes: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Oracle of q2_in_proj: int64 dot products, then the epilogue element by element in numpy float32."""
-    xs = x.codes.reshape(-1, x.codes.shape[-1]).to(torch.int64).numpy()
-    w = w_codes.to(torch.int64).numpy()
-    bs = b.to(torch.float32).numpy()
-    a = np.float32(x.scale)
-    out = np.zeros((xs.shape[0], w.shape[0]), dtype=np.int8)
-    for r in range(xs.shape[0]):
-        for j in range(w.shape[0]):
-            acc = np.float32(int(np.dot(xs[r], w[j])))
-            v = float(a * np.float32(bs[j] * acc))
-            q = float(np.rint(v))  # half to even
-            out[r, j] = int(min(127.0, max(-128.0, q)))
-    return torch.from_numpy(out).reshape(*x.codes.shape[:-1], w.shape[0])
+__all__ = ["x_channel_scales", "x_channel_scales_ref", "conv_out_scales", "q2_conv1d",
+           "q2_conv1d_ref", "q2_conv1d_values", "q2_conv1d_quantize"]
 
 
 def x_channel_scales(x_out_scales: torch.Tensor, head_group_range: torch.Tensor, dim_group_range: torch.Tensor,
@@ -206,29 +160,3 @@ def q2_conv1d_ref(xBC: torch.Tensor, in_scales: tuple[float, float, float], weig
                 q = np.sign(r) * np.floor(abs(r) + 0.5)
                 out[n, t, c] = int(min(127.0, max(-128.0, q)))
     return torch.from_numpy(out)
-
-
-def q2_gated_norm(y: torch.Tensor, z_codes: torch.Tensor, z_scale: float, weight: torch.Tensor, ngroups: int,
-                  eps: float) -> torch.Tensor:
-    """Quamba2's gated RMSNorm (module docstring). y: (..., d_ssm) fp16 values (the SSD's output); z_codes:
-    (..., d_ssm) int8 at z_scale (in_proj's z); weight: (d_ssm,) fp16 values. Returns (..., d_ssm) fp16 values
-    (held in fp32)."""
-    z = z_codes.to(torch.float32) * torch.tensor(z_scale, dtype=torch.float32)
-    x = y.to(torch.float32) * (z * portable.sigmoid(z.contiguous()))
-    *lead, d = x.shape
-    g = x.reshape(*lead, ngroups, d // ngroups)
-    var = portable.sum_last(g * g) / g.shape[-1]
-    rstd = 1.0 / portable.sqrt(var + torch.tensor(eps, dtype=torch.float32))
-    out = (g * rstd).reshape(*lead, d) * weight.to(torch.float32)
-    return out.to(torch.float16).to(torch.float32)
-
-
-def q2_gated_norm_ref(y: torch.Tensor, z_codes: torch.Tensor, z_scale: float, weight: torch.Tensor, ngroups: int,
-                      eps: float) -> torch.Tensor:
-    """Oracle of q2_gated_norm in float64, one (token, group) at a time, rounded to fp16 once."""
-    z = z_codes.double() * float(np.float32(z_scale))
-    x = y.double() * z / (1.0 + torch.exp(-z))
-    size = x.shape[-1] // ngroups
-    parts = [x[..., k * size:(k + 1) * size] for k in range(ngroups)]
-    normed = torch.cat([p / torch.sqrt(p.pow(2).mean(-1, keepdim=True) + float(np.float32(eps))) for p in parts], -1)
-    return (normed * weight.double()).to(torch.float16).to(torch.float32)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness.emulation.ops import portable
-from harness.emulation.ops.conv1d import int8_causal_conv1d_silu
-from harness.emulation.ops.quant import f32 as f32_of
+from harness.kernels import portable
+from harness.kernels.conv1d import int8_causal_conv1d_silu
+from harness.kernels.quant import f32 as f32_of
 from harness.spec import FloatOut, QTensor, QuantOut, Rounding
 
 f32 = np.float32

@@ -10,14 +10,14 @@ quant_sscan_fwd_kernel.cuh:154-272 (spec notes §2.6 step 6), per (batch b, chan
 
 Every step is written with numpy float32 scalars (one IEEE rounding per operation);
 an FMA is a float64 product plus add rounded once to float32 (the emulation's FMA),
-exp, log1p and sigmoid are harness.emulation.ops.portable's (elementwise, the same bits on every CPU).
+exp, log1p and sigmoid are harness.kernels.portable's (elementwise, the same bits on every CPU).
 """
 import numpy as np
 import pytest
 import torch
 
-from harness.emulation.ops import portable
-from harness.emulation.ops.scan import ScanOrder, selective_scan
+from harness.kernels import portable
+from harness.kernels.scan import ScanOrder, selective_scan
 from harness.spec import FloatOut, QTensor
 
 f32 = np.float32
