@@ -118,9 +118,9 @@ def parts(args: argparse.Namespace) -> dict:
     from transformers import MambaForCausalLM
 
     from harness.checkpoints.loading import open_checkpoint
-    from harness.emulation.build import build_backbone
+    from harness.runner.backbone import build_backbone
     from harness.modes import BUILTIN_MODES
-    from harness.runner.calibration import run_observers
+    from harness.recipes.quamba.calibration import run_observers
     from harness.runner.weightbank import WeightBank
 
     def cpu(fn) -> tuple[float, object]:
@@ -215,9 +215,9 @@ def main() -> None:
     from transformers import MambaForCausalLM
 
     from harness.checkpoints.loading import open_checkpoint
-    from harness.emulation.build import build_backbone
+    from harness.runner.backbone import build_backbone
     from harness.modes import BUILTIN_MODES
-    from harness.runner.calibration import run_observers
+    from harness.recipes.quamba.calibration import run_observers
     from harness.runner.forwards import build_head
     from harness.runner.weightbank import WeightBank
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.checkpoints.loading import open_checkpoint  # noqa: E402
-from harness.emulation.build import build_backbone  # noqa: E402
-from harness.emulation.q2_gptq import gptq_q2  # noqa: E402
+from harness.runner.backbone import build_backbone  # noqa: E402
+from harness.recipes.quamba.w4.gptq_mamba2 import gptq_q2  # noqa: E402
 from harness.modes import Q2_CALIBRATION_RECIPE  # noqa: E402
 from harness.runner.weightbank import WeightBank  # noqa: E402
 
@@ -50,9 +50,11 @@ def _model(out: Path, layers: int) -> None:
 
 def _mamba1(args) -> dict:
     from checkpoints import write_random_checkpoint
-    from harness.emulation.mamba1_gptq import gptq_mamba1
-    from harness.modes import CALIBRATION_RECIPES, resolve_modes
-    from harness.runner.calibration import CalibrationSettings, calibrate
+    from harness.recipes.quamba.w4.gptq_mamba1 import gptq_mamba1
+    from harness.modes import CALIBRATION_RECIPES
+    from harness.recipes.registry import resolve_modes
+    from harness.runner.calibration import CalibrationSettings
+    from harness.recipes.quamba.calibration import calibrate
 
     with tempfile.TemporaryDirectory() as tmp:
         bank = WeightBank(open_checkpoint(write_random_checkpoint(Path(tmp), "mamba-130m")))

@@ -104,8 +104,8 @@ def _child_one_mode(a: dict) -> dict:
     import torch
 
     from harness.runner.forwards import build_head
-    from harness.emulation.build import build_backbone
-    from harness.modes import resolve_modes
+    from harness.runner.backbone import build_backbone
+    from harness.recipes.registry import resolve_modes
     from harness.runner.pairing import open_models
 
     models = open_models(Path(a["model"]), None)
@@ -123,7 +123,8 @@ def _child_one_mode(a: dict) -> dict:
 
 
 def _child_calibrate(a: dict) -> dict:
-    from harness.runner.calibration import CalibrationSettings, calibrate
+    from harness.runner.calibration import CalibrationSettings
+    from harness.recipes.quamba.calibration import calibrate
     from harness.runner.pairing import open_models
 
     models = open_models(Path(a["model"]), None)

@@ -38,7 +38,8 @@ from common import run_child, spawn  # noqa: E402
 
 
 def _calibration(models, a: dict, prep: str):
-    from harness.runner.calibration import CalibrationSettings, calibrate
+    from harness.runner.calibration import CalibrationSettings
+    from harness.recipes.quamba.calibration import calibrate
 
     n = models.bank.dims.n_layer
     settings = CalibrationSettings(a["calib_samples"], a["calib_seqlen"])
@@ -49,8 +50,8 @@ def _calibration(models, a: dict, prep: str):
 def _child_one_mode(a: dict) -> dict:
     import torch
 
-    from harness.emulation.build import build_backbone
-    from harness.modes import resolve_modes
+    from harness.runner.backbone import build_backbone
+    from harness.recipes.registry import resolve_modes
     from harness.runner.forwards import build_head
     from harness.runner.pairing import open_models
 

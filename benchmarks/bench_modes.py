@@ -70,10 +70,10 @@ def _prepare(a: dict):
 
 
 def _child_naive(a: dict) -> dict:
-    from harness.emulation.build import build_backbone
-    from harness.runner.calibration import run_observers
+    from harness.runner.backbone import build_backbone
+    from harness.recipes.quamba.calibration import run_observers
     from harness.emulation.capture import capture
-    from harness.modes import get_mode
+    from harness.recipes.registry import get_mode
     from harness.runner.weightbank import WeightBank
 
     start = time.perf_counter()
@@ -90,9 +90,9 @@ def _child_naive(a: dict) -> dict:
 
 
 def _child_floor(a: dict) -> dict:
-    from harness.emulation.build import build_backbone
-    from harness.runner.calibration import run_observers
-    from harness.modes import get_mode
+    from harness.runner.backbone import build_backbone
+    from harness.recipes.quamba.calibration import run_observers
+    from harness.recipes.registry import get_mode
     from harness.runner.weightbank import WeightBank
 
     ckpt, windows, ids = _prepare(a)

@@ -52,10 +52,10 @@ def _child_quamba(a: dict) -> dict:
 
 
 def _child_floor(a: dict) -> dict:
-    from harness.emulation.build import build_backbone
+    from harness.runner.backbone import build_backbone
     from harness.checkpoints.text import DEFAULT_TEXT_FILE, read_sample
     from harness.checkpoints.loading import load_tokenizer
-    from harness.modes import get_mode
+    from harness.recipes.registry import get_mode
     from harness.runner.pairing import checkpoint_calibration, open_models
 
     opening = time.perf_counter()
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from checkpoints import write_random_checkpoint
 
     from harness.runner.calibration import CalibrationSettings
-    from harness.runner.export import ExportConfig, export
+    from harness.recipes.quamba.export import ExportConfig, export
 
     with tempfile.TemporaryDirectory(prefix="bench-quamba-") as tmp:
         work = args.work or Path(tmp)

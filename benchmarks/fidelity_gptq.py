@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.checkpoints.loading import open_checkpoint  # noqa: E402
-from harness.emulation.build import build_mamba2_block  # noqa: E402
+from harness.architectures.mamba2.build import build_mamba2_block  # noqa: E402
 from harness.emulation.gptq import gptq_group_size, gptq_int4, to_int4_weight  # noqa: E402
-from harness.emulation.q2_gptq import block_hessians  # noqa: E402
-from harness.emulation.weights_mamba2 import float_layer_mamba2  # noqa: E402
+from harness.recipes.quamba.w4.gptq_mamba2 import block_hessians  # noqa: E402
+from harness.architectures.mamba2.weights import float_layer_mamba2  # noqa: E402
 from harness.modes import Q2_CALIBRATION_RECIPE  # noqa: E402
 from harness.runner.weightbank import WeightBank  # noqa: E402
 

@@ -32,7 +32,7 @@ from harness.kernels.hadamard import hadamard_transform, hadamard_transform_fht 
 from harness.kernels.quant import quantize_weight_fp16, round_to_dtype  # noqa: E402
 from harness.kernels.scan import ScanOrder  # noqa: E402
 from harness.runner.pipeline import RunConfig, run  # noqa: E402
-from harness.emulation.weights import fht_fp16, float_layer, quamba_fp16_layer  # noqa: E402
+from harness.architectures.mamba1.weights import fht_fp16, float_layer, quamba_fp16_layer  # noqa: E402
 
 f16 = lambda t: round_to_dtype(t, torch.float16)  # noqa: E731
 

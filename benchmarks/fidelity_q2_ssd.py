@@ -22,15 +22,16 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import harness.emulation.mamba2_q2 as q2_block  # noqa: E402
+import harness.recipes.quamba.q2.block as q2_block  # noqa: E402
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint  # noqa: E402
 from harness.checkpoints.text import DEFAULT_TEXT_FILE, tokenize_file  # noqa: E402
-from harness.emulation.build import build_backbone  # noqa: E402
+from harness.runner.backbone import build_backbone  # noqa: E402
 from harness.emulation.capture import capture  # noqa: E402
 from harness.kernels import portable  # noqa: E402
 from harness.kernels.ssd import _heads, ssd_chunked  # noqa: E402
-from harness.modes import get_mode  # noqa: E402
-from harness.runner.calibration import CalibrationSettings, calibrate  # noqa: E402
+from harness.recipes.registry import get_mode  # noqa: E402
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate  # noqa: E402
 from harness.runner.weightbank import WeightBank  # noqa: E402
 
 

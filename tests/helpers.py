@@ -5,7 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.runner.calibration import CalibrationSettings, run_observers
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import run_observers
 from harness.checkpoints.loading import open_checkpoint
 from harness.runner.pipeline import RunConfig, run
 from harness.runner.weightbank import WeightBank

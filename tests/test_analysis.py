@@ -12,7 +12,7 @@ from harness.emulation.capture import TapError, resolve_layers
 from harness.metrics.logits import cross_entropy, end_to_end_metrics, kl_divergence, top1_agreement
 from harness.report.data import load_report_data
 from harness.metrics.intervals import mean_ci, paired_difference, t_critical
-from harness.modes import resolve_modes
+from harness.recipes.registry import resolve_modes
 from harness.runner.pairing import open_models
 from helpers import run_modes
 
@@ -133,7 +133,7 @@ def test_isolated_replays_the_mode_block_on_the_reference_input(big_run, hf_dir)
     each stored L{i}.block.isolated equals the mode's block run again here on that input, bit for bit,
     and differs from the accumulated output past layer 0 (the replay is not the forward's output)."""
     from harness.runner.forwards import isolated_out
-    from harness.emulation.build import build_backbone
+    from harness.runner.backbone import build_backbone
 
     (recipe,) = resolve_modes(["1"], None)
     model = build_backbone(recipe, open_models(hf_dir, None).bank, None, 1)
@@ -192,7 +192,7 @@ def test_sensitivity_and_the_report_reads_it(big_run):
 
 def test_device_plumbing(hf_dir, tmp_path, capsys):
     from harness.runner.forwards import build_head, to_device
-    from harness.emulation.build import build_backbone
+    from harness.runner.backbone import build_backbone
     from harness.cli import capture_main
 
     models = open_models(hf_dir, None)
@@ -240,7 +240,7 @@ def test_quamba_checkpoint_head_is_emulated_as_quamba_computes(tmp_path, lm_head
     from quamba_fixture import handmade_state_dict, write_handmade
 
     from harness.kernels import portable
-    from harness.checkpoints.quamba import open_quamba
+    from harness.recipes.quamba.checkpoint import open_quamba
 
     q = write_handmade(tmp_path / "q", lm_head=lm_head)
     sd = handmade_state_dict(lm_head=lm_head)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.emulation.build import build_block
+from harness.architectures.mamba1.build import build_block
 from harness.emulation.capture import capture, point_name
 from harness.modes import BUILTIN_MODES
 from harness.emulation.modules import BLOCK_POINTS
@@ -82,9 +82,9 @@ def test_fp32_block_equals_the_transformers_mixer(setup, hf_model):
 def test_a_quantizing_mode_without_scales_is_refused_by_name(hf_dir):
     """build_backbone refuses a mode that quantizes activations when no scales are given, naming the mode (a
     mutant that raised a bare ValueError survived)."""
-    from harness.emulation.build import build_backbone
+    from harness.runner.backbone import build_backbone
     from harness.checkpoints.loading import open_checkpoint
-    from harness.modes import get_mode
+    from harness.recipes.registry import get_mode
     from harness.runner.weightbank import WeightBank
     with pytest.raises(ValueError, match=r"^mode '2-4' quantizes activations and needs calibrated scales$"):
         build_backbone(get_mode("2-4"), WeightBank(open_checkpoint(hf_dir)), None, 0)

@@ -4,8 +4,9 @@ import dataclasses
 import pytest
 import torch
 
-import harness.runner.calibration as calibration
-from harness.runner.calibration import CalibrationSettings, _layer_keys as _keys_of_prep, calibrate
+import harness.recipes.quamba.calibration as calibration
+from harness.runner.calibration import CalibrationSettings, _layer_keys as _keys_of_prep
+from harness.recipes.quamba.calibration import calibrate
 from harness.checkpoints.loading import open_checkpoint
 from harness.runner.weightbank import WeightBank
 
@@ -191,7 +192,7 @@ def test_cache_file_round_trip_and_every_refusal_names_its_reason(tmp_path):
     reason (mutants that hashed None, wrote no parents, dropped the version or prep field, read `and` for `or`
     or raised bare ValueErrors survived)."""
     import json
-    from harness.runner.calibration import _read_cached, _write_cached
+    from harness.recipes.quamba.calibration import _read_cached, _write_cached
     from harness.spec import SCALE_NAMES, LayerScales
     scales = LayerScales(**{n: 0.5 + k / 8 for k, n in enumerate(SCALE_NAMES)})
     path = tmp_path / "a" / "b" / "layer0.json"
@@ -249,7 +250,7 @@ def test_calibrate_observes_the_model_of_its_prep(setup, tmp_path):
 def test_a_quamba2_cache_file_past_16_mib_is_refused_unparsed(tmp_path):
     """A Quamba2 calibration cache entry is a few KB: a file past 16 MiB (here one byte past) is refused by its
     size before JSON parses it."""
-    from harness.runner.calibration_q2 import _read
+    from harness.recipes.quamba.q2.calibrate import _read
     path = tmp_path / "calib-q2-x.json"
     path.write_bytes(b" " * ((1 << 24) + 1))
     with pytest.raises(ValueError, match=f"^it is larger than {1 << 24} bytes$"):

@@ -16,8 +16,8 @@ from helpers import FAST_CALIB, FAST_CLI, run_cli
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.checkpoints.text import DataError, _token_stream, read_documents
 from harness.cli import capture_main, main
-from harness.runner.calibration import calibrate
-from harness.runner.export import ExportConfig, ExportError, export
+from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.export import ExportConfig, ExportError, export
 from harness.runner.weightbank import WeightBank
 
 DEEP = "[" * 50_000 + "]" * 50_000
@@ -63,7 +63,7 @@ def test_export_onto_a_link_is_refused_before_any_work(hf_dir, tmp_path, capsys,
     else:
         (tmp_path / "file").write_text("mine")
         out = tmp_path / "file" / "out"
-    monkeypatch.setattr("harness.runner.export.calibrate", lambda *a: pytest.fail("calibration ran"))
+    monkeypatch.setattr("harness.recipes.quamba.export.calibrate", lambda *a: pytest.fail("calibration ran"))
     assert run_cli(main, ["export", "--model", hf_dir, "--output_dir", out, "--no_cache"]) == 2
     err = capsys.readouterr().err
     assert (f"--output_dir {out} is a symbolic link" in err if kind != "parent-is-file"

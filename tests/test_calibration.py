@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.runner.calibration import CalibrationSettings, calibrate, run_observers
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate, run_observers
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows, read_documents, tokenize_file
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.runner.weightbank import WeightBank

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.runner import calibration
+from harness.recipes.quamba import calibration
 from harness.cli import capture_main, compare_main
 from harness.store.format import StorageError, stats_path, write_pair
 from harness.store.reader import load_capture

@@ -16,10 +16,10 @@ import pytest
 
 from conftest import ROOT
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone
+from harness.runner.backbone import build_backbone
 from harness.emulation.capture import select_points
 from harness.emulation.modules import EmuMambaBlock
-from harness.modes import resolve_modes
+from harness.recipes.registry import resolve_modes
 from harness.runner import modeloop
 from harness.runner.forwards import Forward, run_mode
 from harness.runner.sharedops import SharedOps

@@ -9,8 +9,8 @@ import torch
 from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone
-from harness.modes import get_mode
+from harness.runner.backbone import build_backbone
+from harness.recipes.registry import get_mode
 from harness.runner.forwards import build_head
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture

@@ -12,10 +12,11 @@ import torch
 from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone
+from harness.runner.backbone import build_backbone
 from harness.kernels.ssd_step import dequantize_q2_state
-from harness.modes import get_mode
-from harness.runner.calibration import CalibrationSettings, calibrate
+from harness.recipes.registry import get_mode
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture
 from harness.store.format import stats_path

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.checkpoints.loading import open_checkpoint
-from harness.emulation.build import build_backbone
+from harness.runner.backbone import build_backbone
 from harness.emulation.capture import capture
 from harness.kernels.state_update import handover_codes
 from harness.modes import BUILTIN_MODES

@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.emulation.build import layer_formats
+from harness.architectures.mamba1.build import layer_formats
 from harness.kernels.quant import to_output
 from harness.formats import fake_quantize
-from harness.modes import ModeError, get_mode, load_modes_file
+from harness.modes import ModeError, load_modes_file
+from harness.recipes.registry import get_mode
 from harness.spec import FloatOut, FormatOut, ModelDims
 from harness.store.reader import load_capture
 from tests.helpers import run_modes

@@ -9,7 +9,7 @@ conv output); update the rows it changes.
 import pytest
 import torch
 
-from harness.emulation.build import build_backbone
+from harness.runner.backbone import build_backbone
 from harness.emulation.capture import capture, point_name
 from harness.modes import BUILTIN_MODES
 from harness.emulation.modules import BLOCK_POINTS

@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("sklearn", reason="scikit-learn (the [quamba2] extra: pip install -e '.[quamba2]') is not installed")
 
-from harness.emulation.grouping_q2 import group_ranges, group_wise_sort_indices  # noqa: E402
+from harness.recipes.quamba.q2.grouping import group_ranges, group_wise_sort_indices  # noqa: E402
 
 
 def _stats():
@@ -46,7 +46,7 @@ def test_groups_are_per_ssd_group():
 
 
 def test_cross_head_observer_takes_the_max_of_each_block_over_batches():
-    from harness.emulation.observers_q2 import CrossHeadMinmaxObserver
+    from harness.recipes.quamba.q2.observers import CrossHeadMinmaxObserver
 
     head_groups = torch.tensor([[1, 2]], dtype=torch.int32)             # 1 SSD group of 3 heads x 4 dims
     dim_groups = torch.tensor([[[3, 1], [2, 2]]], dtype=torch.int32)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.emulation.build import build_backbone
-from harness.runner.calibration import run_observers
+from harness.runner.backbone import build_backbone
+from harness.recipes.quamba.calibration import run_observers
 from harness.emulation.capture import capture
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint

@@ -148,9 +148,10 @@ def test_q2_params_hold_no_float_copy_of_the_quantized_linears(tmp_path):
     codes those of the reordered, folded, rotated fp16 weights; the block's output is unchanged by it."""
     from harness.checkpoints.loading import open_checkpoint
     from harness.kernels.quant import quantize_weight_fp16
-    from harness.emulation.q2_params import q2_params, reorder_raw
-    from harness.emulation.weights_mamba2 import float_layer_mamba2
-    from harness.runner.calibration import CalibrationSettings, calibrate
+    from harness.recipes.quamba.q2.params import q2_params, reorder_raw
+    from harness.architectures.mamba2.weights import float_layer_mamba2
+    from harness.runner.calibration import CalibrationSettings
+    from harness.recipes.quamba.calibration import calibrate
     from harness.runner.weightbank import WeightBank
     from mamba2_fixtures import make_mamba2
 

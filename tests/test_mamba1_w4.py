@@ -13,14 +13,17 @@ import torch
 from conftest import SHIPPED, make_hf_model, write_hf_dir
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone, build_block
+from harness.runner.backbone import build_backbone
+from harness.architectures.mamba1.build import build_block
 from harness.emulation.gptq import gptq_int4, to_int4_weight
-from harness.emulation.mamba1_w4 import EmuW4A8O8Linear, with_output_scale
+from harness.recipes.quamba.w4.block_mamba1 import EmuW4A8O8Linear, with_output_scale
 from harness.kernels.int4 import Int4Weight
 from harness.kernels.marlin_rtn import rtn_int4
 from harness.kernels.w4_linear import w4a8_linear_ref, w4a8_values, w4a16_linear_ref
-from harness.modes import CALIBRATION_RECIPES, ModeError, get_mode, resolve_modes
-from harness.runner.calibration import CalibrationSettings, calibrate
+from harness.modes import CALIBRATION_RECIPES, ModeError
+from harness.recipes.registry import get_mode, resolve_modes
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import FloatOut, QTensor
 from harness.store.reader import load_capture

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from harness.checkpoints.loading import ModelDirError, open_checkpoint
-from harness.emulation.build import build_backbone
+from harness.runner.backbone import build_backbone
 from harness.emulation.capture import MAMBA2_POINTS, TapError, capture, points_of, select_points
 from harness.kernels.ssd import gated_rmsnorm, gated_rmsnorm_ref, ssd_chunked, ssd_dt, ssd_ref
-from harness.modes import ModeError, get_mode, resolve_modes
+from harness.modes import ModeError
+from harness.recipes.registry import get_mode, resolve_modes
 from harness.runner.forwards import _to_original, build_head
 from harness.runner.weightbank import WeightBank
 
@@ -214,7 +215,7 @@ def test_the_fp16_model_holds_A_log_in_fp16_and_D_in_fp32(model):
     """mamba_ssm's Mamba2 creates A_log in the model's dtype and D in fp32 (enyac-group/mamba f034308
     mamba_ssm/modules/mamba2.py:131-137), and the checkpoint's values are copied in uncast: Quamba's fp16 model
     (mode 1, Quamba2's calibration model and its int8 A_log) holds fp16 A_log and full-precision D."""
-    from harness.emulation.weights_mamba2 import float_layer_mamba2
+    from harness.architectures.mamba2.weights import float_layer_mamba2
 
     _, out = model
     raw = WeightBank(open_checkpoint(out / "tf")).raw(0)

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.emulation.build import build_backbone
-from harness.runner.calibration import calibrate
+from harness.runner.backbone import build_backbone
+from harness.recipes.quamba.calibration import calibrate
 from harness.emulation.capture import capture
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
-from harness.modes import get_mode
+from harness.recipes.registry import get_mode
 from harness.kernels.quant import quantize
 from harness.spec import Rounding
 from harness.runner.weightbank import WeightBank

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from harness.modes import BUILTIN_MODES, KNOBS, PRESETS, ModeError, ModeRecipe, get_mode, load_modes_file, resolve_modes
+from harness.modes import BUILTIN_MODES, KNOBS, PRESETS, ModeError, ModeRecipe, load_modes_file
+from harness.recipes.registry import get_mode, resolve_modes
 
 
 def test_builtin_table_matches_modes_md():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from harness.emulation.observers import MinMaxObserver, PercentileObserver, quantile_high
+from harness.recipes.quamba.observers import MinMaxObserver, PercentileObserver, quantile_high
 
 
 @pytest.mark.parametrize("alpha", [0.9995, 0.99999, 0.9, 0.5, 1.0])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.emulation.build import build_block
+from harness.architectures.mamba1.build import build_block
 from harness.checkpoints.loading import open_checkpoint
 from harness.modes import BUILTIN_MODES
 from harness.kernels.hadamard import hadamard_transform

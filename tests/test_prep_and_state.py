@@ -8,9 +8,9 @@ import torch
 
 from harness.checkpoints.text import DataError, read_documents, read_sample
 from harness.checkpoints.loading import open_checkpoint
-from harness.emulation.observers import MinMaxObserver, PercentileObserver
+from harness.recipes.quamba.observers import MinMaxObserver, PercentileObserver
 from harness.runner.weightbank import WeightBank
-from harness.emulation.weights import int8_layer
+from harness.architectures.mamba1.weights import int8_layer
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_an_untied_lm_head_is_prepared_from_its_own_weight(tmp_path):
     product rounded to fp16 (mutants that took the embedding, dropped one rounding or divided by the norm
     survived: the other tests' norm_f is all ones)."""
     from conftest import make_hf_model, write_hf_dir
-    from harness.emulation.weights import fht_fp16
+    from harness.architectures.mamba1.weights import fht_fp16
     from harness.runner.weightbank import lm_head_weight
     model = make_hf_model(vocab=4096, n_layer=1, seed=3)
     model.config.tie_word_embeddings = False
@@ -148,7 +148,7 @@ def test_release_forgets_one_block_and_keeps_the_others(own):
 def test_quamba_int8_layer_honours_rotate(bank):
     """prep=quamba without the rotation is the fp16 checkpoint quantized as it is (a mutant that always rotated
     survived: the built-in modes rotate, only a user mode with rotate=no reaches this)."""
-    from harness.emulation.weights import float_layer, quamba_int8_layer
+    from harness.architectures.mamba1.weights import float_layer, quamba_int8_layer
     raw = bank.raw(0)
     plain, rotated = quamba_int8_layer(raw, False), quamba_int8_layer(raw, True)
     assert torch.equal(plain.in_proj.codes, int8_layer(float_layer(raw, False, torch.float16)).in_proj.codes)
@@ -162,7 +162,7 @@ def test_fht_fp16_rounds_its_input_to_fp16_first():
     rounded before the transform (a mutant that skipped it survived: the other callers round already)."""
     from harness.kernels.hadamard import hadamard_transform_fht
     from harness.kernels.quant import round_to_dtype
-    from harness.emulation.weights import fht_fp16
+    from harness.architectures.mamba1.weights import fht_fp16
     w = torch.randn(64, 48, generator=torch.Generator().manual_seed(6))
     f16 = lambda t: round_to_dtype(t, torch.float16)  # noqa: E731
     assert torch.equal(fht_fp16(w), f16(hadamard_transform_fht(f16(w))))
@@ -185,7 +185,7 @@ def test_quamba_preparation_without_rotation_and_without_a_conv_bias(bank):
     skipped the fp16 rounding survived); a checkpoint without a conv bias (mamba_ssm's conv_bias=False, which
     loading accepts) prepares without one, rotated or not (a mutant that rounded the missing bias survived)."""
     import dataclasses
-    from harness.emulation.weights import float_layer, quamba_fp16_layer, quamba_int8_layer
+    from harness.architectures.mamba1.weights import float_layer, quamba_fp16_layer, quamba_int8_layer
     raw = dict(bank.raw(0))
     plain, ref = quamba_fp16_layer(raw, False), float_layer(raw, False, torch.float16)
     for f in dataclasses.fields(plain):
@@ -223,7 +223,7 @@ def test_a_quantized_checkpoint_alone_names_the_missing_float_model(tmp_path):
     and the option (mutants that raised it with None, or named None, survived: the CLI tests that read the
     message run in a subprocess)."""
     from quamba_fixture import write_handmade
-    from harness.checkpoints.quamba import open_quamba
+    from harness.recipes.quamba.checkpoint import open_quamba
     from harness.runner.weightbank import FloatModelRequired
     given = WeightBank(None, given=open_quamba(write_handmade(tmp_path / "q")))
     with pytest.raises(FloatModelRequired, match=r"^float weights needs the float model; pass --mamba_model_path DIR "

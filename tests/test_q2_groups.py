@@ -14,12 +14,13 @@ import torch
 from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main, compare_main
-from harness.emulation.build import build_backbone
+from harness.runner.backbone import build_backbone
 from harness.emulation.capture import MAMBA2_POINTS, capture, select_points
 from harness.metrics.q2groups import XGroupSums
-from harness.modes import get_mode
+from harness.recipes.registry import get_mode
 from harness.report.build import build_report
-from harness.runner.calibration import CalibrationSettings, calibrate
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate
 from harness.runner.forwards import Forward, RefInputs, run_mode
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture

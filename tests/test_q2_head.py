@@ -14,11 +14,13 @@ import torch
 from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone
-from harness.emulation.q2_head import quantize_rows_int4_fp16, quantized_rows
+from harness.runner.backbone import build_backbone
+from harness.kernels.embedding_head import quantize_rows_int4_fp16, quantized_rows
 from harness.kernels.quant import quantize_rows_signed_max_fp16
-from harness.modes import ModeError, get_mode, load_modes_file
-from harness.runner.calibration import CalibrationSettings, calibrate
+from harness.modes import ModeError, load_modes_file
+from harness.recipes.registry import get_mode
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate
 from harness.runner.forwards import build_head
 from harness.runner.resume import recorded_recipe
 from harness.runner.weightbank import WeightBank

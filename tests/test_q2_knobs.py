@@ -12,14 +12,17 @@ import torch
 from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone, build_q2_mamba2_block
+from harness.runner.backbone import build_backbone
+from harness.recipes.quamba.q2.build import build_q2_mamba2_block
 from harness.emulation.capture import MAMBA2_POINTS, capture
-from harness.emulation.mamba2_q2 import build_q2_block
+from harness.recipes.quamba.q2.block import build_q2_block
 from harness.kernels.conv1d_grouped import q2_conv1d_ref
 from harness.kernels.ssd import ssd_chunked, ssd_ref
-from harness.emulation.q2_params import q2_params
-from harness.modes import ModeError, get_mode, load_modes_file
-from harness.runner.calibration import CalibrationSettings, calibrate
+from harness.recipes.quamba.q2.params import q2_params
+from harness.modes import ModeError, load_modes_file
+from harness.recipes.registry import get_mode
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate
 from harness.runner.resume import recorded_recipe
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture
@@ -103,10 +106,10 @@ def test_x_groups_tensor_quantizes_x_at_one_percentile_scale(model):
 
 
 def _percentile_written_out(bank, windows, calib, alpha: float = 0.9995) -> float:
-    from harness.emulation.build import build_mamba2_block
+    from harness.architectures.mamba2.build import build_mamba2_block
     from harness.emulation.modules import EmuBackbone
-    from harness.emulation.q2_params import reorder_raw
-    from harness.emulation.weights_mamba2 import float_layer_mamba2
+    from harness.recipes.quamba.q2.params import reorder_raw
+    from harness.architectures.mamba2.weights import float_layer_mamba2
     from harness.modes import Q2_CALIBRATION_RECIPE
 
     d = bank.dims

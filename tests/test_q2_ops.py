@@ -112,7 +112,7 @@ def test_in_proj_epilogue_order_is_b_then_a():
 
 def test_split_weights_are_quantized_per_split():
     """Each split at its own absmax scale (quant_utils.py:16-27, in fp16), b = f32(s_w / s_out) per column."""
-    from harness.emulation.weights_q2 import q2_conv_weights, q2_in_proj_weight
+    from harness.recipes.quamba.q2.weights import q2_conv_weights, q2_in_proj_weight
 
     w = torch.tensor([[0.5, -1.0], [0.25, 0.125], [8.0, -2.0], [0.0, 1.0], [0.03, 0.01]]).to(torch.float16).float()
     codes, b, scales = q2_in_proj_weight(w, [2, 2, 1], [0.1, 0.5, 0.02])
@@ -131,7 +131,7 @@ def test_split_weights_are_quantized_per_split():
 def test_conv_weights_are_quantized_in_fp32():
     """Quamb2Conv1D casts weight and bias to fp32 before the absmax (qConvLayer.py:240, :256): fp32 scale and
     division. 0.603515625 at absmax f16(0.7) is code 109 in fp32 (109.46) but 110 in fp16."""
-    from harness.emulation.weights_q2 import q2_conv_weights
+    from harness.recipes.quamba.q2.weights import q2_conv_weights
 
     w = torch.tensor([[0.7], [0.603515625], [1.0], [1.0]]).to(torch.float16).float()
     wc, ws, bcodes, bs = q2_conv_weights(w, w[:, 0].clone(), x_dim=2, bc=1)

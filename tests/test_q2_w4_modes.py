@@ -11,12 +11,15 @@ import torch
 from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone, build_mamba2_block
+from harness.runner.backbone import build_backbone
+from harness.architectures.mamba2.build import build_mamba2_block
 from harness.emulation.gptq import Hessian, gptq_int4, to_int4_weight
 from harness.kernels.w4_linear import w4a8_linear_ref, w4a16_linear_ref
-from harness.emulation.weights_mamba2 import float_layer_mamba2
-from harness.modes import Q2_CALIBRATION_RECIPE, ModeError, get_mode, resolve_modes
-from harness.runner.calibration import CalibrationSettings, calibrate
+from harness.architectures.mamba2.weights import float_layer_mamba2
+from harness.modes import Q2_CALIBRATION_RECIPE, ModeError
+from harness.recipes.registry import get_mode, resolve_modes
+from harness.runner.calibration import CalibrationSettings
+from harness.recipes.quamba.calibration import calibrate
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture
 from helpers import input_hessians, run_cli

@@ -15,18 +15,21 @@ import torch
 from conftest import ROOT
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone, build_mamba2_block
+from harness.runner.backbone import build_backbone
+from harness.architectures.mamba2.build import build_mamba2_block
 from harness.emulation.capture import MAMBA2_POINTS, capture
-from harness.emulation.grouping_q2 import group_wise_sort_indices
+from harness.recipes.quamba.q2.grouping import group_wise_sort_indices
 from harness.emulation.modules import EmuBackbone
 from harness.kernels.hadamard import hadamard_transform
 from harness.kernels.conv1d_grouped import q2_conv1d_ref
 from harness.kernels.norms import q2_gated_norm_ref
 from harness.kernels.linear import q2_in_proj_ref
-from harness.emulation.q2_params import q2_params, reorder_raw
-from harness.emulation.weights_mamba2 import float_layer_mamba2
-from harness.modes import Q2_CALIBRATION_RECIPE, ModeError, get_mode, resolve_modes
-from harness.runner.calibration import CalibrationSettings, _checksum, calibrate
+from harness.recipes.quamba.q2.params import q2_params, reorder_raw
+from harness.architectures.mamba2.weights import float_layer_mamba2
+from harness.modes import Q2_CALIBRATION_RECIPE, ModeError
+from harness.recipes.registry import architectures_of, get_mode, resolve_modes
+from harness.runner.calibration import CalibrationSettings, _checksum
+from harness.recipes.quamba.calibration import calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import QTensor
 from harness.store.reader import load_capture
@@ -237,8 +240,8 @@ def test_chunked_and_sequential_ssd_variants_agree(model):
 
 def test_the_recipe_states_its_architectures():
     q2 = get_mode("q2-w8a8")
-    assert q2.architectures == ("mamba2",) and get_mode("0").architectures == ("mamba1",)
-    assert get_mode("fp32").architectures == ("mamba1", "mamba2")
+    assert architectures_of(q2) == ("mamba2",) and architectures_of(get_mode("0")) == ("mamba1",)
+    assert architectures_of(get_mode("fp32")) == ("mamba1", "mamba2")
     with pytest.raises(ModeError, match=r"mode 'q2-w8a8' does not run on a mamba1 model.*run mode 0"):
         resolve_modes(["fp32", "q2-w8a8"])
     assert [r.name for r in resolve_modes(["quant_only"], architecture="mamba2")] == ["q2-w8a8", "q2-w4a8", "q2-w4a16"]

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from harness.checkpoints.loading import ModelDirError
-from harness.checkpoints.quamba2 import open_any_quamba
+from harness.recipes.quamba.formats import open_any_quamba
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone
-from harness.modes import get_mode
+from harness.runner.backbone import build_backbone
+from harness.recipes.registry import get_mode, on_architecture
 from harness.runner.pairing import checkpoint_calibration, open_models
 from helpers import capture_w4_checkpoint, run_cli
 from quamba1_w4_fixture import w4_mamba1_config, w4_mamba1_state_dict, write_w4_mamba1
@@ -51,7 +51,7 @@ def _blocks(ckpts, recipe: str):
     path, sd, truth = ckpts[recipe]
     models = open_models(path, None)
     scales = checkpoint_calibration(models.quamba, 1).scales
-    mode = get_mode(f"q2-{recipe.lower()}").on_architecture("mamba1")
+    mode = on_architecture(get_mode(f"q2-{recipe.lower()}"), "mamba1")
     return sd, truth, build_backbone(mode, models.bank, scales, 1).blocks
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from harness.checkpoints.loading import ModelDirError
-from harness.checkpoints.quamba2 import open_any_quamba, open_quamba2
+from harness.recipes.quamba.formats import open_any_quamba
+from harness.recipes.quamba.q2.checkpoint import open_quamba2
 from harness.cli import capture_main
 from helpers import run_cli
 from quamba2_fixture import D_INNER, D_MODEL, NHEADS, handmade_q2_config, handmade_q2_state_dict, write_handmade_q2

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import ROOT, TOKENIZER
-from harness.checkpoints.quamba2 import open_quamba2
-from harness.checkpoints.quamba2_order import match_rows
+from harness.recipes.quamba.q2.checkpoint import open_quamba2
+from harness.recipes.quamba.q2.order import match_rows
 from harness.cli import capture_main, main
 from harness.runner.calibration import CalibrationSettings
-from harness.runner.export import ExportConfig, export
+from harness.recipes.quamba.export import ExportConfig, export
 from helpers import FAST_CALIB, run_cli
 from mamba2_fixtures import make_mamba2
 from quamba2_fixture import handmade_q2_config, handmade_q2_state_dict

@@ -1,14 +1,14 @@
 """The channel and head order of a Quamba2 checkpoint recovered from its float model
-(harness.checkpoints.quamba2_order): the permutation found back, and the summary's fractions matched."""
+(harness.recipes.quamba.q2.order): the permutation found back, and the summary's fractions matched."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from harness.checkpoints.loading import open_checkpoint
-from harness.checkpoints.quamba2_order import recover_order, recover_order_w4
-from harness.emulation.weights_mamba2 import float_layer_mamba2
-from harness.emulation.weights_q2 import q2_in_proj_weight
+from harness.recipes.quamba.q2.order import recover_order, recover_order_w4
+from harness.architectures.mamba2.weights import float_layer_mamba2
+from harness.recipes.quamba.q2.weights import q2_in_proj_weight
 from mamba2_fixtures import make_mamba2
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from harness.checkpoints.loading import ModelDirError
-from harness.checkpoints.quamba2 import open_any_quamba
-from harness.checkpoints.quamba2_w4 import read_w4_blocks
-from harness.checkpoints.quamba2_w4ckpt import open_quamba2_w4
+from harness.recipes.quamba.formats import open_any_quamba
+from harness.recipes.quamba.w4.checkpoint_blocks import read_w4_blocks
+from harness.recipes.quamba.w4.checkpoint_mamba2 import open_quamba2_w4
 from marlin_fixture import w4_config, w4_state_dict
 
 

@@ -11,8 +11,8 @@ import torch
 
 from conftest import TOKENIZER
 from harness.cli import capture_main
-from harness.emulation.build import build_backbone
-from harness.modes import get_mode
+from harness.runner.backbone import build_backbone
+from harness.recipes.registry import get_mode
 from harness.runner.pairing import checkpoint_calibration, open_models
 from helpers import capture_w4_checkpoint, run_cli
 from marlin_fixture import w4_config, w4_state_dict

@@ -14,7 +14,7 @@ import torch
 from conftest import TOKENIZER
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main, main
-from harness.emulation.weights_mamba2 import float_layer_mamba2
+from harness.architectures.mamba2.weights import float_layer_mamba2
 from helpers import run_cli
 from mamba2_fixtures import make_mamba2
 from marlin_fixture import pack_given
@@ -106,7 +106,7 @@ def test_round_trip_through_a_w4_checkpoint_is_bit_identical(recipe, runs):
 
 
 def test_match_nearest_takes_each_rows_most_similar_partner():
-    from harness.checkpoints.quamba2_order import match_nearest
+    from harness.recipes.quamba.q2.order import match_nearest
 
     g = torch.Generator().manual_seed(0)
     theirs = torch.randn(40, 64, generator=g)

@@ -13,13 +13,13 @@ from conftest import ROOT, make_hf_model, write_hf_dir
 from helpers import FAST_CALIB, run_modes
 from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 
-from harness.runner.calibration import calibrate
+from harness.recipes.quamba.calibration import calibrate
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.cli import capture_main, main
-from harness.runner.export import ExportConfig, export
+from harness.recipes.quamba.export import ExportConfig, export
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.kernels.quant import quantize_rows_signed_max_fp16
-from harness.checkpoints.quamba import open_quamba
+from harness.recipes.quamba.checkpoint import open_quamba
 from harness.store.reader import load_capture
 from harness.runner.weightbank import WeightBank
 
@@ -379,7 +379,7 @@ def test_pairing_checked_beside_tokenizing_is_the_direct_check(exported, tmp_pat
 def test_prefix_hashes_cover_the_scales(tmp_path):
     """Two checkpoints that differ in one scale (a Python float) hash differently from that layer on (a mutant
     that hashed repr(None) for every non-tensor value survived: the provenance would not tell them apart)."""
-    from harness.checkpoints.quamba import open_quamba
+    from harness.recipes.quamba.checkpoint import open_quamba
 
     sd = handmade_state_dict()
     a = write_handmade(tmp_path / "a", sd=dict(sd))
@@ -424,7 +424,7 @@ def test_any_one_quamba_marker_makes_a_quamba_directory(tmp_path):
     lm_head_cfg): each alone routes the directory to the Quamba reader (whose errors then name what is not
     supported); a mutant that required both norm_cfg and lm_head_cfg, or read a key other than is_hybrid,
     survived and would have read such a checkpoint as a float model."""
-    from harness.checkpoints.quamba import is_quamba_dir
+    from harness.recipes.quamba.checkpoint import is_quamba_dir
     markers = {"layer": {"ssm_cfg": {"layer": "W8A8QMamba"}}, "hybrid_layers": {"ssm_cfg": {"layer": ["W8A8QMamba"]}},
                "norm": {"norm_cfg": {"norm": "QRMSNorm"}}, "lm_head": {"lm_head_cfg": {"layer": "Linear"}},
                "hybrid": {"is_hybrid": True}}
@@ -490,7 +490,7 @@ def test_round_trip_end_to_end_logits_are_bit_identical(exported, hf_dir, tmp_pa
 
 def _write_back(src, dst):
     """Read a Quamba directory with open_quamba and write what it read with write_quamba (as export hands it)."""
-    from harness.checkpoints.quamba import write_quamba
+    from harness.recipes.quamba.checkpoint import write_quamba
 
     q = open_quamba(src)
     n = q.dims.n_layer

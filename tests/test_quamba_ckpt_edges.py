@@ -10,8 +10,8 @@ import torch
 from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 
 from harness.checkpoints.loading import ModelDirError
-from harness.checkpoints.quamba import SUPPORTED, is_quamba_dir, open_quamba
-from harness.checkpoints.quamba_checks import config_dims as _dims
+from harness.recipes.quamba.checkpoint import SUPPORTED, is_quamba_dir, open_quamba
+from harness.recipes.quamba.checkpoint_checks import config_dims as _dims
 from harness.spec import ModelDims
 
 RAN = []  # what the pickled payload below ran, if anything loaded it
@@ -217,7 +217,7 @@ def test_layer_spec_of_mamba_130m_is_quambas_checkpoint_layout():
     in state-dict order, and the dtypes and shapes of Quamba's checkpoint (spec notes §2.6): x_proj's 48 + 2 * 16 = 80
     outputs need no padding (a mutant that sized x_proj as dt_rank + 3 * d_state survived at the fixture's
     sizes, where both pad to 32)."""
-    from harness.checkpoints.quamba import F, T0, T11, layer_spec
+    from harness.recipes.quamba.checkpoint import F, T0, T11, layer_spec
 
     d = ModelDims(d_model=768, d_inner=1536, d_state=16, d_conv=4, dt_rank=48, n_layer=24, vocab_size=50280,
                   norm_eps=1e-5)

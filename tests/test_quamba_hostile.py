@@ -12,7 +12,7 @@ from helpers import run_modes
 from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 
 from harness.checkpoints.loading import ModelDirError
-from harness.checkpoints.quamba import open_quamba
+from harness.recipes.quamba.checkpoint import open_quamba
 from harness.cli import capture_main
 from harness.kernels.quant import quantize
 from harness.spec import Rounding
@@ -113,7 +113,7 @@ def test_a_nan_inside_a_mode_fails_the_mode(tmp_path, monkeypatch):
     sd = handmade_state_dict()
     sd[L0 + "norm.output_scale"] = math.nan
     q = write_handmade(tmp_path / "q", sd=sd)
-    monkeypatch.setattr("harness.checkpoints.quamba.check_values", lambda *a: None)
+    monkeypatch.setattr("harness.recipes.quamba.checkpoint.check_values", lambda *a: None)
     out = run_modes(q, tmp_path, ["0"], seq_len=16)
     entry = out.stats["modes"]["0"]
     assert entry["status"] == "error" and "NaN has no int8 code" in entry["error"], entry

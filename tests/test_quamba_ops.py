@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.emulation.build import build_block
-from harness.modes import CALIBRATION_RECIPES, get_mode
+from harness.architectures.mamba1.build import build_block
+from harness.modes import CALIBRATION_RECIPES
+from harness.recipes.registry import get_mode
 from harness.kernels import portable
 from harness.kernels.portable import sum_last
 from harness.emulation.modules import EmuRMSNorm
@@ -29,7 +30,7 @@ from harness.kernels.quant import round_to_dtype
 from harness.kernels.scan import ScanOrder, selective_scan
 from harness.spec import FloatOut, LayerScales, ModelDims, QTensor
 from harness.runner.weightbank import WeightBank
-from harness.emulation.weights import fht_fp16, float_layer, quamba_fp16_layer, quamba_int8_layer
+from harness.architectures.mamba1.weights import fht_fp16, float_layer, quamba_fp16_layer, quamba_int8_layer
 
 f16 = lambda t: round_to_dtype(t, torch.float16)  # noqa: E731
 

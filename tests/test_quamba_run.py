@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.runner.calibration import _layer_keys
+from harness.runner.calibration import layer_keys
 from helpers import FAST_CALIB, run_modes
 
 
@@ -47,7 +47,7 @@ def test_caches_of_before_the_prep_knob_are_never_reused():
     tokens = hashlib.sha256(windows.numpy().tobytes()).hexdigest()
     old_common = json.dumps({"version": 1, "settings": asdict(FAST_CALIB), "tokens": tokens}, sort_keys=True)
     old = hashlib.sha256(f"{old_common}|h0".encode()).hexdigest()
-    new = {p: _layer_keys(["h0"], windows, FAST_CALIB, p)[0] for p in ("quamba", "exact")}
+    new = {p: layer_keys(["h0"], windows, FAST_CALIB, p)[0] for p in ("quamba", "exact")}
     assert old not in new.values() and new["quamba"] != new["exact"]
 
 

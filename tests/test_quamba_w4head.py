@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from conftest import TOKENIZER
-from harness.checkpoints.quamba2 import open_any_quamba
+from harness.recipes.quamba.formats import open_any_quamba
 from harness.cli import capture_main
 from harness.emulation.modules import EmuRMSNorm
 from harness.kernels.int4 import Int4Weight
 from harness.kernels.w4_linear import w4a8_linear, w4a16_linear
-from harness.emulation.q2_head import quantize_rows_int4_fp16, quantized_rows
-from harness.modes import get_mode
+from harness.kernels.embedding_head import quantize_rows_int4_fp16, quantized_rows
+from harness.recipes.registry import get_mode, on_architecture
 from harness.runner.head import build_head
 from harness.runner.pairing import open_models
 from harness.spec import FloatOut, QuantOut, Rounding
@@ -55,7 +55,7 @@ def ckpts(tmp_path_factory):
 
 def _mode(arch: str, recipe: str):
     mode = get_mode(f"q2-{recipe.lower()}")
-    return mode.on_architecture("mamba1") if arch == "mamba1" else mode
+    return on_architecture(mode, "mamba1") if arch == "mamba1" else mode
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1"])
@@ -187,7 +187,7 @@ def test_a_malformed_w4_head_is_exit_2_naming_the_key(arch, recipe, edit, messag
 def test_the_head_in_vocabulary_slices_is_the_whole_gemm(recipe, ckpts):
     """emulation.q2_head.w4_lm_head_logits runs the head `rows` out-features at a time: any slicing (here one
     that does not divide the vocabulary) gives the single GEMM's logits bit for bit."""
-    from harness.emulation.q2_head import w4_lm_head_logits
+    from harness.kernels.embedding_head import w4_lm_head_logits
     from harness.spec import QTensor
 
     truth = ckpts[("mamba2", recipe)][2]

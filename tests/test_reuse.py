@@ -5,7 +5,7 @@ import torch
 
 from harness.runner.forwards import Forward, RefInputs, run_mode
 from harness.emulation.capture import select_points
-from harness.modes import resolve_modes
+from harness.recipes.registry import resolve_modes
 from harness.runner.sharedops import SharedOps
 from harness.spec import QTensor
 from helpers import observed_bank, run_modes

@@ -32,9 +32,9 @@ VERDICTS = ROOT / "tools" / "mutation_verdicts.toml"
 # the emulation core (everything under harness/emulation) and the runner's numeric steps; the rest of
 # MODULES is the file format, the metrics and the comparison
 CORE = {m for m in MODULES if m.startswith("harness.emulation.")} | {
-    "harness.runner.calibration", "harness.runner.calibration_q2", "harness.runner.weightbank",
+    "harness.recipes.quamba.calibration", "harness.recipes.quamba.q2.calibrate", "harness.runner.weightbank",
     "harness.runner.sharedops", "harness.runner.decode", "harness.checkpoints.text", "harness.runner.headprep",
-    "harness.runner.gptq_q2", "harness.runner.q2_head_scale"}
+    "harness.recipes.quamba.w4.calibrate_mamba2", "harness.recipes.quamba.q2.head_scale"}
 
 
 UNCHECKED = ("not checked", "check was interrupted by user", "skipped")

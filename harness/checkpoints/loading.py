@@ -31,7 +31,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from ..spec import ModelDims
-from .mamba2 import open_mamba2
+from ..architectures.mamba2.config import open_mamba2
 from ..store.files import is_regular, open_regular, read_regular
 
 __all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",

@@ -39,7 +39,7 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _export(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_export_parser(prog).parse_args(argv)
     from ..runner.calibration import CalibrationSettings, default_cache_dir
-    from ..runner.export import INPUT_ERRORS, ExportConfig, export
+    from ..recipes.quamba.export import INPUT_ERRORS, ExportConfig, export
 
     cfg = ExportConfig(model=args.model, output_dir=args.output_dir, tokenizer=args.tokenizer,
                        calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,

@@ -22,17 +22,12 @@ __all__ = [
     "BUILTIN_MODES",
     "PRESETS",
     "ModeError",
-    "get_mode",
-    "list_modes",
-    "ModeRegistry",
-    "resolve_modes",
     "load_modes_file",
     "CALIBRATION_RECIPES",
     "NumberFormat",
     "FORMAT_KNOBS",
     "parse_layer_range",
     "MAMBA2_PRESETS",
-    "architecture_problem",
     "Q2_CALIBRATION_RECIPE",
     "Q2_KNOBS",
     "XGroups",
@@ -47,6 +42,5 @@ from .knobs import (FORMAT_KNOBS, KNOB_TYPES, KNOBS, MAMBA2_PRESETS, PRESETS, Ac
 from .knobs import Q2_KNOBS, StateDtype, XGroups
 from .knobs import Q2_HEAD_KNOBS, Embedding, LmHead
 from .recipe import ModeRecipe
-from .registry import (BUILTIN_MODES, CALIBRATION_RECIPES, Q2_CALIBRATION_RECIPE, ModeRegistry, architecture_problem,
-                       get_mode, list_modes)
-from .files import load_modes_file, resolve_modes
+from .registry import BUILTIN_MODES, CALIBRATION_RECIPES, Q2_CALIBRATION_RECIPE
+from .files import load_modes_file

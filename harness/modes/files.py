@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .knobs import FORMAT_KNOBS, KNOBS, Q2_HEAD_KNOBS, Q2_KNOBS, ModeError
 from .recipe import ModeRecipe
-from .registry import BUILTIN_MODES, ModeRegistry
+from .registry import BUILTIN_MODES
 
 __all__ = ["load_modes_file", "resolve_modes"]
 
@@ -75,13 +75,3 @@ def _user_recipe(path: Path, name: str, spec: object) -> ModeRecipe:
 
 def _layers_of(spec: dict) -> dict:
     return {"layers": spec["layers"]} if "layers" in spec else {}
-
-
-def resolve_modes(requested: list[str], modes_file: Path | None = None, architecture: str | None = "mamba1") -> list[ModeRecipe]:
-    """Mode names/presets -> recipes, with the user modes of ``modes_file`` (JSON or TOML) added;
-    a mode that does not run on `architecture` (the model's, spec.ModelDims.architecture) is a ModeError."""
-    registry = ModeRegistry()
-    if modes_file is not None:
-        for recipe in load_modes_file(modes_file):
-            registry.register(recipe)
-    return registry.resolve(requested, architecture)

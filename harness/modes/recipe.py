@@ -43,6 +43,9 @@ class ModeRecipe:
     # Quamba2's quantized embedding and lm_head (knobs.Q2_HEAD_KNOBS; prep=quamba2 only)
     embedding: Embedding = Embedding.FP16
     lm_head: LmHead = LmHead.FP16
+    # the recipe family that runs the mode (harness.recipes.registry); "" for the built-in families, which own a
+    # mode by its knobs. A plugin's modes name their family.
+    family: str = ""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in PRESETS:
@@ -74,6 +77,8 @@ class ModeRecipe:
             knobs["layers"] = {r: dict(kv) for r, kv in self.layers}
         knobs.update({k: getattr(self, k) for k, allowed in Q2_KNOBS.items() if getattr(self, k) != allowed[0]})
         knobs.update({k: getattr(self, k) for k, allowed in Q2_HEAD_KNOBS.items() if getattr(self, k) != allowed[0]})
+        if self.family:
+            knobs["family"] = self.family
         return knobs
 
     def for_layer(self, i: int) -> "ModeRecipe":
@@ -90,17 +95,6 @@ class ModeRecipe:
         return bool(self.layers) or any(getattr(self, k) != NumberFormat.NONE for k in FORMAT_KNOBS)
 
     @property
-    def architectures(self) -> tuple[str, ...]:
-        """The block architectures the recipe runs on: prep=quamba2 is Quamba2's W8A8 of Mamba-2 blocks only, its
-        W4A8 and W4A16 run on both; a recipe that quantizes otherwise, uses prep=quamba or number formats is
-        Quamba1's Mamba-1 recipe; float recipes run on both."""
-        if self.prep == Prep.QUAMBA2:  # the W4 recipes also run on Mamba-1, with prep=quamba (on_architecture)
-            return ("mamba1", "mamba2") if self.weights == Weights.INT4 else ("mamba2",)
-        if self.needs_calibration or self.prep == Prep.QUAMBA or self.has_formats:
-            return ("mamba1",)
-        return ("mamba1", "mamba2")
-
-    @property
     def calibration_key(self) -> str:
         """Which calibration the recipe reads (one per key in a run): its prep, or for Quamba2's int4 recipes
         "quamba2-w4a8" (the W8A8 scales plus GPTQ; on Mamba-2 of the reordered model) or "quamba2-w4a16" (GPTQ
@@ -108,14 +102,6 @@ class ModeRecipe:
         if self.weights == Weights.INT4:  # prep=quamba2, or prep=quamba on Mamba-1 (on_architecture)
             return "quamba2-w4a8" if self.norm_out == Store.INT8 else "quamba2-w4a16"
         return str(self.prep)
-
-    def on_architecture(self, architecture: str | None) -> "ModeRecipe":
-        """The recipe as it runs on a model of `architecture`: Quamba2's W4 recipes on Mamba-1 take Quamba1's
-        preparation (prep=quamba: Quamba2 prepares a Mamba-1 model as Quamba1 does, configure_model's "mamba"
-        branch, quamba/modelutils_mamba.py:58-81; emulation.mamba1_w4); every other recipe is unchanged."""
-        if architecture == "mamba1" and self.prep == Prep.QUAMBA2 and self.weights == Weights.INT4:
-            return replace(self, prep=Prep.QUAMBA)
-        return self
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..recipes.registry import recipe_for
 from ..modes import ModeRecipe
 from ..runtime.guard import Progress
 from ..spec import LayerScales
@@ -45,14 +46,14 @@ class RunContext:
 
     def scales(self, recipe: ModeRecipe) -> list[LayerScales] | None:
         """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
-        calib = self.calibs.get(recipe.calibration_key)
+        calib = self.calibs.get(recipe_for(recipe).calibration_key(recipe))
         if recipe.needs_calibration and isinstance(calib, Exception):
             raise RuntimeError(f"calibration failed: {calib}")
         return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
 
     def head_scale(self, recipe: ModeRecipe) -> float | None:
         """lm_head=quantized: the lm_head:input scale observed with the recipe's calibration (runner.q2_head_scale)."""
-        calib = self.calibs.get(recipe.calibration_key)
+        calib = self.calibs.get(recipe_for(recipe).calibration_key(recipe))
         return calib.info.get("lm_head_input_scale") if isinstance(calib, CalibrationResult) else None
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..emulation.build import build_backbone
+from .backbone import build_backbone
 from ..emulation.capture import RESIDUAL_BASIS, STATE_POINTS, capture, decode_points, decode_site, decode_tensor, \
     point_name
 from ..emulation.state import BlockState

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..emulation.build import build_backbone
+from .backbone import build_backbone
 from ..emulation.capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, point_name
 from ..runtime.memory import release_freed
 from ..metrics.errors import tensor_stats

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..emulation.build import build_backbone
+from .backbone import build_backbone
 from ..emulation.state import BlockState
 from .forwards import Forward, build_head
 from .weightbank import WeightBank

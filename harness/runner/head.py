@@ -14,7 +14,7 @@ from ..emulation.modules import EmuRMSNorm
 from ..kernels.linear import float_linear, int8_gemm
 from ..kernels.quant import dequantize, round_to_dtype, to_output
 from ..kernels.int4 import Int4Weight
-from ..emulation.q2_head import w4_lm_head_logits, w8a8_lm_head
+from ..kernels.embedding_head import w4_lm_head_logits, w8a8_lm_head
 from ..modes import LmHead, ModeRecipe, Rotate, Weights
 from ..runtime.memory import release_freed
 from ..spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding

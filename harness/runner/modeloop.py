@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .context import ModeLoopResult, RunContext
 from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, stack
 from ..runtime.log import error
-from ..emulation.build import layer_formats
+from ..architectures.mamba1.build import layer_formats
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
 from .decode import decode_mode

@@ -23,11 +23,10 @@ import torch
 from ..runtime.log import error, warn
 from .. import __version__
 from ..emulation.build import hadamard_kernel_support
-from .calibration import CalibrationResult, calibrate
+from .calibration import CalibrationResult
 from .collect import Collector, block_io_names
 from .config import DEFAULT_MODEL, RunConfig, RunError, RunOutcome
 from .context import RunContext
-from .q2_head_scale import observe_head_scales
 from .decodeplan import check_decode, generated_text, read_text, state_scales
 from .dispatch import open_units
 from ..emulation.capture import (ISOLATED, MAMBA2_POINTS, POINTS, TapError, parse_point, point_name, points_of,
@@ -38,7 +37,8 @@ from ..checkpoints.text import (
     check_token_ids,
 )
 from ..checkpoints.loading import ModelDirError
-from ..modes import ModeError, ModeRecipe, resolve_modes
+from ..modes import ModeError, ModeRecipe
+from ..recipes.registry import Recipe, recipe_for, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
 from ..report.target import check_target, report_path
 from ..report.text import sample_mean_table, sensitivity_tables, short_comparison
@@ -244,12 +244,16 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
             provenance["model"]["pairing"] = models.pairing(depth, pairing)
     # one calibration per prep (its calibration model and cache key differ), in the order modes need them;
     # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
-    calibs = {}
-    for prep in dict.fromkeys(r.calibration_key for r in todo if r.needs_calibration):
+    calibs, owners = {}, {}
+    for r in todo:
+        if (key := recipe_for(r).calibration_key(r)) is not None:
+            owners.setdefault(key, recipe_for(r))
+    for prep, family in owners.items():
         calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
-            _calibrate(cfg, calib_text, bank, prefix, depth, emit, prep, progress=progress)
-    if calib_text is not None:  # lm_head=quantized: lm_head's input scale, observed after the calibration
-        observe_head_scales(calibs, todo, bank, calib_text.ids, cfg.calib, cfg.cache_dir, progress)
+            _calibrate(cfg, calib_text, bank, prefix, depth, emit, family=family, prep=prep, progress=progress)
+    if calib_text is not None:  # what a family observes once every calibration is done (Quamba2: lm_head's input)
+        for family in dict.fromkeys(recipe_for(r) for r in todo):
+            family.after_calibration(calibs, todo, bank, calib_text.ids, cfg.calib, cfg.cache_dir, progress)
     infos = {prep: c.info if isinstance(c, CalibrationResult) else {"prep": prep, "error": str(c)}
              for prep, c in calibs.items()}
     if kept:  # the kept modes' calibration stays on record (--resume checks it next time)
@@ -317,10 +321,11 @@ def _hadamard_support(recipes: list[ModeRecipe], dims, provenance: dict) -> None
                  f"this width ({reason}); the harness rotates it anyway")
 
 
-def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, prep: str, *,
-               progress: Progress | None = None):
+def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], depth: int, emit, *, family: Recipe,
+               prep: str, progress: Progress | None = None):
     try:
-        result = calibrate(bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir, prep, progress=progress)
+        result = family.calibrate(prep, bank, calib_text.ids, cfg.calib, depth, prefix, cfg.cache_dir,
+                                  progress=progress)
     except Exception as e:  # the quantized modes fail with this error, float modes still run
         error(f"calibration failed: {type(e).__name__}: {e}")
         return e

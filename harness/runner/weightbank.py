@@ -1,7 +1,7 @@
 """The run's weight bank: each (layer, weights, rotate, prep) variant of a block prepared once and
 shared between the modes of a run, the embedding rows, and the lm_head weight.
 
-The preparation itself is pure and lives in harness.emulation.weights; this module adds what a
+The preparation itself is pure and lives in each architecture's folder (harness.architectures.*.weights); this module adds what a
 run needs around it: which checkpoint to read, what to keep, and when memory goes back.
 """
 from __future__ import annotations
@@ -9,14 +9,11 @@ from __future__ import annotations
 import torch
 
 from ..checkpoints.loading import Checkpoint
-from ..emulation.weights import (
-    PREPS, LayerParams, fht_fp16, float_layer, int8_layer, quamba_fp16_layer,
-)
+from ..architectures.mamba1.weights import LayerParams, fht_fp16
+from ..architectures.registry import get_architecture
 from ..kernels.hadamard import hadamard_transform
-from ..emulation.weights_mamba2 import float_layer_mamba2
 from ..kernels.quant import round_to_dtype
 from ..runtime.memory import release_freed
-from ..spec import FLOAT_DTYPES
 
 __all__ = ["WeightBank", "FloatModelRequired", "lm_head_weight"]
 
@@ -71,24 +68,14 @@ class WeightBank:
 
     def layer(self, layer: int, weights: str, rotate: bool, prep: str = "exact") -> LayerParams:
         """weights: "fp32", "fp16" or "int8" (int8 is quantized from the fp16 variant, or given); prep: see PREPS."""
-        if prep not in PREPS:
-            raise ValueError(f"unknown prep {prep!r}; valid: {', '.join(PREPS)}")
         key = (layer, weights, rotate, prep)
         if key in self._layers:
             return self._layers[key]
-        if self.dims.architecture == "mamba2":  # float recipes only (modes.check_architecture)
-            params = float_layer_mamba2(self.raw(layer), rotate, FLOAT_DTYPES[weights])
-        elif self._uses_given(weights, rotate, prep):
+        if self._uses_given(weights, rotate, prep):
             params = self.given.int8_layer(layer)
-        elif weights == "int8":
-            params = int8_layer(self.layer(layer, "fp16", rotate, prep))
-        elif prep == "quamba":
-            if weights != "fp16":
-                raise ValueError("prep=quamba prepares fp16 weights (Quamba's model is fp16); "
-                                 f"weights={weights} needs prep=exact")
-            params = quamba_fp16_layer(self.raw(layer), rotate)
-        else:
-            params = float_layer(self.raw(layer), rotate, FLOAT_DTYPES[weights])
+        else:  # the architecture's own preparation (harness.architectures.*)
+            params = get_architecture(self.dims.architecture).prepare_layer(
+                lambda: self.raw(layer), weights, rotate, prep, lambda: self.layer(layer, "fp16", rotate, prep))
         if self._wanted is None or key[1:] in self._wanted:
             self._layers[key] = params
         if self._wanted is not None and layer in self._raw:  # a caller that said what it needs: no raw kept

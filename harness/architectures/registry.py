@@ -1,0 +1,80 @@
+"""The block architectures a model can have, by name: what the run asks of one, and where they are registered.
+
+An architecture (``mamba1``, ``mamba2``, or a plugin's) is one folder under ``harness/architectures/`` whose
+``__init__`` registers an ``Architecture``: its name, its dimensions type (``spec.ModelDims`` or a subclass,
+whose class attribute ``architecture`` is the name), its capture-site table, its presets, and how its float
+blocks are built from a recipe (the knob interpreter of that block). The run never names an architecture: it
+asks ``get_architecture(dims.architecture)``. Built-in folders are imported on first use of the registry
+(``load_builtins``); plugins register theirs when they are imported (``harness.plugins``).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Architecture", "ArchitectureError", "register_architecture", "get_architecture", "architecture_names",
+           "load_builtins", "BUILTIN_ARCHITECTURES"]
+
+# the built-in folders, imported by name so that this module stays below them
+BUILTIN_ARCHITECTURES = ("harness.architectures.mamba1", "harness.architectures.mamba2")
+
+
+class ArchitectureError(ValueError):
+    """An unknown architecture, or one registered twice."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One block architecture.
+
+    name: its identifier (``ModelDims.architecture``); title: one line for listings; points: the capture-site
+    table (site -> what it holds); presets: preset name -> mode names on this architecture; build_blocks:
+    ``(recipe, bank, scales, depth, calibration) -> [block 0, ..., block depth]`` for the recipes whose
+    arithmetic is the block's own knob interpreter (floating point, and Quamba1's W8A8 on Mamba-1); it
+    raises ``ValueError`` for a recipe the block cannot take; prepare_layer: ``(raw, weights, rotate, prep, fp16)
+    -> params``, one block's weights as a recipe needs them (raw(): the checkpoint's tensors; fp16(): the same
+    block's fp16 variant, for int8 weights quantized from it); extra: what a recipe may ask of it by key
+    (``formats``: its blocks apply the number-format knobs).
+    """
+
+    name: str
+    title: str
+    points: dict[str, str]
+    build_blocks: Callable[..., list]
+    prepare_layer: Callable[..., Any]
+    presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_ARCHITECTURES: dict[str, Architecture] = {}
+_loaded = False
+
+
+def register_architecture(arch: Architecture) -> Architecture:
+    """Add `arch`; a name that is already registered is an ``ArchitectureError`` (nothing is replaced)."""
+    if arch.name in _ARCHITECTURES:
+        raise ArchitectureError(f"architecture {arch.name!r} is already registered")
+    _ARCHITECTURES[arch.name] = arch
+    return arch
+
+
+def load_builtins() -> None:
+    """Import the built-in architecture folders once (each registers itself)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in BUILTIN_ARCHITECTURES:
+            importlib.import_module(module)
+
+
+def get_architecture(name: str) -> Architecture:
+    load_builtins()
+    if name not in _ARCHITECTURES:
+        raise ArchitectureError(f"unknown architecture {name!r}; valid: {', '.join(_ARCHITECTURES)}")
+    return _ARCHITECTURES[name]
+
+
+def architecture_names() -> list[str]:
+    load_builtins()
+    return list(_ARCHITECTURES)

@@ -1,0 +1,113 @@
+"""The recipe families of enyac-group/Quamba, as the registry sees them: Quamba1's W8A8 (``quamba1``), Quamba2's
+W8A8 of Mamba-2 (``quamba2``), and Quamba2's GPTQ W4A8 / W4A16 (``quamba2-w4``), which on a Mamba-1 model take
+Quamba1's preparation and calibration (Quamba2 prepares a Mamba-1 model as Quamba1 does: configure_model's "mamba"
+branch, quamba/modelutils_mamba.py:58-81). One folder, since Quamba2's code is built on Quamba1's.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ...modes import ModeRecipe, Prep, Weights
+from ..registry import Recipe
+from .calibration import calibrate
+from .q2.build import build_blocks as q2_blocks
+from .q2.calibrate import calibrate_quamba2
+from .q2.head_scale import observe_head_scales
+from .w4.build import build_blocks_mamba1, build_blocks_mamba2
+from .w4.calibrate_mamba1 import calibrate_mamba1_w4
+from .w4.calibrate_mamba2 import calibrate_q2w4
+
+__all__ = ["Quamba1", "Quamba2", "Quamba2W4", "calibrate_key"]
+
+_MAMBA1, _MAMBA2 = "mamba1", "mamba2"
+
+
+def calibrate_key(key: str, bank, windows, settings, depth: int, prefix_hashes: list[str], cache_dir: Path | None, *,
+                  progress=None):
+    """The calibration of any Quamba key: "quamba"/"exact" (Quamba1's observers), "quamba2" (Quamba2's two passes),
+    "quamba2-w4a8"/"quamba2-w4a16" (GPTQ, on the model's architecture)."""
+    args = (bank, windows, settings, depth, prefix_hashes, cache_dir)
+    if key == "quamba2":
+        return calibrate_quamba2(*args, progress=progress)
+    if key in ("quamba2-w4a8", "quamba2-w4a16"):
+        w4 = calibrate_mamba1_w4 if bank.dims.architecture == _MAMBA1 else calibrate_q2w4
+        return w4(*args, key, progress=progress)
+    return calibrate(*args, key, progress=progress)
+
+
+class _Quamba(Recipe):
+    def calibrate(self, key, bank, windows, settings, depth, prefix_hashes, cache_dir, *, progress=None):
+        return calibrate_key(key, bank, windows, settings, depth, prefix_hashes, cache_dir, progress=progress)
+
+
+class Quamba1(_Quamba):
+    """Quamba1's W8A8 recipe of Mamba-1 blocks and its variants (modes 0, 2-x, 3), and any mode with prep=quamba."""
+
+    name = "quamba1"
+    title = "Quamba1 W8A8 (static per-tensor int8, Hadamard-rotated), Mamba-1"
+
+    def owns(self, mode: ModeRecipe) -> bool:
+        return mode.weights != Weights.INT4 and mode.prep != Prep.QUAMBA2 and \
+            (mode.needs_calibration or mode.prep == Prep.QUAMBA)
+
+    def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
+        return (_MAMBA1,)
+
+    def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
+        if architecture in self.architectures(mode):
+            return None
+        if mode.needs_calibration:
+            return ("it quantizes (Quamba1's W8A8 recipe of Mamba-1 blocks); on Mamba-2 the float recipes run "
+                    "(weights fp32/fp16, every output fp, no int8 activations) and Quamba2's (q2-w8a8, q2-w4a8, q2-w4a16)")
+        return "prep=quamba prepares Mamba-1 weights as Quamba1 does; use prep=exact on Mamba-2"
+
+
+class Quamba2(_Quamba):
+    """Quamba2's W8A8 of Mamba-2 blocks (q2-w8a8 and its variant knobs)."""
+
+    name = "quamba2"
+    title = "Quamba2 W8A8 (head/dim-grouped int8 SSD input), Mamba-2"
+
+    def owns(self, mode: ModeRecipe) -> bool:
+        return mode.prep == Prep.QUAMBA2 and mode.weights != Weights.INT4
+
+    def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
+        return (_MAMBA2,)
+
+    def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
+        if architecture in self.architectures(mode):
+            return None
+        return ("it is Quamba2's W8A8 of Mamba-2 blocks; Quamba2's W8A8 of a Mamba-1 model is Quamba1's "
+                "(its head-grouped calibration raises NotImplementedError for Mamba-1, quamba/modelutils_mamba.py:"
+                "240-241): run mode 0 there (q2-w4a8 and q2-w4a16 run on both)")
+
+    def build_blocks(self, mode, bank, scales, depth, calibration=False):
+        return q2_blocks(mode, bank, scales, depth, calibration)
+
+    def after_calibration(self, calibs, modes, bank, windows, settings, cache_dir, progress) -> None:
+        """lm_head=quantized: lm_head's input scale, observed after the calibration (q2.head_scale)."""
+        observe_head_scales(calibs, [m for m in modes if self.owns(m)], bank, windows, settings, cache_dir, progress)
+
+
+class Quamba2W4(_Quamba):
+    """Quamba2's GPTQ int4 recipes (q2-w4a8: Marlin-QQQ with W8A8 activations; q2-w4a16: Marlin, fp16)."""
+
+    name = "quamba2-w4"
+    title = "Quamba2 W4A8 / W4A16 (GPTQ int4, Marlin), Mamba-1 and Mamba-2"
+
+    def owns(self, mode: ModeRecipe) -> bool:
+        return mode.weights == Weights.INT4
+
+    def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
+        return (_MAMBA1, _MAMBA2)
+
+    def on_architecture(self, mode: ModeRecipe, architecture: str | None) -> ModeRecipe:
+        """On Mamba-1, Quamba1's preparation (prep=quamba)."""
+        if architecture == _MAMBA1 and mode.prep == Prep.QUAMBA2:
+            return replace(mode, prep=Prep.QUAMBA)
+        return mode
+
+    def build_blocks(self, mode, bank, scales, depth, calibration=False):
+        build = build_blocks_mamba1 if bank.dims.architecture == _MAMBA1 else build_blocks_mamba2
+        return build(mode, bank, scales, depth, calibration)

@@ -1,0 +1,1 @@
+"""recipes.quamba.q2"""

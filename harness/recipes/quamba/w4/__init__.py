@@ -1,0 +1,1 @@
+"""recipes.quamba.w4"""

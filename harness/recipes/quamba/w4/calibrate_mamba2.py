@@ -1,0 +1,163 @@
+"""Quamba2's W4A8 / W4A16 calibration of a Mamba-2 model: Quamba's GPTQ on CPU (emulation.q2_gptq), cached on disk.
+
+Calibration keys (``ModeRecipe.calibration_key``): "quamba2-w4a8" is the W8A8 calibration (runner.calibration_q2,
+its own cache) followed by GPTQ of the reordered model, as Quamba reorders and calibrates before GPTQ
+(quamba/modelutils_mamba.py:801-833); "quamba2-w4a16" is GPTQ of the model as it is (no reorder, :820-825).
+
+The cache: one ``gptq-<key>.npz`` per layer (codes and scales of in_proj and out_proj, and a SHA-256 of them),
+under a key chaining the model up to that layer, the calibration tokens, the settings and the variant, so a
+layer's file is only reused with the GPTQ of every layer before it. A file that does not load, fails its
+checksum or does not fit the model is reported and the GPTQ recomputed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ....emulation.gptq import PERCDAMP, gptq_group_size
+from .block_mamba2 import Q2W4Layer
+from ....kernels.int4 import Int4Weight
+from .gptq_mamba2 import gptq_q2, q2w4_layers
+from ..q2.params import reorder_raw
+from ....modes import Q2_CALIBRATION_RECIPE
+from ....runtime.guard import Progress
+from ....runtime.log import warn
+from ....runner.calibration import CalibrationResult, CalibrationSettings, layer_keys
+from ..q2.calibrate import calibrate_quamba2, read_layer_cache
+from ....runner.weightbank import WeightBank
+
+__all__ = ["calibrate_q2w4", "GPTQ_VERSION", "cached_gptq", "gptq_info"]
+
+GPTQ_VERSION = 2  # bump when anything that changes the GPTQ result changes (2: the fp16 model's A_log in fp16)
+_PARTS = ("in_proj", "out_proj")
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        h.update(name.encode() + str(arrays[name].dtype).encode() + repr(arrays[name].shape).encode())
+        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return h.hexdigest()
+
+
+def _arrays(ws: tuple[Int4Weight, Int4Weight]) -> dict[str, np.ndarray]:
+    out = {}
+    for part, w in zip(_PARTS, ws):
+        out[f"{part}.codes"] = w.codes.numpy()
+        out[f"{part}.group_scales"] = w.group_scales.numpy()
+        if w.channel_scales is not None:
+            out[f"{part}.channel_scales"] = w.channel_scales.numpy()
+    return out
+
+
+def _write(path: Path, ws: tuple[Int4Weight, Int4Weight]) -> None:
+    arrays = _arrays(ws)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    try:
+        np.savez(tmp, **arrays, checksum=np.array(_digest(arrays)))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read(path: Path, dims, channel: bool) -> tuple[Int4Weight, Int4Weight]:
+    """ValueError naming what is wrong."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"unreadable ({type(e).__name__})") from None
+    checksum = arrays.pop("checksum", None)
+    if checksum is None or str(checksum) != _digest(arrays):
+        raise ValueError("checksum mismatch (the file was modified or truncated)")
+    in_rows = 2 * dims.d_inner + (2 * dims.ngroups * dims.d_state + dims.nheads if dims.architecture == "mamba2" else 0)
+    shapes = {"in_proj": (in_rows, dims.d_model), "out_proj": (dims.d_model, dims.d_inner)}
+    ws = []
+    for part in _PARTS:
+        try:
+            codes = torch.from_numpy(arrays[f"{part}.codes"])
+            gs = torch.from_numpy(arrays[f"{part}.group_scales"])
+            ch = torch.from_numpy(arrays[f"{part}.channel_scales"]) if channel else None
+            w = Int4Weight(codes, gs, ch, codes.shape[1] // max(gs.shape[1], 1))
+        except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+            raise ValueError(f"bad {part} ({type(e).__name__}: {e})") from None
+        rows, cols = shapes[part]
+        if w.shape != (rows, cols) or \
+                w.group_size != gptq_group_size(cols) or gs.dtype != torch.float16:
+            raise ValueError(f"{part} does not fit the model (shape {w.shape}, group size {w.group_size})")
+        ws.append(w)
+    return ws[0], ws[1]
+
+
+def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int,
+                   prefix_hashes: list[str], cache_dir: Path | None, key: str, *,
+                   progress: Progress | None = None) -> CalibrationResult:
+    """Q2W4Layer of blocks 0..depth for key "quamba2-w4a8" or "quamba2-w4a16" (module docstring)."""
+    channel = key == "quamba2-w4a8"
+    progress = Progress() if progress is None else progress
+    q2 = calibrate_quamba2(bank, windows, settings, depth, prefix_hashes, cache_dir, progress=progress) \
+        if channel else None
+    keys = layer_keys(prefix_hashes[: depth + 1], windows, settings, f"{key}-gptq-v{GPTQ_VERSION}")
+    paths = [Path(cache_dir) / f"gptq-{k[:40]}.npz" for k in keys] if cache_dir is not None else []
+    info = gptq_info(key, settings, windows, keys, bank.dims)
+    if q2 is not None:
+        info["w8a8"] = q2.info
+    start = time.perf_counter()
+
+    def compute(step) -> list[tuple[Int4Weight, Int4Weight]]:
+        dims = bank.dims
+        raws = [bank.raw(i) for i in range(depth + 1)]
+        if q2 is not None:
+            raws = [reorder_raw(r, s.reorder, dims.d_inner, dims.nheads) for r, s in zip(raws, q2.scales)]
+        embed = lambda ids: bank.embed(ids, True, torch.float16, "exact", "fp16")  # noqa: E731
+        return gptq_q2(dims, raws, embed, windows, settings.batch_size, Q2_CALIBRATION_RECIPE, channel, step=step)
+
+    weights = cached_gptq(paths, bank.dims, channel, compute, info, progress,
+                          title=f"GPTQ ({key}, {windows.shape[0]} x {windows.shape[1]} tokens, layers 0..{depth})",
+                          depth=depth)
+    layers: list[Q2W4Layer] = q2w4_layers(weights, q2.scales if q2 is not None else None, bank.dims)
+    info.update(seconds=round(time.perf_counter() - start, 3), layers=[x.info() for x in layers])
+    return CalibrationResult(layers, info)
+
+
+def gptq_info(key: str, settings: CalibrationSettings, windows: torch.Tensor, keys: list[str], dims) -> dict:
+    """The calibration record of a GPTQ run (the provenance's calibration_by_prep entry)."""
+    return {"prep": key, "settings": asdict(settings), "tokens": int(windows.numel()), "keys": keys,
+            "gptq": {"percdamp": PERCDAMP, "group_size": {"in_proj": gptq_group_size(dims.d_model),
+                                                          "out_proj": gptq_group_size(dims.d_inner)},
+                     "order": "columns in order (no act_order), block = group", "dtype": "float32",
+                     "source": "Quamba c474646 quamba/gptq_utils.py:105-189, modelutils_mamba.py:388-476"}}
+
+
+def cached_gptq(paths: list[Path], dims, channel: bool, compute, info: dict, progress: Progress, *, title: str,
+                depth: int) -> list[tuple[Int4Weight, Int4Weight]]:
+    """Every layer's (in_proj, out_proj) from the cache files `paths` when all load, else compute(step) (written
+    back; a file that does not load is reported and recomputed). info gets source, reason, cache_files."""
+    weights, problems = read_layer_cache(paths, lambda _i, p: _read(p, dims, channel), "GPTQ cache file") \
+        if paths else ([], [])
+    if paths and len(weights) == depth + 1:
+        info.update(source="reused", cache_files=[str(p) for p in paths])
+        return weights
+    for problem in problems:
+        warn(f"{problem}; recomputing GPTQ")
+    with progress.stage(title, depth + 1, "layers"):
+        weights = compute(progress.advance)
+    info["source"] = "recomputed" if problems else "computed"
+    if problems:
+        info["reason"] = "; ".join(problems)
+    try:
+        for path, ws in zip(paths, weights):
+            _write(path, ws)
+    except OSError as e:
+        warn(f"cannot write the GPTQ cache in {paths[0].parent} ({e.strerror}); the GPTQ of this run is not cached")
+        info["cache_error"] = str(e)
+    if paths:
+        info["cache_files"] = [str(p) for p in paths]
+    return weights
