@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import harness.recipes.quamba.calibration as calibration
-from harness.runner.calibration import CalibrationSettings, _layer_keys as _keys_of_prep
+from harness.runner.calibration import CalibrationSettings, layer_keys as _keys_of_prep
 from harness.recipes.quamba.calibration import calibrate
 from harness.checkpoints.loading import open_checkpoint
 from harness.runner.weightbank import WeightBank
@@ -13,7 +13,7 @@ from harness.runner.weightbank import WeightBank
 BASE = CalibrationSettings(num_samples=4, seqlen=16, alpha=0.9995, batch_size=2, seed=42)
 
 
-def _layer_keys(prefix, windows, settings, prep="quamba"):
+def layer_keys(prefix, windows, settings, prep="quamba"):
     return _keys_of_prep(prefix, windows, settings, prep)
 
 
@@ -28,42 +28,42 @@ def setup(hf_dir):
                                           ("seed", 0)])
 def test_every_setting_enters_the_key(setup, field, value):
     _, windows, prefix = setup
-    base = _layer_keys(prefix, windows, BASE)
-    other = _layer_keys(prefix, windows, dataclasses.replace(BASE, **{field: value}))
+    base = layer_keys(prefix, windows, BASE)
+    other = layer_keys(prefix, windows, dataclasses.replace(BASE, **{field: value}))
     assert all(a != b for a, b in zip(base, other))
 
 
 def test_the_tokens_and_the_model_enter_the_key(setup):
     _, windows, prefix = setup
-    base = _layer_keys(prefix, windows, BASE)
+    base = layer_keys(prefix, windows, BASE)
     changed = windows.clone()
     changed[3, 15] += 1                                                       # one token of one window
-    assert _layer_keys(prefix, changed, BASE)[0] != base[0]
+    assert layer_keys(prefix, changed, BASE)[0] != base[0]
     other_model = prefix[0][:-1] + ("1" if prefix[0][-1] == "0" else "0")
-    assert _layer_keys([other_model, prefix[1]], windows, BASE)[0] != base[0]
-    assert _layer_keys(prefix, windows, BASE)[1] != base[0]                   # layer 1 has its own key
+    assert layer_keys([other_model, prefix[1]], windows, BASE)[0] != base[0]
+    assert layer_keys(prefix, windows, BASE)[1] != base[0]                   # layer 1 has its own key
 
 
 def test_the_prep_enters_the_key(setup):
     """prep=quamba and prep=exact calibrate different models: one must never reuse the other's scales."""
     _, windows, prefix = setup
-    assert all(a != b for a, b in zip(_layer_keys(prefix, windows, BASE, "quamba"),
-                                      _layer_keys(prefix, windows, BASE, "exact")))
+    assert all(a != b for a, b in zip(layer_keys(prefix, windows, BASE, "quamba"),
+                                      layer_keys(prefix, windows, BASE, "exact")))
 
 
 def test_the_version_enters_the_key(setup, monkeypatch):
     _, windows, prefix = setup
-    base = _layer_keys(prefix, windows, BASE)
+    base = layer_keys(prefix, windows, BASE)
     monkeypatch.setattr(calibration, "CALIB_VERSION", calibration.CALIB_VERSION + 1)
-    assert _layer_keys(prefix, windows, BASE)[0] != base[0]
+    assert layer_keys(prefix, windows, BASE)[0] != base[0]
 
 
 def test_what_does_not_change_the_scales_does_not_change_the_key(setup):
     _, windows, prefix = setup
-    base = _layer_keys(prefix, windows, BASE)
-    assert _layer_keys(prefix[:1], windows, BASE) == base[:1]                # deeper layers do not matter
-    assert _layer_keys(prefix, windows.to(torch.int32), BASE) == base         # the id dtype does not matter
-    assert _layer_keys(list(prefix), windows.clone(), CalibrationSettings(**dataclasses.asdict(BASE))) == base
+    base = layer_keys(prefix, windows, BASE)
+    assert layer_keys(prefix[:1], windows, BASE) == base[:1]                # deeper layers do not matter
+    assert layer_keys(prefix, windows.to(torch.int32), BASE) == base         # the id dtype does not matter
+    assert layer_keys(list(prefix), windows.clone(), CalibrationSettings(**dataclasses.asdict(BASE))) == base
 
 
 def test_a_changed_alpha_is_not_reused(setup, tmp_path):
@@ -97,7 +97,7 @@ def test_an_entry_under_another_key_is_not_used(setup, tmp_path):
     ckpt, windows, prefix = setup
     bank = WeightBank(ckpt)
     first = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
-    other_key = _layer_keys(prefix, windows, dataclasses.replace(BASE, seed=1))[0]
+    other_key = layer_keys(prefix, windows, dataclasses.replace(BASE, seed=1))[0]
     src = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
     src.rename(tmp_path / f"calib-{other_key[:40]}.json")
     moved = calibrate(bank, windows, dataclasses.replace(BASE, seed=1), 0, prefix, tmp_path)
@@ -158,7 +158,7 @@ def test_an_entry_with_bad_scales_is_recomputed(setup, tmp_path):
     path = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
     data = json.loads(path.read_text())
     del data["scales"]["s_u"], data["checksum"]
-    path.write_text(json.dumps({**data, "checksum": calibration._checksum(data)}))
+    path.write_text(json.dumps({**data, "checksum": calibration.checksum(data)}))
     again = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
     assert again.info["source"] == "recomputed" and "bad scales ('s_u')" in again.info["reason"]
 

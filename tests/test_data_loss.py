@@ -154,7 +154,7 @@ def test_cache_with_bad_scales_is_recomputed_even_with_a_valid_checksum(model, t
         data = json.loads(path.read_text())
         data["scales"]["s_xz"] = bad
         payload = {k: v for k, v in data.items() if k != "checksum"}
-        path.write_text(json.dumps({**payload, "checksum": calibration._checksum(payload)}))
+        path.write_text(json.dumps({**payload, "checksum": calibration.checksum(payload)}))
         rc, _, err = _capture(model, out, ["fp32", "0"], capsys)
         assert rc == 0 and "scales that are not finite and positive: s_xz=" in err
         info = load_capture(out).manifest["provenance"]["calibration"]

@@ -28,7 +28,7 @@ from harness.recipes.quamba.q2.params import q2_params, reorder_raw
 from harness.architectures.mamba2.weights import float_layer_mamba2
 from harness.modes import Q2_CALIBRATION_RECIPE, ModeError
 from harness.recipes.registry import architectures_of, get_mode, resolve_modes
-from harness.runner.calibration import CalibrationSettings, _checksum
+from harness.runner.calibration import CalibrationSettings, checksum
 from harness.recipes.quamba.calibration import calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import QTensor
@@ -307,7 +307,7 @@ def test_the_calibration_is_cached_and_a_bad_entry_is_recomputed(model, tmp_path
     path = Path(first.info["cache_files"][1])
     data = json.loads(path.read_text())
     data["scales"]["s_z"] = -1.0  # a bad scale under a valid checksum is refused too
-    data["checksum"] = _checksum({k: v for k, v in data.items() if k != "checksum"})
+    data["checksum"] = checksum({k: v for k, v in data.items() if k != "checksum"})
     path.write_text(json.dumps(data))
     fixed = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
     assert fixed.info["source"] == "recomputed" and "s_z=-1.0" in fixed.info["reason"]
