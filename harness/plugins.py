@@ -35,6 +35,7 @@ __all__ = ["PluginError", "ENTRY_POINT_GROUP", "FILE_MODULE_PREFIX", "load_plugi
 
 ENTRY_POINT_GROUP = "quamba_harness.plugins"
 FILE_MODULE_PREFIX = "quamba_harness_plugin_"  # the module name of a plugin file: this, its stem, a hash of its path
+_PACKAGE = str(Path(__file__).resolve().parent) + "/"
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 _LOADED: dict[str, ModuleType | None] = {}  # canonical spec (or entry point) -> its module (None: a function)
@@ -62,7 +63,9 @@ def _problem(where: str, e: BaseException) -> PluginError:
     if isinstance(e, SyntaxError):
         at = f"{Path(e.filename or where).name} line {e.lineno}"
         return PluginError(f"plugin {where} has a syntax error: {e.msg} ({at})")
-    frames = traceback.extract_tb(e.__traceback__)
+    # where the plugin's own code raised: the deepest frame of a file, outside the harness and importlib
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(("<", _PACKAGE)) and "importlib" not in Path(f.filename).parts]
     at = f" (at {Path(frames[-1].filename).name} line {frames[-1].lineno})" if frames else ""
     return PluginError(f"plugin {where} failed to import: {type(e).__name__}: {e}{at}")
 
