@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .guard import guarded
-from .options import opt
+from .options import add_plugin_option, opt, plugins_loaded
 
 __all__ = ["build_compare_parser", "compare_main"]
 
@@ -25,6 +25,7 @@ def build_compare_parser(prog: str | None = None) -> argparse.ArgumentParser:
          help="exit 1 if EXPR holds for any mode and tensor, e.g. \"tensor == 'output' and sqnr_db < 20\"")
     opt(p, "against", type=Path, default=None, help="compare the same modes of FILE against this run (docs/decode.md)")
     for tol in ("atol", "rtol"): opt(p, tol, type=float, default=0.0, help=f"with --against: {tol} (default: 0)")
+    add_plugin_option(p)
     return p
 
 
@@ -35,6 +36,8 @@ def compare_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
     progress.phase = "comparing"
     args = build_compare_parser(prog).parse_args(argv)
+    if not plugins_loaded(args.plugin):
+        return 2
     if args.against is not None:  # two runs of the same modes (runner.crossrun, docs/decode.md)
         return importlib.import_module("harness.runner.crossrun").command(args, print)
     from ..metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis

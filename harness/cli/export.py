@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .guard import guarded
-from .options import add_calibration_options, opt
+from .options import add_calibration_options, add_plugin_option, opt, plugins_loaded
 
 __all__ = ["build_export_parser", "export_main"]
 
@@ -23,12 +23,13 @@ def build_export_parser(prog: str | None = None) -> argparse.ArgumentParser:
     opt(p, "quantize_lm_head", action="store_true",
          help="store lm_head as W8A8B16O16Linear and norm_f with its output scale (Quamba's --quantize_lm_head; "
               "one more calibration pass through every layer); default: fp16, as Quamba1")
-    opt(p, "recipe", default="w8a8", choices=("w8a8", "w4a8", "w4a16"),
+    opt(p, "recipe", default="w8a8", metavar="RECIPE",
         help="Quamba's recipe (a Mamba-2 model: Quamba2's w8a8, w4a8 or w4a16; a Mamba-1 model: Quamba1's w8a8, "
-             "Quamba2's w4a8 or w4a16)")
+             "Quamba2's w4a8 or w4a16), or the name of a plugin's exporter (docs/plugins.md)")
     g = p.add_argument_group("calibration (as for capture; the calibration cache is shared)")
     add_calibration_options(g)
     opt(p, "quiet", action="store_true", help="print only errors and the output directory")
+    add_plugin_option(p)
     return p
 
 
@@ -38,8 +39,16 @@ def export_main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def _export(argv: list[str] | None, prog: str | None, progress) -> int:
     args = build_export_parser(prog).parse_args(argv)
+    if not plugins_loaded(args.plugin):
+        return 2
     from ..runner.calibration import CalibrationSettings, default_cache_dir
-    from ..recipes.quamba.export import INPUT_ERRORS, ExportConfig, export
+    from ..recipes.quamba.export import BUILTIN_EXPORTS, INPUT_ERRORS, ExportConfig, export
+    from ..recipes.registry import exporters
+
+    valid = [*BUILTIN_EXPORTS, *sorted({e.name for e in exporters()} - set(BUILTIN_EXPORTS))]
+    if args.recipe not in valid:  # before any file is read (an exporter for another architecture: export says)
+        print(f"error: --recipe {args.recipe}: valid: {', '.join(valid)}", file=sys.stderr)
+        return 2
 
     cfg = ExportConfig(model=args.model, output_dir=args.output_dir, tokenizer=args.tokenizer,
                        calib=CalibrationSettings(args.calib_data_num, args.calib_seqlen, args.percentile_alpha,

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .options import add_plugin_option, plugins_loaded
+
 __all__ = ["formats_main", "build_sweep_parser"]
 
 
@@ -30,6 +32,7 @@ def build_sweep_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        ("tensors", "tensors, e.g. output L0.ssm.u (default: all)")):
         p.add_argument(f"--{name}", nargs="+", default=None, help=f"sweep only these {what}")
     p.add_argument("--json", type=Path, default=None, help="write the sweep to this JSON file ('-': standard output)")
+    add_plugin_option(p)
     return p
 
 
@@ -38,6 +41,8 @@ def _sweep_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..store.format import StorageError, check_output, check_writable, json_text, pending_path, stats_path, write_json
 
     args = build_sweep_parser(prog).parse_args(argv)
+    if not plugins_loaded(args.plugin):
+        return 2
     if args.file is None:
         if args.modes or args.tensors or args.json:
             print("error: --modes, --tensors and --json need a capture FILE", file=sys.stderr)
@@ -74,6 +79,7 @@ def _suggest_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_LADDER), help="candidate formats")
     p.add_argument("--seq_len", "--seq-len", dest="seq_len", type=int, default=512, help="tokens (default 512)")
     p.add_argument("--output", type=Path, default=Path("suggested_modes.json"), help="the modes file to write")
+    add_plugin_option(p)
     return p
 
 
@@ -85,6 +91,8 @@ def _suggest_main(argv: list[str], prog: str = "python -m harness formats") -> i
     from ..store.format import StorageError, check_output, write_json
 
     args = _suggest_parser(prog).parse_args(argv)
+    if not plugins_loaded(args.plugin):
+        return 2
     bad = [f for f in args.formats if f not in FORMATS]
     if bad or not args.suggest >= 0 or args.seq_len < 1:
         print(f"error: --formats {' '.join(bad)} unknown (valid: {', '.join(FORMATS)})" if bad else

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 __all__ = ["checked", "MAX_COUNT", "positive_int", "layer_spec", "opt", "add_calibration_options",
-           "build_capture_parser", "config_from_args"]
+           "build_capture_parser", "config_from_args", "add_plugin_option", "plugins_loaded"]
 
 
 def checked(convert, ok, expected: str):
@@ -66,6 +66,25 @@ def opt(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
     parser.add_argument(*flags, dest=name.replace("-", "_"), **kwargs)
 
 
+def add_plugin_option(p) -> None:
+    """--plugin FILE_OR_MODULE (repeatable), every command's (harness.plugins, docs/plugins.md)."""
+    opt(p, "plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+        help="load a plugin first: a .py file or a dotted module name that registers recipe families, modes, "
+             "checkpoint formats, exporters or architectures (repeatable; docs/plugins.md)")
+
+
+def plugins_loaded(specs: list[str]) -> bool:
+    """The installed entry points and the --plugin specs loaded; False (`error: ...` on stderr) when one fails."""
+    from ..plugins import PluginError, load_all
+
+    try:
+        load_all(specs)
+    except PluginError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     from ..runner.pipeline import DEFAULT_MODEL
 
@@ -88,6 +107,7 @@ def _add_mode_options(p: argparse.ArgumentParser) -> None:
               + "; ".join(f"{k} = {' '.join(v)}" for k, v in PRESETS.items()))
     opt(g, "modes_file", type=Path, default=None, help="JSON or TOML file of user-defined modes (docs/modes.md)")
     opt(g, "reference", default=None, help="mode the printed comparison is against (default: fp32)")
+    add_plugin_option(g)
 
 
 def add_calibration_options(g) -> None:
@@ -182,4 +202,5 @@ def config_from_args(args: argparse.Namespace):
         rerun=args.rerun, reference_required=args.reference is not None, samples=args.samples,
         isolated=args.isolated, end_to_end=args.end_to_end or args.sensitivity, sensitivity=args.sensitivity,
         device=args.device, keep_arrays=False, report=args.report, decode=args.decode,
-        generate=args.generate, store_logits=not args.no_logits, workers=args.workers, ray=args.ray)
+        generate=args.generate, store_logits=not args.no_logits, workers=args.workers, ray=args.ray,
+        plugins=list(args.plugin))

@@ -46,12 +46,13 @@ def load_modes_file(path: Path) -> list[ModeRecipe]:
 def _user_recipe(path: Path, name: str, spec: object) -> ModeRecipe:
     if not isinstance(spec, dict):
         raise ModeError(f"modes file {path}: mode {name!r} must be a table of knobs")
-    valid_keys = ("base", "title", *KNOBS, *FORMAT_KNOBS, "layers", *Q2_KNOBS, *Q2_HEAD_KNOBS)
+    valid_keys = ("base", "title", *KNOBS, *FORMAT_KNOBS, "layers", *Q2_KNOBS, *Q2_HEAD_KNOBS, "family")
     unknown = [k for k in spec if k not in valid_keys]
     if unknown:
         raise ModeError(f"modes file {path}: mode {name!r} has unknown key(s) {', '.join(map(repr, unknown))}; "
                         f"valid keys: {', '.join(valid_keys)}")
-    values = {k: v for k, v in spec.items() if k in KNOBS or k in FORMAT_KNOBS or k in Q2_KNOBS or k in Q2_HEAD_KNOBS}
+    values = {k: v for k, v in spec.items() if k in KNOBS or k in FORMAT_KNOBS or k in Q2_KNOBS or k in Q2_HEAD_KNOBS
+              or k == "family"}  # family: the recipe family that runs it (a plugin's, docs/plugins.md)
     bad = [k for k, v in values.items() if not isinstance(v, str)]
     if bad:
         raise ModeError(f"modes file {path}: mode {name!r}: knob values must be strings ({', '.join(bad)})")

@@ -100,7 +100,9 @@ class CheckpointFormat:
 
 @dataclass(frozen=True)
 class Exporter:
-    """``export --recipe NAME`` of a model of `architecture`: ``run(cfg, ckpt, progress)`` writes the checkpoint."""
+    """``export --recipe NAME`` of a model of `architecture`: ``run(cfg, ckpt, windows, directory, emit, progress)``
+    writes the checkpoint into the new `directory` (cfg: the ExportConfig; ckpt: the float checkpoint; windows:
+    the calibration token ids), which the command then moves into place (docs/plugins.md)."""
 
     name: str
     architecture: str

@@ -20,6 +20,7 @@ from ..store.format import StorageError, check_writable
 from .figures import mode_colors, render, style
 from .format_section import DEFAULT_REPORT_FORMATS, format_section
 from ..kernels.formats import FORMATS
+from ..plugins import PluginError, load_all
 from .target import check_target, report_path
 from .data import load_report_data
 from .crossrun import crossrun_section
@@ -139,6 +140,8 @@ def build_report_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "(as compare FILE --against B.npz)")
     p.add_argument("--atol", type=float, default=0.0, help="with --against: absolute tolerance (default 0)")
     p.add_argument("--rtol", type=float, default=0.0, help="with --against: relative tolerance (default 0)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="load a plugin first: a .py file or a dotted module name (repeatable; docs/plugins.md)")
     return p
 
 
@@ -150,6 +153,7 @@ CrossRunFn = Callable[[Path, Path, float, float], dict]
 def report_main(argv: list[str] | None = None, prog: str | None = None, compare: CrossRunFn | None = None) -> int:
     args = build_report_parser(prog).parse_args(argv)
     try:
+        load_all(args.plugin)
         formats = None if args.formats is None else (args.formats or list(DEFAULT_REPORT_FORMATS))
         crossrun = None
         if args.against is not None:
@@ -158,7 +162,7 @@ def report_main(argv: list[str] | None = None, prog: str | None = None, compare:
             crossrun = compare(args.file, args.against, args.atol, args.rtol)
         out = write_report(args.file, args.output, args.reference, args.tensors, args.figures, formats=formats,
                            crossrun=crossrun)
-    except (StorageError, CompareError, ValueError) as e:
+    except (StorageError, CompareError, PluginError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote report {out}" + (f" and figures in {args.figures}" if args.figures else ""))

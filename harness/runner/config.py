@@ -60,6 +60,8 @@ class RunConfig:
     store_logits: bool = True         # with end_to_end: the logits arrays go to the .npz (False: metrics only)
     workers: int = 1                  # local processes running the units (runner.workers); 1: in this process
     ray: str | None = None            # a Ray cluster's address (or "auto") running the units (runner.ray_backend)
+    plugins: list[str] = field(default_factory=list)  # --plugin FILE_OR_MODULE: loaded (with the installed entry
+                                                      # points) before the modes are resolved, and in every worker
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..plugins import canonical
 from ..runtime.log import error
 from .config import RunConfig, RunError
 from .forwards import Forward, ModeRun, RefInputs, layer_arrays
@@ -150,6 +151,7 @@ def open_units(cfg: RunConfig, models, emit: Callable[[str], None]) -> Iterator[
     if cfg.ray is None and cfg.workers == 1:
         yield None
         return
+    plugins = tuple(canonical(s) for s in cfg.plugins)
     if cfg.ray is not None:
         from .ray_backend import RayPool  # ray is imported only here
 
@@ -157,9 +159,9 @@ def open_units(cfg: RunConfig, models, emit: Callable[[str], None]) -> Iterator[
     else:
         from .workers import LocalPool
 
-        backend = LocalPool(cfg.workers, Path(cfg.output_file).resolve().parent)
+        backend = LocalPool(cfg.workers, Path(cfg.output_file).resolve().parent, plugins=plugins)
     model = ModelRef(Path(cfg.model).resolve(),
-                     None if cfg.mamba_model_path is None else Path(cfg.mamba_model_path).resolve())
+                     None if cfg.mamba_model_path is None else Path(cfg.mamba_model_path).resolve(), plugins)
     try:
         yield Dispatcher(backend, models, model, emit)
     finally:

@@ -38,6 +38,7 @@ from ..checkpoints.text import (
 )
 from ..checkpoints.loading import ModelDirError
 from ..modes import ModeError, ModeRecipe
+from ..plugins import PluginError, canonical, load_all
 from ..recipes.registry import Recipe, recipe_for, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
 from ..report.target import check_target, report_path
@@ -61,7 +62,8 @@ from .weightbank import WeightBank
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "InputError", "run", "DEFAULT_MODEL"]  # the first three: runner.config
 
-InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageError, LockError, ResumeError)
+InputError = (RunError, ModeError, TapError, ModelDirError, DataError, StorageError, LockError, ResumeError,
+              PluginError)
 
 
 def _timestamp() -> str:
@@ -93,6 +95,7 @@ def _provenance(cfg: RunConfig, ckpt, tok, text, ids, *, prefix: list[str], dept
                    "windows": [[k * int(ids.shape[1]), (k + 1) * int(ids.shape[1])] for k in range(ids.shape[0])],
                    "token_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()},
         "seed": cfg.calib.seed, "basis": cfg.basis, "layers": cfg.layers, "taps": cfg.taps, "points": points,
+        **({"plugins": [canonical(s) for s in cfg.plugins]} if cfg.plugins else {}),
     }
 
 
@@ -122,6 +125,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     progress = Progress() if progress is None else progress
     progress.reset(Path(cfg.output_file))
     progress.phase = "checking the inputs"
+    load_all(cfg.plugins)  # the installed entry points and --plugin: their modes resolve like the built-in ones
     recipes = resolve_modes(cfg.modes, cfg.modes_file, None)  # names only: the model's architecture is not known yet
     if cfg.rerun:
         if not cfg.resume:

@@ -10,6 +10,10 @@ A task whose worker dies (killed, out of memory, node lost) is submitted once mo
 retries are off, so the attempt number reaches the fault hook as with local workers); a second death
 makes the unit a ``UnitFailed`` with Ray's reason. The reference's logits go to the object store once
 (``ray.put``); the tasks of a node share that copy.
+
+Plugins (``--plugin``): each task loads the run's plugins before its unit runs (``units.execute``; a file's
+absolute path must hold the same file on every node, a module must be importable there); the plugin files'
+modules are pickled by value, so a unit holding one of their objects unpickles on a node before that.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from ..plugins import FILE_MODULE_PREFIX, loaded_modules
 from ..runtime.guard import FAULT_ENV
 from .config import RunError
 from .units import Blob, UnitFailed, timed, unit_label, worker_setup
@@ -74,6 +79,9 @@ class RayPool:
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise RunError(f"--ray {address}: cannot reach the Ray cluster ({e})") from None
         self._ray, self.on_done = ray, on_done
+        for module in loaded_modules().values():  # a plugin file is no module a node can import by name
+            if module.__name__.startswith(FILE_MODULE_PREFIX):
+                ray.cloudpickle.register_pickle_by_value(module)
         self._remote = ray.remote(_task).options(num_cpus=1, num_gpus=1 if device == "cuda" else 0, max_retries=0)
         self.n = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.address = address

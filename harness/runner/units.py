@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..plugins import load_all
 from ..runtime.guard import fault_point
 from .forwards import Forward, RefInputs, run_mode, sensitivity_kl
 
@@ -43,10 +44,13 @@ class UnitFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """How a worker opens the run's models (``pairing.open_models``): paths valid on the worker's machine."""
+    """What every unit of a run shares: how a worker opens the run's models (``pairing.open_models``: paths
+    valid on the worker's machine) and the plugins it loads first (``harness.plugins``: absolute paths of
+    files, module names)."""
 
     model: Path
     mamba_model_path: Path | None = None
+    plugins: tuple[str, ...] = ()
 
 
 class Blob:
@@ -132,6 +136,7 @@ def execute(unit: SampleUnit | LayerUnit, attempt: int = 1):
     label = unit_label(unit)
     fault_point(f"unit.{label}")
     fault_point(f"unit.{label}.attempt{attempt}")
+    load_all(unit.model.plugins)  # once per process: the plugin's family runs the unit's mode here too
     models = _models(unit.model)
     if isinstance(unit, SampleUnit):
         result = SampleResult()

@@ -12,6 +12,7 @@ worker, and a second death makes it a ``UnitFailed`` with the reason (the signal
 exception raised by the unit itself is its result (the mode fails as it would in a serial run), not
 retried. Workers ignore SIGINT (a Ctrl-C reaches the whole process group): the driver decides, and
 ``close`` (in the pipeline's ``finally``) terminates them, so an interrupted run leaves no process behind.
+Each worker loads the run's plugins (``--plugin``, the entry points) before it reads its first unit.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..plugins import PluginError, load_all
 from ..runtime.guard import FAULT_ENV
 from .units import FileBlob, UnitFailed, timed, unit_label, worker_setup
 
@@ -38,9 +40,14 @@ __all__ = ["LocalPool"]
 CLOSE_SECONDS = 10.0  # close(): how long the workers together get to exit on SIGTERM before SIGKILL
 
 
-def _worker_main(conn) -> None:
+def _worker_main(conn, plugins: tuple[str, ...] = ()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker_setup()
+    try:  # before the first unit is unpickled: it may hold the plugins' objects (their modules' names)
+        load_all(plugins)
+        failed = None
+    except PluginError as e:  # every unit of this worker fails with it (the driver loaded them: rare)
+        failed = e
     while True:
         try:
             msg = conn.recv()
@@ -49,6 +56,9 @@ def _worker_main(conn) -> None:
         if msg is None:
             return
         uid, unit, attempt, faults = msg
+        if failed is not None:
+            conn.send((uid, False, failed, 0.0, ""))
+            continue
         os.environ.pop(FAULT_ENV, None)
         if faults:
             os.environ[FAULT_ENV] = faults
@@ -70,9 +80,9 @@ def _portable(e: Exception) -> Exception:
 
 
 class _Worker:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, plugins: tuple[str, ...] = ()) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, plugins), daemon=True)
         self.proc.start()
         child.close()
         self.uid: int | None = None  # the unit it runs
@@ -100,11 +110,13 @@ def _death(proc) -> str:
 class LocalPool:
     """N worker processes. submit(unit) -> handle; result(handle) runs the pool until that unit is done.
 
-    on_done(label, worker, seconds, attempt) is told of every finished unit (progress lines)."""
+    on_done(label, worker, seconds, attempt) is told of every finished unit (progress lines); plugins: the
+    run's (``harness.plugins.canonical`` specs), loaded by each worker before its first unit."""
 
     def __init__(self, n: int, spill: Path, on_done: Callable[[str, str, float, int], None] | None = None,
-                 context: str = "forkserver") -> None:
+                 context: str = "forkserver", plugins: tuple[str, ...] = ()) -> None:
         self.n, self.on_done, self._spill_parent, self._spill = n, on_done, Path(spill), None
+        self.plugins = tuple(plugins)
         self._ctx = multiprocessing.get_context(context)
         if context == "forkserver":
             self._ctx.set_forkserver_preload(["harness.runner.units"])
@@ -140,7 +152,7 @@ class LocalPool:
             if w.uid is None and self._queue:
                 self._send(w, self._queue.popleft())
         while self._queue and len(self._workers) < self.n:
-            w = _Worker(self._ctx)
+            w = _Worker(self._ctx, self.plugins)
             self._workers.append(w)
             self._send(w, self._queue.popleft())
 

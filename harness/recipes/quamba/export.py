@@ -28,13 +28,16 @@ from ...emulation.modules import EmuRMSNorm
 from .observers import MinMaxObserver
 from ...kernels.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
 from ...spec import FloatOut
+from ..registry import Exporter, exporters, get_exporter
 from .checkpoint import is_quamba_dir, write_quamba
 from ...store.files import StorageError, is_regular
 from ...runner.weightbank import WeightBank, lm_head_weight
 from .q2.export import check_q2_export, export_q2_files
 from .w4.export_mamba2 import check_q2w4_export, export_q2w4_files
 
-__all__ = ["ExportConfig", "ExportError", "export", "TOKENIZER_FILES", "INPUT_ERRORS"]
+__all__ = ["ExportConfig", "ExportError", "export", "TOKENIZER_FILES", "INPUT_ERRORS", "BUILTIN_EXPORTS"]
+
+BUILTIN_EXPORTS = ("w8a8", "w4a8", "w4a16")  # --recipe: these, or a registered Exporter's name (a plugin's)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 _PAD_VOCAB = 8  # MambaConfig.pad_vocab_size_multiple default; QuambaLMHeadModel pads (quamba_mixer_seq.py:371-372)
@@ -112,20 +115,19 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     if is_quamba_dir(cfg.model):
         raise ExportError(f"--model {cfg.model} is already a quantized Quamba checkpoint; export needs the float model")
     ckpt = open_checkpoint(cfg.model)
-    if ckpt.dims.architecture == "mamba2" and (problem := check_q2_export(ckpt.dims, cfg.recipe)):
-        raise ExportError(f"--model {cfg.model}: {problem}")
-    if ckpt.dims.architecture == "mamba2" and cfg.recipe != "w8a8" and \
-            (problem := check_q2w4_export(ckpt.dims, cfg.quantize_embedding, cfg.quantize_lm_head)):
-        raise ExportError(f"--model {cfg.model} --recipe {cfg.recipe}: {problem}")
-    if ckpt.dims.architecture == "mamba1" and cfg.recipe != "w8a8" and \
-            (problem := check_q2w4_export(ckpt.dims, cfg.quantize_embedding, cfg.quantize_lm_head)):
-        raise ExportError(f"--model {cfg.model} --recipe {cfg.recipe}: {problem}")
+    plugin = None if cfg.recipe in BUILTIN_EXPORTS else _plugin_exporter(cfg.recipe, ckpt.dims.architecture)
+    if plugin is None:
+        _check_builtin(cfg, ckpt.dims)
     tok = load_tokenizer(cfg.model, cfg.tokenizer)
     tok_dir = Path(cfg.tokenizer) if cfg.tokenizer is not None else Path(cfg.model)
     tok_files = [tok_dir / n for n in TOKENIZER_FILES if is_regular(tok_dir / n, refuse_in(tok_dir / n))]  # copied
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
     with progress.stage("reading the calibration text"):
         windows = calibration_windows(tok, cfg.calib_file, cfg.calib.num_samples, cfg.calib.seqlen, cfg.calib.seed)
+    if plugin is not None:  # a registered exporter (a plugin's): it writes the new directory as the built-ins do
+        _write_dir(out, tok_files, lambda tmp: plugin.run(cfg, ckpt, windows.ids, tmp, emit, progress), progress)
+        emit(f"wrote {out} (exporter {plugin.name!r})")
+        return out
     if dims.architecture == "mamba2":  # Quamba2's W8A8 (runner.export_q2)
         write = export_q2_files if cfg.recipe == "w8a8" else export_q2w4_files  # W4: runner.export_q2w4
         _write_dir(out, tok_files, lambda tmp: write(cfg, ckpt, windows.ids, tmp, emit, progress), progress)
@@ -177,6 +179,24 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
     emit(f"wrote {out}: config.json, pytorch_model.bin ({(out / 'pytorch_model.bin').stat().st_size} bytes)"
          f" and the tokenizer files")
     return out
+
+
+def _check_builtin(cfg: ExportConfig, dims) -> None:
+    """What the built-in recipes refuse of a model (Quamba2's shape constraints)."""
+    if dims.architecture == "mamba2" and (problem := check_q2_export(dims, cfg.recipe)):
+        raise ExportError(f"--model {cfg.model}: {problem}")
+    if cfg.recipe != "w8a8" and (problem := check_q2w4_export(dims, cfg.quantize_embedding, cfg.quantize_lm_head)):
+        raise ExportError(f"--model {cfg.model} --recipe {cfg.recipe}: {problem}")
+
+
+def _plugin_exporter(name: str, architecture: str) -> Exporter:
+    """The registered exporter `name` for `architecture`; none is an ExportError naming what is valid."""
+    found = get_exporter(name, architecture)
+    if found is None:
+        valid = [*BUILTIN_EXPORTS, *sorted({e.name for e in exporters() if e.architecture == architecture})]
+        raise ExportError(f"--recipe {name}: no exporter of that name for a {architecture} model; "
+                          f"valid: {', '.join(valid)}")
+    return found
 
 
 def _write_dir(out: Path, tok_files: list[Path], write: Callable[[Path], None], progress: Progress) -> None:
