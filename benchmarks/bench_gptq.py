@@ -54,7 +54,7 @@ def _mamba1(args) -> dict:
     from harness.modes import CALIBRATION_RECIPES
     from harness.recipes.registry import resolve_modes
     from harness.runner.calibration import CalibrationSettings
-    from harness.recipes.quamba.calibration import calibrate
+    from harness.recipes.quamba.families import calibrate_key as calibrate
 
     with tempfile.TemporaryDirectory() as tmp:
         bank = WeightBank(open_checkpoint(write_random_checkpoint(Path(tmp), "mamba-130m")))

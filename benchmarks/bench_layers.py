@@ -124,7 +124,7 @@ def _child_one_mode(a: dict) -> dict:
 
 def _child_calibrate(a: dict) -> dict:
     from harness.runner.calibration import CalibrationSettings
-    from harness.recipes.quamba.calibration import calibrate
+    from harness.recipes.quamba.families import calibrate_key as calibrate
     from harness.runner.pairing import open_models
 
     models = open_models(Path(a["model"]), None)

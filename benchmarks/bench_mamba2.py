@@ -39,7 +39,7 @@ from common import run_child, spawn  # noqa: E402
 
 def _calibration(models, a: dict, prep: str):
     from harness.runner.calibration import CalibrationSettings
-    from harness.recipes.quamba.calibration import calibrate
+    from harness.recipes.quamba.families import calibrate_key as calibrate
 
     n = models.bank.dims.n_layer
     settings = CalibrationSettings(a["calib_samples"], a["calib_seqlen"])

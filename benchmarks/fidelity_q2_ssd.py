@@ -31,7 +31,7 @@ from harness.kernels import portable  # noqa: E402
 from harness.kernels.ssd import _heads, ssd_chunked  # noqa: E402
 from harness.recipes.registry import get_mode  # noqa: E402
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.calibration import calibrate  # noqa: E402
+from harness.recipes.quamba.families import calibrate_key as calibrate  # noqa: E402
 from harness.runner.weightbank import WeightBank  # noqa: E402
 
 

@@ -7,6 +7,7 @@ import torch
 import harness.recipes.quamba.calibration as calibration
 from harness.runner.calibration import CalibrationSettings, layer_keys as _keys_of_prep
 from harness.recipes.quamba.calibration import calibrate
+import harness.runner.calibration as generic
 from harness.checkpoints.loading import open_checkpoint
 from harness.runner.weightbank import WeightBank
 
@@ -54,7 +55,7 @@ def test_the_prep_enters_the_key(setup):
 def test_the_version_enters_the_key(setup, monkeypatch):
     _, windows, prefix = setup
     base = layer_keys(prefix, windows, BASE)
-    monkeypatch.setattr(calibration, "CALIB_VERSION", calibration.CALIB_VERSION + 1)
+    monkeypatch.setattr(generic, "CALIB_VERSION", generic.CALIB_VERSION + 1)
     assert layer_keys(prefix, windows, BASE)[0] != base[0]
 
 
@@ -158,7 +159,7 @@ def test_an_entry_with_bad_scales_is_recomputed(setup, tmp_path):
     path = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
     data = json.loads(path.read_text())
     del data["scales"]["s_u"], data["checksum"]
-    path.write_text(json.dumps({**data, "checksum": calibration.checksum(data)}))
+    path.write_text(json.dumps({**data, "checksum": generic.checksum(data)}))
     again = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
     assert again.info["source"] == "recomputed" and "bad scales ('s_u')" in again.info["reason"]
 
@@ -199,7 +200,7 @@ def test_cache_file_round_trip_and_every_refusal_names_its_reason(tmp_path):
     _write_cached(path, "k0", 0, scales, {"obs": 1}, CalibrationSettings(4, 32), "exact")
     data = json.loads(path.read_text())
     assert (data["format"], data["version"], data["prep"], data["layer"]) == \
-        ("quamba-harness-calibration", calibration.CALIB_VERSION, "exact", 0)
+        ("quamba-harness-calibration", generic.CALIB_VERSION, "exact", 0)
     assert _read_cached(path, "k0") == scales
     with pytest.raises(ValueError, match="^key mismatch$"):
         _read_cached(path, "k1")

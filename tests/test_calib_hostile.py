@@ -16,7 +16,7 @@ from helpers import FAST_CALIB, FAST_CLI, run_cli
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.checkpoints.text import DataError, _token_stream, read_documents
 from harness.cli import capture_main, main
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.recipes.quamba.export import ExportConfig, ExportError, export
 from harness.runner.weightbank import WeightBank
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.calibration import calibrate, run_observers
+from harness.recipes.quamba.calibration import run_observers
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows, read_documents, tokenize_file
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.runner.weightbank import WeightBank

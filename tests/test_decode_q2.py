@@ -16,7 +16,7 @@ from harness.runner.backbone import build_backbone
 from harness.kernels.ssd_step import dequantize_q2_state
 from harness.recipes.registry import get_mode
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture
 from harness.store.format import stats_path

@@ -151,7 +151,7 @@ def test_q2_params_hold_no_float_copy_of_the_quantized_linears(tmp_path):
     from harness.recipes.quamba.q2.params import q2_params, reorder_raw
     from harness.architectures.mamba2.weights import float_layer_mamba2
     from harness.runner.calibration import CalibrationSettings
-    from harness.recipes.quamba.calibration import calibrate
+    from harness.recipes.quamba.families import calibrate_key as calibrate
     from harness.runner.weightbank import WeightBank
     from mamba2_fixtures import make_mamba2
 

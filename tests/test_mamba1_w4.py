@@ -23,7 +23,7 @@ from harness.kernels.w4_linear import w4a8_linear_ref, w4a8_values, w4a16_linear
 from harness.modes import CALIBRATION_RECIPES, ModeError
 from harness.recipes.registry import get_mode, resolve_modes
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import FloatOut, QTensor
 from harness.store.reader import load_capture

@@ -7,7 +7,7 @@ import torch
 
 from conftest import make_hf_model, write_hf_dir
 from harness.runner.backbone import build_backbone
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.emulation.capture import capture
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint

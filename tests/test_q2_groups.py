@@ -20,7 +20,7 @@ from harness.metrics.q2groups import XGroupSums
 from harness.recipes.registry import get_mode
 from harness.report.build import build_report
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.runner.forwards import Forward, RefInputs, run_mode
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture

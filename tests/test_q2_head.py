@@ -20,7 +20,7 @@ from harness.kernels.quant import quantize_rows_signed_max_fp16
 from harness.modes import ModeError, load_modes_file
 from harness.recipes.registry import get_mode
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.runner.forwards import build_head
 from harness.runner.resume import recorded_recipe
 from harness.runner.weightbank import WeightBank

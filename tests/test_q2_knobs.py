@@ -22,7 +22,7 @@ from harness.recipes.quamba.q2.params import q2_params
 from harness.modes import ModeError, load_modes_file
 from harness.recipes.registry import get_mode
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.runner.resume import recorded_recipe
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture

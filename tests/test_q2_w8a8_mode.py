@@ -29,7 +29,7 @@ from harness.architectures.mamba2.weights import float_layer_mamba2
 from harness.modes import Q2_CALIBRATION_RECIPE, ModeError
 from harness.recipes.registry import architectures_of, get_mode, resolve_modes
 from harness.runner.calibration import CalibrationSettings, checksum
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import QTensor
 from harness.store.reader import load_capture

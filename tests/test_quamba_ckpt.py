@@ -13,7 +13,7 @@ from conftest import ROOT, make_hf_model, write_hf_dir
 from helpers import FAST_CALIB, run_modes
 from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 
-from harness.recipes.quamba.calibration import calibrate
+from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.cli import capture_main, main
 from harness.recipes.quamba.export import ExportConfig, export

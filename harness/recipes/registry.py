@@ -247,7 +247,7 @@ class ModeRegistry:
     def names(self) -> list[str]:
         return list(self._modes)
 
-    def resolve(self, requested: list[str], architecture: str | None = None) -> list[ModeRecipe]:
+    def resolve(self, requested: list[str], architecture: str | None = "mamba1") -> list[ModeRecipe]:
         """Expand presets, keep order, drop duplicates, validate every name (and that it runs on `architecture`;
         None: the model is not known yet, the names only are checked, presets as on the first architecture)."""
         names: list[str] = []
@@ -271,7 +271,8 @@ class ModeRegistry:
 
 
 
-def resolve_modes(requested: list[str], modes_file: Path | None = None, architecture: str | None = None) -> list[ModeRecipe]:
+def resolve_modes(requested: list[str], modes_file: Path | None = None,
+                  architecture: str | None = "mamba1") -> list[ModeRecipe]:
     """Mode names/presets -> modes, with the user modes of ``modes_file`` (JSON or TOML) added; a mode that does
     not run on `architecture` (the model's, spec.ModelDims.architecture) is a ModeError."""
     registry = ModeRegistry()

@@ -23,8 +23,8 @@ __all__ = ["Quamba1", "Quamba2", "Quamba2W4", "calibrate_key"]
 _MAMBA1, _MAMBA2 = "mamba1", "mamba2"
 
 
-def calibrate_key(key: str, bank, windows, settings, depth: int, prefix_hashes: list[str], cache_dir: Path | None, *,
-                  progress=None):
+def calibrate_key(bank, windows, settings, depth: int, prefix_hashes: list[str], cache_dir: Path | None,
+                  key: str = "quamba", *, progress=None):
     """The calibration of any Quamba key: "quamba"/"exact" (Quamba1's observers), "quamba2" (Quamba2's two passes),
     "quamba2-w4a8"/"quamba2-w4a16" (GPTQ, on the model's architecture)."""
     args = (bank, windows, settings, depth, prefix_hashes, cache_dir)
@@ -38,7 +38,7 @@ def calibrate_key(key: str, bank, windows, settings, depth: int, prefix_hashes: 
 
 class _Quamba(Recipe):
     def calibrate(self, key, bank, windows, settings, depth, prefix_hashes, cache_dir, *, progress=None):
-        return calibrate_key(key, bank, windows, settings, depth, prefix_hashes, cache_dir, progress=progress)
+        return calibrate_key(bank, windows, settings, depth, prefix_hashes, cache_dir, key, progress=progress)
 
 
 class Quamba1(_Quamba):
