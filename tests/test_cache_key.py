@@ -261,9 +261,9 @@ def test_calibrate_observes_the_model_of_its_prep(setup, tmp_path):
 
 def test_a_quamba2_cache_file_past_16_mib_is_refused_unparsed(tmp_path):
     """A Quamba2 calibration cache entry is a few KB: a file past 16 MiB (here one byte past) is refused by its
-    size before JSON parses it."""
-    from harness.recipes.quamba.q2.calibrate import _read
-    path = tmp_path / "calib-q2-x.json"
+    size before it is parsed."""
+    from harness.recipes.quamba.q2.calibrate import _cache
+    path = _cache(tmp_path).path("k")
     path.write_bytes(b" " * ((1 << 24) + 1))
     with pytest.raises(ValueError, match=f"^it is larger than {1 << 24} bytes$"):
-        _read(path, "k", None)
+        _cache(tmp_path).read("k")
