@@ -3,7 +3,6 @@ the block against a written-out reference of Quamba's arithmetic, the reorder, t
 the main job end to end on the shipped tiny Mamba-2."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
