@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,15 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(2)
+# Hermetic: the suite's runs (and the harness processes it starts, which inherit the variable) calibrate into a
+# cache of their own, empty at the start as on a new machine; the user's ~/.cache/quamba-harness is never read
+# or written. Removed when the session ends (pytest_sessionfinish).
+TEST_CACHE = Path(tempfile.mkdtemp(prefix="quamba-harness-tests-"))
+os.environ["QUAMBA_HARNESS_CACHE"] = str(TEST_CACHE)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,17 +5,23 @@ import pytest
 import torch
 
 import harness.recipes.quamba.calibration as calibration
+import harness.runner.calibration as runner_calibration
 from harness.runner.calibration import CalibrationSettings, layer_keys as _keys_of_prep
 from harness.recipes.quamba.calibration import calibrate
-import harness.runner.calibration as generic
 from harness.checkpoints.loading import open_checkpoint
 from harness.runner.weightbank import WeightBank
+from helpers import cache_entry, edit_cache_entry
 
 BASE = CalibrationSettings(num_samples=4, seqlen=16, alpha=0.9995, batch_size=2, seed=42)
 
 
-def layer_keys(prefix, windows, settings, prep="quamba"):
+def _layer_keys(prefix, windows, settings, prep="quamba"):
     return _keys_of_prep(prefix, windows, settings, prep)
+
+
+def _entry(cache_dir, key):
+    """Where the Quamba1 calibration's entry under `key` lives (runner.layercache, kind "calib")."""
+    return calibration._cache(cache_dir).path(key)
 
 
 @pytest.fixture(scope="module")
@@ -29,42 +35,42 @@ def setup(hf_dir):
                                           ("seed", 0)])
 def test_every_setting_enters_the_key(setup, field, value):
     _, windows, prefix = setup
-    base = layer_keys(prefix, windows, BASE)
-    other = layer_keys(prefix, windows, dataclasses.replace(BASE, **{field: value}))
+    base = _layer_keys(prefix, windows, BASE)
+    other = _layer_keys(prefix, windows, dataclasses.replace(BASE, **{field: value}))
     assert all(a != b for a, b in zip(base, other))
 
 
 def test_the_tokens_and_the_model_enter_the_key(setup):
     _, windows, prefix = setup
-    base = layer_keys(prefix, windows, BASE)
+    base = _layer_keys(prefix, windows, BASE)
     changed = windows.clone()
     changed[3, 15] += 1                                                       # one token of one window
-    assert layer_keys(prefix, changed, BASE)[0] != base[0]
+    assert _layer_keys(prefix, changed, BASE)[0] != base[0]
     other_model = prefix[0][:-1] + ("1" if prefix[0][-1] == "0" else "0")
-    assert layer_keys([other_model, prefix[1]], windows, BASE)[0] != base[0]
-    assert layer_keys(prefix, windows, BASE)[1] != base[0]                   # layer 1 has its own key
+    assert _layer_keys([other_model, prefix[1]], windows, BASE)[0] != base[0]
+    assert _layer_keys(prefix, windows, BASE)[1] != base[0]                   # layer 1 has its own key
 
 
 def test_the_prep_enters_the_key(setup):
     """prep=quamba and prep=exact calibrate different models: one must never reuse the other's scales."""
     _, windows, prefix = setup
-    assert all(a != b for a, b in zip(layer_keys(prefix, windows, BASE, "quamba"),
-                                      layer_keys(prefix, windows, BASE, "exact")))
+    assert all(a != b for a, b in zip(_layer_keys(prefix, windows, BASE, "quamba"),
+                                      _layer_keys(prefix, windows, BASE, "exact")))
 
 
 def test_the_version_enters_the_key(setup, monkeypatch):
     _, windows, prefix = setup
-    base = layer_keys(prefix, windows, BASE)
-    monkeypatch.setattr(generic, "CALIB_VERSION", generic.CALIB_VERSION + 1)
-    assert layer_keys(prefix, windows, BASE)[0] != base[0]
+    base = _layer_keys(prefix, windows, BASE)
+    monkeypatch.setattr(runner_calibration, "CALIB_VERSION", runner_calibration.CALIB_VERSION + 1)
+    assert _layer_keys(prefix, windows, BASE)[0] != base[0]
 
 
 def test_what_does_not_change_the_scales_does_not_change_the_key(setup):
     _, windows, prefix = setup
-    base = layer_keys(prefix, windows, BASE)
-    assert layer_keys(prefix[:1], windows, BASE) == base[:1]                # deeper layers do not matter
-    assert layer_keys(prefix, windows.to(torch.int32), BASE) == base         # the id dtype does not matter
-    assert layer_keys(list(prefix), windows.clone(), CalibrationSettings(**dataclasses.asdict(BASE))) == base
+    base = _layer_keys(prefix, windows, BASE)
+    assert _layer_keys(prefix[:1], windows, BASE) == base[:1]                # deeper layers do not matter
+    assert _layer_keys(prefix, windows.to(torch.int32), BASE) == base         # the id dtype does not matter
+    assert _layer_keys(list(prefix), windows.clone(), CalibrationSettings(**dataclasses.asdict(BASE))) == base
 
 
 def test_a_changed_alpha_is_not_reused(setup, tmp_path):
@@ -78,7 +84,7 @@ def test_a_changed_alpha_is_not_reused(setup, tmp_path):
     assert again.scales == first.scales
     # the reused result names the files it came from and took no time (mutants that dropped or emptied the
     # file list, or reported a second, survived)
-    assert again.info["cache_files"] == first.info["cache_files"] == [str(tmp_path / f"calib-{first.info['keys'][0][:40]}.json")]
+    assert again.info["cache_files"] == first.info["cache_files"] == [str(_entry(tmp_path, first.info["keys"][0]))]
     assert again.info["seconds"] == 0.0 and first.info["seconds"] > 0
     assert other.scales[0].s_u != first.scales[0].s_u                          # percentile scales moved
     assert other.scales[0].s_xz == first.scales[0].s_xz                        # min-max scales did not
@@ -98,19 +104,19 @@ def test_an_entry_under_another_key_is_not_used(setup, tmp_path):
     ckpt, windows, prefix = setup
     bank = WeightBank(ckpt)
     first = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
-    other_key = layer_keys(prefix, windows, dataclasses.replace(BASE, seed=1))[0]
-    src = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
-    src.rename(tmp_path / f"calib-{other_key[:40]}.json")
+    other_key = _layer_keys(prefix, windows, dataclasses.replace(BASE, seed=1))[0]
+    _entry(tmp_path, first.info["keys"][0]).rename(_entry(tmp_path, other_key))
     moved = calibrate(bank, windows, dataclasses.replace(BASE, seed=1), 0, prefix, tmp_path)
     assert moved.info["source"] == "recomputed" and "key mismatch" in moved.info["reason"]
 
 
 def test_cache_file_records_observers_and_settings(setup, tmp_path):
     """The entry keeps each observer's state (what the scale was computed from) next to the scales."""
-    import json
     ckpt, windows, prefix = setup
     result = calibrate(WeightBank(ckpt), windows, BASE, 0, prefix, tmp_path, prep="exact")
-    data = json.loads((tmp_path / f"calib-{result.info['keys'][0][:40]}.json").read_text())
+    header = cache_entry(_entry(tmp_path, result.info["keys"][0]))
+    assert (header["kind"], header["key"]) == ("calib", result.info["keys"][0])
+    data = header["payload"]
     assert data["settings"] == dataclasses.asdict(BASE) and data["layer"] == 0
     assert data["prep"] == "exact"  # the calibration's own prep (a mutant that wrote None survived)
     assert set(data["observers"]) == set(data["scales"]) == {"s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H"}
@@ -147,21 +153,25 @@ def test_run_info_records_what_happened(setup, tmp_path):
     assert info["settings"] == dataclasses.asdict(BASE) and info["tokens"] == windows.numel()
     assert info["source"] == "computed" and isinstance(info["seconds"], float) and info["seconds"] >= 0
     assert set(info["observers"][0]) == {"s_in", "s_xz", "s_u", "s_xp", "s_dt", "s_h", "s_H"}
-    assert info["cache_files"] == [str(tmp_path / f"calib-{info['keys'][0][:40]}.json")]
+    assert info["cache_files"] == [str(_entry(tmp_path, info["keys"][0]))]
 
 
 def test_an_entry_with_bad_scales_is_recomputed(setup, tmp_path):
-    """A well-formed, correctly checksummed entry that lacks a scale is reported as such, never used."""
-    import json
+    """A well-formed, correctly checksummed entry that lacks a scale, or its observers' state, is reported as
+    such, never used."""
     ckpt, windows, prefix = setup
     bank = WeightBank(ckpt)
     first = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
-    path = tmp_path / f"calib-{first.info['keys'][0][:40]}.json"
-    data = json.loads(path.read_text())
-    del data["scales"]["s_u"], data["checksum"]
-    path.write_text(json.dumps({**data, "checksum": generic.checksum(data)}))
+    path = _entry(tmp_path, first.info["keys"][0])
+    edit_cache_entry(path, lambda payload: payload["scales"].pop("s_u"))
     again = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
     assert again.info["source"] == "recomputed" and "bad scales ('s_u')" in again.info["reason"]
+    assert again.info["observers"] == first.info["observers"]
+    edit_cache_entry(path, lambda payload: payload["observers"].pop("s_h"))
+    third = calibrate(bank, windows, BASE, 0, prefix, tmp_path)
+    assert third.info["source"] == "recomputed" and "bad observers' state (one per scale)" in third.info["reason"]
+    fourth = calibrate(bank, windows, BASE, 0, prefix, tmp_path).info  # a reused run records what a fresh one did
+    assert fourth == {**{k: v for k, v in third.info.items() if k != "reason"}, "source": "reused", "seconds": 0.0}
 
 
 def test_calibration_time_and_a_cache_that_cannot_be_written(setup, tmp_path, capsys):
@@ -186,35 +196,36 @@ def test_calibration_time_and_a_cache_that_cannot_be_written(setup, tmp_path, ca
     assert "cache_files" not in out.info
 
 
-def test_cache_file_round_trip_and_every_refusal_names_its_reason(tmp_path):
-    """The cache file at the unit level (the pipeline tests that cover it are outside the mutation run): written
-    into directories that do not exist yet, it records format, version and prep and reads back; an edited scale
-    fails the checksum, another JSON object is not a cache file, a truncated one is unreadable, each with its
-    reason (mutants that hashed None, wrote no parents, dropped the version or prep field, read `and` for `or`
-    or raised bare ValueErrors survived)."""
-    import json
-    from harness.recipes.quamba.calibration import _read_cached, _write_cached
+def test_cache_entry_round_trip_and_every_refusal_names_its_reason(tmp_path):
+    """The calibration's entry at the unit level (the pipeline tests that cover it are outside the mutation run):
+    written into directories that do not exist yet, it records version, prep, layer, settings and the observers'
+    state, and reads back the scales and that state; the cache's refusals (another key, an edited scale, a file
+    of the cache before this one's format) and the recipe's own (a scale missing or not positive) each name
+    their reason."""
+    from harness.runner.layercache import BadEntry
     from harness.spec import SCALE_NAMES, LayerScales
     scales = LayerScales(**{n: 0.5 + k / 8 for k, n in enumerate(SCALE_NAMES)})
-    path = tmp_path / "a" / "b" / "layer0.json"
-    _write_cached(path, "k0", 0, scales, {"obs": 1}, CalibrationSettings(4, 32), "exact")
-    data = json.loads(path.read_text())
-    assert (data["format"], data["version"], data["prep"], data["layer"]) == \
-        ("quamba-harness-calibration", generic.CALIB_VERSION, "exact", 0)
-    assert _read_cached(path, "k0") == scales
-    with pytest.raises(ValueError, match="^key mismatch$"):
-        _read_cached(path, "k1")
-    edited = {**data, "scales": {**data["scales"], "s_u": data["scales"]["s_u"] * 2}}
-    path.write_text(json.dumps(edited))
-    with pytest.raises(ValueError, match=r"^checksum mismatch \(the file was modified or truncated\)$"):
-        _read_cached(path, "k0")
-    for other in ({"format": "something else", "key": "k0"}, ["not", "an", "object"]):
-        path.write_text(json.dumps(other))
-        with pytest.raises(ValueError, match="^not a calibration cache file$"):
-            _read_cached(path, "k0")
-    path.write_text("{ truncated")
-    with pytest.raises(ValueError, match=r"^unreadable \(JSONDecodeError: "):
-        _read_cached(path, "k0")
+    state = {n: {"amax": k, "samples": 4} for k, n in enumerate(SCALE_NAMES)}
+    cache = calibration._cache(tmp_path / "a" / "b")
+    path = cache.write("k0", calibration._payload(0, scales, state, CalibrationSettings(4, 32), "exact"))
+    data = cache_entry(path)
+    assert (data["version"], data["kind"], data["key"]) == (1, "calib", "k0")
+    assert {k: data["payload"][k] for k in ("version", "prep", "layer", "settings")} == \
+        {"version": runner_calibration.CALIB_VERSION, "prep": "exact", "layer": 0,
+         "settings": dataclasses.asdict(CalibrationSettings(4, 32))}
+    assert calibration._parse_entry(cache.read("k0")) == (scales, state)
+    edit_cache_entry(path, lambda p: p["scales"].update(s_u=-p["scales"]["s_u"]))
+    with pytest.raises(ValueError, match=r"^scales that are not finite and positive: s_u=-0.75$"):
+        calibration._parse_entry(cache.read("k0"))
+    with pytest.raises(ValueError, match=r"^bad scales \('s_xz'\)$"):
+        calibration._parse_entry(dataclasses.replace(cache.read("k0"), payload={"scales": {"s_in": 1.0}}))
+    assert cache.read("k1") is None
+    path.rename(cache.path("k1"))
+    with pytest.raises(BadEntry, match="^key mismatch$"):
+        cache.read("k1")
+    cache.path("k1").write_text('{"format": "quamba-harness-calibration", "key": "k1"}')
+    with pytest.raises(BadEntry, match=r"^not a cache entry \(not an .npz file\)$"):
+        cache.read("k1")
 
 
 def test_the_calibration_model_scans_in_mamba_ssms_order(setup, monkeypatch):
@@ -250,9 +261,9 @@ def test_calibrate_observes_the_model_of_its_prep(setup, tmp_path):
 
 def test_a_quamba2_cache_file_past_16_mib_is_refused_unparsed(tmp_path):
     """A Quamba2 calibration cache entry is a few KB: a file past 16 MiB (here one byte past) is refused by its
-    size before JSON parses it."""
-    from harness.recipes.quamba.q2.calibrate import _read
-    path = tmp_path / "calib-q2-x.json"
+    size before it is parsed."""
+    from harness.recipes.quamba.q2.calibrate import _cache
+    path = _cache(tmp_path).path("k")
     path.write_bytes(b" " * ((1 << 24) + 1))
     with pytest.raises(ValueError, match=f"^it is larger than {1 << 24} bytes$"):
-        _read(path, "k", None)
+        _cache(tmp_path).read("k")

@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import ROOT
-from helpers import FAST_CALIB, FAST_CLI, run_cli
+from helpers import FAST_CALIB, FAST_CLI, cache_entry, run_cli
 
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.checkpoints.text import DataError, _token_stream, read_documents
@@ -23,19 +24,24 @@ from harness.runner.weightbank import WeightBank
 DEEP = "[" * 50_000 + "]" * 50_000
 
 
+def _deep_entry(path):
+    """A cache entry (runner.layercache's .npz) whose JSON header is nested 50,000 deep."""
+    with open(path, "wb") as f:
+        np.savez(f, __entry__=np.frombuffer(DEEP.encode(), np.uint8))
+
+
 def test_a_cache_entry_nested_50000_deep_is_reported_recomputed_and_replaced(hf_dir, tmp_path, capsys):
     """It made every quantized mode fail ("calibration failed: RecursionError") until deleted by hand."""
     ckpt = open_checkpoint(hf_dir)
     bank, windows = WeightBank(ckpt), torch.randint(0, ckpt.dims.vocab_size, (4, 16), generator=torch.Generator().manual_seed(1))
     first = calibrate(bank, windows, FAST_CALIB, 1, ckpt.prefix_hashes(1), tmp_path)
     entry = first.info["cache_files"][0]
-    with open(entry, "w") as f:
-        f.write(DEEP)
+    _deep_entry(entry)
     again = calibrate(bank, windows, FAST_CALIB, 1, ckpt.prefix_hashes(1), tmp_path)
     assert again.info["source"] == "recomputed" and "RecursionError" in again.info["reason"]
     assert "recomputing the calibration" in capsys.readouterr().err
     assert again.scales == first.scales
-    assert json.loads(open(entry).read())["scales"] == first.scales[0].as_dict()  # replaced by a valid entry
+    assert cache_entry(entry)["payload"]["scales"] == first.scales[0].as_dict()  # replaced by a valid entry
     assert calibrate(bank, windows, FAST_CALIB, 1, ckpt.prefix_hashes(1), tmp_path).info["source"] == "reused"
 
 
@@ -43,8 +49,10 @@ def test_export_recomputes_over_a_deep_cache_entry(hf_dir, tmp_path, capsys):
     cache = tmp_path / "cache"
     cfg = ExportConfig(model=hf_dir, output_dir=tmp_path / "q1", calib=FAST_CALIB, cache_dir=cache)
     export(cfg, emit=lambda _s: None)
-    for entry in cache.glob("calib-*.json"):
-        entry.write_text(DEEP)
+    entries = sorted(cache.glob("calib-*.npz"))
+    assert len(entries) == 2
+    for entry in entries:
+        _deep_entry(entry)
     lines = []
     export(ExportConfig(model=hf_dir, output_dir=tmp_path / "q2", calib=FAST_CALIB, cache_dir=cache), emit=lines.append)
     assert "calibration: recomputed" in lines[0] and "RecursionError" in capsys.readouterr().err

@@ -37,17 +37,23 @@ def test_cache_hit_gives_bit_identical_arrays(hf_dir, tmp_path):
 def test_corrupted_cache_is_detected_recomputed_and_reported(hf_dir, tmp_path, capsys):
     first = run_modes(hf_dir, tmp_path, ["0"])
     path = first.stats["provenance"]["calibration"]["cache_files"][0]
-    data = json.loads(open(path).read())
-    data["scales"]["s_u"] *= 2  # a silent edit: the checksum no longer matches
-    open(path, "w").write(json.dumps(data))
+    with np.load(path) as z:
+        members = {k: z[k] for k in z.files}
+    header = json.loads(members["__entry__"].tobytes())
+    header["payload"]["scales"]["s_u"] *= 2  # a silent edit: the checksum no longer matches
+    members["__entry__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **members)
     again = run_modes(hf_dir, tmp_path, ["0"])
     info = again.stats["provenance"]["calibration"]
     assert info["source"] == "recomputed" and "checksum mismatch" in info["reason"]
     assert "recomputing the calibration" in capsys.readouterr().err
     assert np.array_equal(first.by_mode["0"]["output"], again.by_mode["0"]["output"])
-    open(path, "w").write("{ truncated")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])  # a truncated entry: unreadable
     third = run_modes(hf_dir, tmp_path, ["0"])
     assert third.stats["provenance"]["calibration"]["source"] == "recomputed"
+    assert "unreadable (BadZipFile" in third.stats["provenance"]["calibration"]["reason"]
     assert np.array_equal(first.by_mode["0"]["output"], third.by_mode["0"]["output"])
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.recipes.quamba import calibration
+from helpers import edit_cache_entry
 from harness.cli import capture_main, compare_main
 from harness.store.format import StorageError, stats_path, write_pair
 from harness.store.reader import load_capture
@@ -150,11 +150,8 @@ def test_cache_with_bad_scales_is_recomputed_even_with_a_valid_checksum(model, t
     assert _capture(model, out, ["fp32", "0"], capsys)[0] == 0
     good = load_capture(out).manifest["provenance"]["calibration"]
     for bad in (float("inf"), 0.0, -0.5):  # non-finite, zero, negative
-        (path,) = (tmp_path / "cache").glob("calib-*.json")
-        data = json.loads(path.read_text())
-        data["scales"]["s_xz"] = bad
-        payload = {k: v for k, v in data.items() if k != "checksum"}
-        path.write_text(json.dumps({**payload, "checksum": calibration.checksum(payload)}))
+        (path,) = (tmp_path / "cache").glob("calib-*.npz")
+        edit_cache_entry(path, lambda payload: payload["scales"].update(s_xz=bad))
         rc, _, err = _capture(model, out, ["fp32", "0"], capsys)
         assert rc == 0 and "scales that are not finite and positive: s_xz=" in err
         info = load_capture(out).manifest["provenance"]["calibration"]

@@ -10,6 +10,7 @@ prompt's prefill runs once per mode.
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -74,13 +75,14 @@ def test_every_array_and_stat_equals_the_run_with_its_own_prefill(tmp_path, monk
     a, b = _digest(new, str(new.parent)), _digest(old, str(old.parent))
     assert a["arrays"] == b["arrays"] and sum(k.count("__decode.") for k in a["arrays"]) >= 9 * 25
     assert set(a["stats"]) == set(b["stats"])
-    differ = [k for k in a["stats"] if a["stats"][k] != b["stats"][k] and k != "npz.sha256"]
+    # the first run calibrates (the suite's cache starts empty), the second reuses it: only the source says so
+    differ = [k for k in a["stats"] if a["stats"][k] != b["stats"][k] and k != "npz.sha256"
+              and not re.fullmatch(r"provenance\.calibration(_by_prep\.[^.]+)?\.source", k)]
     assert differ == [], differ[:10]
     # per mode (nine) the prompt's prefill once (16 tokens) and the consistency prefill over 16 + 4; the
-    # calibration's windows (16 tokens as well) come first, the same in both runs
-    calib = len(handed_over) - 2 * 9
-    assert handed_over[calib:] == [16, 16 + N] * 9
-    assert lengths[calib:] == [16, 16 + N, 16] * 9
+    # calibration's windows (16 tokens as well) come first where a run calibrates (the cache may hold them)
+    assert handed_over[-2 * 9:] == [16, 16 + N] * 9 and set(handed_over[:-2 * 9]) <= {16}
+    assert lengths[-3 * 9:] == [16, 16 + N, 16] * 9 and set(lengths[:-3 * 9]) <= {16}
 
 
 def test_generate_equals_the_run_with_its_own_prefill(tmp_path, monkeypatch):

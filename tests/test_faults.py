@@ -49,7 +49,7 @@ def _leftovers(directory):
     names = []
     for root, dirs, files in os.walk(directory):
         names += [f for f in files if f not in ("out.npz", "out_stats.json") and not
-                  (f.startswith("calib-") and f.endswith(".json"))]
+                  (f.startswith("calib-") and f.endswith(".npz"))]
         names += [d + "/" for d in dirs if d != "cache"]
     return names
 

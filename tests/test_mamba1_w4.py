@@ -21,14 +21,19 @@ from harness.kernels.int4 import Int4Weight
 from harness.kernels.marlin_rtn import rtn_int4
 from harness.kernels.w4_linear import w4a8_linear_ref, w4a8_values, w4a16_linear_ref
 from harness.modes import CALIBRATION_RECIPES, ModeError
+from harness.recipes.quamba.families import calibrate_key
 from harness.recipes.registry import get_mode, resolve_modes
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.runner.weightbank import WeightBank
 from harness.spec import FloatOut, QTensor
 from harness.store.reader import load_capture
 from harness.store.format import stats_path
 from helpers import input_hessians, rel_per_step, run_cli, teacher_forced_steps
+
+def calibrate(bank, windows, settings, depth, prefix_hashes, cache_dir, key="quamba", **kw):
+    """The calibration of any Quamba key (recipes.quamba.families.calibrate_key), in the order of old."""
+    return calibrate_key(bank, windows, settings, depth, prefix_hashes, cache_dir, key, **kw)
+
 
 SEQ = 19
 SETTINGS = CalibrationSettings(num_samples=6, seqlen=SEQ, batch_size=4)

@@ -20,7 +20,7 @@ from harness.kernels.quant import quantize_rows_signed_max_fp16
 from harness.modes import ModeError, load_modes_file
 from harness.recipes.registry import get_mode
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.families import calibrate_key as calibrate
+from harness.recipes.quamba.families import calibrate_key
 from harness.runner.forwards import build_head
 from harness.runner.resume import recorded_recipe
 from harness.runner.weightbank import WeightBank
@@ -62,8 +62,8 @@ def bank():
 @pytest.fixture(scope="module")
 def scales(bank):
     windows = torch.randint(0, bank.dims.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
-    return calibrate(bank, windows, CalibrationSettings(num_samples=2, seqlen=16, batch_size=2), 0,
-                     bank.ckpt.prefix_hashes(0), None, "quamba2").scales
+    return calibrate_key(bank, windows, CalibrationSettings(num_samples=2, seqlen=16,
+                         batch_size=2), 0, bank.ckpt.prefix_hashes(0), None, "quamba2").scales
 
 
 def test_embedding_knob_quantizes_the_rows_of_the_mode(bank, scales):
@@ -149,6 +149,32 @@ def test_eval_recipe_end_to_end_on_the_shipped_mamba2(tmp_path, capsys):
     assert calib2["lm_head_input_scale_source"] == "reused"
     assert calib2["lm_head_input_scale"] == calib["lm_head_input_scale"]
     assert again["end_to_end"]["q2-eval"]["kl"] == kl["q2-eval"]
+    # a truncated entry is reported and recomputed (it had no checksum, and a bad entry was silently recomputed)
+    (entry,) = (tmp_path / "cache").glob("calib-q2-head-*.npz")
+    entry.write_bytes(entry.read_bytes()[:-20])
+    capsys.readouterr()
+    assert run_cli(capture_main, [*args, "--output_file", tmp_path / "c.npz"]) == 0
+    assert "lm_head's input scale cache file" in capsys.readouterr().err
+    calib3 = load_capture(tmp_path / "c.npz").manifest["provenance"]["calibration_by_prep"]["quamba2"]
+    assert calib3["lm_head_input_scale_source"] == "recomputed" and "unreadable" in calib3["lm_head_input_scale_reason"]
+    assert calib3["lm_head_input_scale"] == calib["lm_head_input_scale"] and calib3["source"] == "reused"
+
+
+def test_the_lm_head_scale_entry_is_checked(tmp_path):
+    """An lm_head input scale entry that is not a finite positive number, or under another key, is not used."""
+    from harness.recipes.quamba.q2.head_scale import CACHE_KIND, _read
+    from harness.runner.layercache import LayerCache
+    cache = LayerCache(tmp_path, CACHE_KIND)
+    assert _read(cache, "k") == (None, "") and _read(LayerCache(None, CACHE_KIND), "k") == (None, "")
+    cache.write("k", {"lm_head_input_scale": 0.125})
+    assert _read(cache, "k") == (0.125, "")
+    for bad in (-1.0, float("nan"), float("inf"), 0.0, 1, "0.5", None):
+        cache.write("k", {"lm_head_input_scale": bad})
+        scale, problem = _read(cache, "k")
+        assert scale is None and f"{cache.path('k')} is corrupted: the scale {bad!r} is not a finite positive" in problem
+    cache.path("k").rename(cache.path("other"))
+    assert _read(cache, "other") == (None, f"lm_head's input scale cache file {cache.path('other')} is corrupted: "
+                                           "key mismatch")
 
 
 def test_eval_recipe_matches_the_export_with_both_flags(tmp_path, capsys):

@@ -17,14 +17,20 @@ from harness.emulation.gptq import Hessian, gptq_int4, to_int4_weight
 from harness.kernels.w4_linear import w4a8_linear_ref, w4a16_linear_ref
 from harness.architectures.mamba2.weights import float_layer_mamba2
 from harness.modes import Q2_CALIBRATION_RECIPE, ModeError
+from harness.recipes.quamba.families import calibrate_key
 from harness.recipes.registry import get_mode, resolve_modes
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.families import calibrate_key as calibrate
+from harness.runner.layercache import LayerCache
 from harness.runner.weightbank import WeightBank
 from harness.store.reader import load_capture
 from helpers import input_hessians, run_cli
 
 from mamba2_fixtures import make_mamba2
+
+def calibrate(bank, windows, settings, depth, prefix_hashes, cache_dir, key="quamba", **kw):
+    """The calibration of any Quamba key (recipes.quamba.families.calibrate_key), in the order of old."""
+    return calibrate_key(bank, windows, settings, depth, prefix_hashes, cache_dir, key, **kw)
+
 
 SEQ = 21
 SETTINGS = CalibrationSettings(num_samples=6, seqlen=SEQ, batch_size=4)
@@ -98,7 +104,7 @@ def test_w4a8_block_runs_the_marlin_qqq_linears(model, tmp_path):
     out = torch.tensor([s.s_z] * d.d_inner + [s.s_x] * d.d_inner + [s.s_B] * gs + [s.s_C] * gs + [s.s_dt] * d.nheads)
     # the block takes the fused form (as a Quamba2 checkpoint stores it); the cache holds GPTQ's unfused one
     cached = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], tmp_path, "quamba2-w4a8")
-    with np.load(cached.info["cache_files"][1]) as f:
+    with np.load(cached.info["cache_files"][1], allow_pickle=False) as f:
         unfused = torch.from_numpy(f["in_proj.channel_scales"])
     assert torch.equal(cached.scales[1].in_proj.channel_scales, w4.in_proj.channel_scales)
     assert torch.equal(w4.in_proj.channel_scales, unfused / out)
@@ -125,15 +131,24 @@ def test_gptq_cache_is_reused_and_a_bad_file_recomputed(model, tmp_path, caplog)
     assert first.info["source"] == "computed" and again.info["source"] == "reused"
     for x, y in zip(first.scales, again.scales):
         assert torch.equal(x.in_proj.codes, y.in_proj.codes) and torch.equal(x.out_proj.group_scales, y.out_proj.group_scales)
-    path = sorted(cache.glob("gptq-*.npz"))[0]
+    assert sorted(str(p) for p in cache.glob("gptq-*.npz")) == sorted(first.info["cache_files"])
+    path = first.info["cache_files"][0]
     with np.load(path) as f:
         arrays = {k: f[k] for k in f.files}
     arrays["in_proj.codes"] = arrays["in_proj.codes"].copy()
     arrays["in_proj.codes"][0, 0] ^= 1
-    np.savez(path, **arrays)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
     third = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
-    assert third.info["source"] == "recomputed" and "checksum" in third.info["reason"]
+    assert third.info["source"] == "recomputed" and "checksum mismatch" in third.info["reason"]
     assert torch.equal(third.scales[0].in_proj.codes, first.scales[0].in_proj.codes)
+    # codes that do not fit the model, under a valid checksum: refused by the recipe
+    del arrays["in_proj.codes"], arrays["__entry__"]
+    arrays["in_proj.codes"] = np.zeros((3, 128), np.uint8)
+    LayerCache(cache, "gptq").write(first.info["keys"][0], {"layer": 0}, arrays)
+    fourth = calibrate(bank, windows, SETTINGS, 1, ["a", "b"], cache, "quamba2-w4a16")
+    assert fourth.info["source"] == "recomputed" and "in_proj" in fourth.info["reason"]
+    assert torch.equal(fourth.scales[0].in_proj.codes, first.scales[0].in_proj.codes)
 
 
 def test_recipes_and_presets():

@@ -3,7 +3,6 @@ the block against a written-out reference of Quamba's arithmetic, the reorder, t
 the main job end to end on the shipped tiny Mamba-2."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -27,15 +26,21 @@ from harness.kernels.linear import q2_in_proj_ref
 from harness.recipes.quamba.q2.params import q2_params, reorder_raw
 from harness.architectures.mamba2.weights import float_layer_mamba2
 from harness.modes import Q2_CALIBRATION_RECIPE, ModeError
+from harness.recipes.quamba.families import calibrate_key
 from harness.recipes.registry import architectures_of, get_mode, resolve_modes
-from harness.runner.calibration import CalibrationSettings, checksum
-from harness.recipes.quamba.families import calibrate_key as calibrate
+from harness.runner.calibration import CalibrationSettings
+from harness.runner.layercache import LayerCache
 from harness.runner.weightbank import WeightBank
 from harness.spec import QTensor
 from harness.store.reader import load_capture
-from helpers import on_grid, run_cli
+from helpers import cache_entry, edit_cache_entry, on_grid, run_cli
 
 from mamba2_fixtures import make_mamba2
+
+def calibrate(bank, windows, settings, depth, prefix_hashes, cache_dir, key="quamba", **kw):
+    """The calibration of any Quamba key (recipes.quamba.families.calibrate_key), in the order of old."""
+    return calibrate_key(bank, windows, settings, depth, prefix_hashes, cache_dir, key, **kw)
+
 
 SEQ = 21  # chunk_size 8: two chunk boundaries inside the sample
 SETTINGS = CalibrationSettings(num_samples=6, seqlen=SEQ, batch_size=4)
@@ -305,16 +310,24 @@ def test_the_calibration_is_cached_and_a_bad_entry_is_recomputed(model, tmp_path
     other = calibrate(bank, windows[:4], SETTINGS, 1, prefix, tmp_path, "quamba2")  # other tokens: another key
     assert other.info["source"] == "computed"
     path = Path(first.info["cache_files"][1])
-    data = json.loads(path.read_text())
-    data["scales"]["s_z"] = -1.0  # a bad scale under a valid checksum is refused too
-    data["checksum"] = checksum({k: v for k, v in data.items() if k != "checksum"})
-    path.write_text(json.dumps(data))
+    header = cache_entry(path)
+    assert (header["kind"], header["key"], header["payload"]["layer"]) == ("calib-q2", first.info["keys"][1], 1)
+    assert set(header["arrays"]) == {"x_table", "B_scales", "C_scales", "ssm_state_scale", "channel_index",
+                                     "head_index", "head_groups", "dim_groups"}
+    edit_cache_entry(path, lambda p: p["scales"].update(s_z=-1.0))  # a bad scale under a valid checksum is refused too
     fixed = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
     assert fixed.info["source"] == "recomputed" and "s_z=-1.0" in fixed.info["reason"]
     assert fixed.info["layers"] == calib.info["layers"] and "recomputing" in caplog.text
-    path.write_text(path.read_text()[:50])
+    with np.load(path) as z:  # a scale table that does not fit the model, under a valid checksum
+        arrays = {k: z[k] for k in z.files if k != "__entry__"}
+    arrays["x_table"] = arrays["x_table"][..., :1]
+    LayerCache(tmp_path, "calib-q2").write(first.info["keys"][1], cache_entry(path)["payload"], arrays)
+    misfit = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
+    assert misfit.info["source"] == "recomputed" and "the group tables do not fit the model" in misfit.info["reason"]
+    path.write_bytes(path.read_bytes()[:50])
     truncated = calibrate(bank, windows, SETTINGS, 1, prefix, tmp_path, "quamba2")
     assert truncated.info["source"] == "recomputed" and "unreadable" in truncated.info["reason"]
+    assert truncated.info["layers"] == calib.info["layers"]
 
 
 def test_too_few_heads_per_ssd_group_is_a_clear_error(tmp_path):

@@ -142,7 +142,7 @@ def test_a_special_file_in_the_calibration_cache_is_recomputed_not_read(base, tm
     cache = tmp_path / "cache"
     argv = ["--model", base / "m", "--modes", "0", "--output_file", tmp_path / "out.npz", "--cache_dir", cache, *FAST]
     assert _main(capture_main, argv) == 0
-    entry = next(cache.glob("calib-*.json"))
+    entry = next(cache.glob("calib-*.npz"))
     _special(entry, "fifo")
     capsys.readouterr()
     with bounded():

@@ -1,5 +1,6 @@
 """What every recipe's calibration shares: its settings, its result, where its cache lives, and the per-layer cache
-keys that chain a layer's inputs (the recipe families calibrate: harness.recipes.*)."""
+keys that chain a layer's inputs (the recipe families calibrate: harness.recipes.*; the cache's entries:
+runner.layercache)."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +13,7 @@ import torch
 
 from ..spec import LayerScales
 
-__all__ = ["CalibrationSettings", "CalibrationResult", "default_cache_dir", "checksum", "layer_keys", "CALIB_VERSION"]
+__all__ = ["CalibrationSettings", "CalibrationResult", "default_cache_dir", "layer_keys", "CALIB_VERSION"]
 
 # Bump when anything that changes computed scales changes (recipe, observers, rounding).
 # 2: the key holds the prep; caches of version 1 (one calibration model, before prep) are never reused.
@@ -45,10 +46,6 @@ class CalibrationSettings:
 class CalibrationResult:
     scales: list[LayerScales]
     info: dict
-
-
-def checksum(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def layer_keys(prefix_hashes: list[str], windows: torch.Tensor, settings: CalibrationSettings,

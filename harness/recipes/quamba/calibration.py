@@ -5,21 +5,21 @@ prep: prep=quamba runs Quamba's fp16 model (Quamba-prepared fp16 weights, the
 fp16 conv output before SiLU, mamba_ssm's scan; harness.emulation.build), prep=exact the
 model of before the knob existed (exact fp16 weights, fp32 conv output, the
 reference scan). Scales depend on the prep, the model (embedding and blocks up
-to the layer), the calibration tokens and the settings. Each layer's scales are
-cached in their own file under a key that chains those inputs, so a run that
-needs layers 0..d reads exactly d + 1 files and never the weights of deeper layers. A cache file that fails its checksum or
-does not parse, or whose scales are not finite and positive, is reported and
-recomputed, never used; computed scales that are not finite and positive are an
-error (the quantized modes fail with it) and are never written to the cache.
+to the layer), the calibration tokens and the settings. Each layer's scales and
+its observers' state are cached in their own entry (runner.layercache, kind
+"calib") under a key that chains those inputs, so a run that needs layers 0..d
+reads exactly d + 1 files and never the weights of deeper layers; a run from the
+cache records what the fresh run recorded (the observers' state too). An entry
+that the cache refuses (checksum, format, key, special or large file, ...) or
+whose scales are not finite and positive is reported and recomputed, never used;
+computed scales that are not finite and positive are an error (the quantized
+modes fail with it) and are never written to the cache.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -31,15 +31,15 @@ from ...runtime.guard import Progress, fault_point
 from ...modes import CALIBRATION_RECIPES
 from .observers import MinMaxObserver, PercentileObserver
 from ...spec import SCALE_NAMES, HookPoint, LayerScales
-from ...store.files import read_regular
 from ...runner.calibcost import estimate_seconds
-from ...runner.calibration import CALIB_VERSION, CalibrationResult, CalibrationSettings, checksum, layer_keys
+from ...runner.calibration import CALIB_VERSION, CalibrationResult, CalibrationSettings, layer_keys
+from ...runner.layercache import Entry, LayerCache
 from ...runner.weightbank import WeightBank
 
-__all__ = ["calibrate", "run_observers", "OBSERVED_AT"]
+__all__ = ["calibrate", "run_observers", "OBSERVED_AT", "CACHE_KIND"]
 
-_FORMAT = "quamba-harness-calibration"
-_MAX_CACHE_BYTES = 1 << 24  # an entry is about 1 KB; a larger (or special) file there is not one
+CACHE_KIND = "calib"  # runner.layercache: one entry per layer, payload _payload, no arrays
+_MAX_CACHE_BYTES = 1 << 24  # an entry is about 3 KB; a larger (or special) file there is not one
 
 # scale -> (capture point observed, observer kind); spec notes §2.3-2.4
 OBSERVED_AT: dict[str, tuple[str, str]] = {
@@ -82,35 +82,24 @@ def run_observers(bank: WeightBank, windows: torch.Tensor, depth: int, alpha: fl
     return scales, states
 
 
-def _read_cached(path: Path, key: str) -> LayerScales:
-    """Raises ValueError (with the reason) for anything but a valid entry for `key`; an entry nested too deep
-    to parse or to checksum (RecursionError) is one of those, reported and recomputed like any other."""
-    try:
-        return _parse_cached(path, key)
-    except RecursionError:
-        raise ValueError("nested too deeply to be a calibration cache entry (RecursionError)") from None
+def _cache(cache_dir: Path | None) -> LayerCache:
+    return LayerCache(cache_dir, CACHE_KIND, max_bytes=_MAX_CACHE_BYTES)
 
 
-def _parse_cached(path: Path, key: str) -> LayerScales:
+def _parse_entry(entry: Entry) -> tuple[LayerScales, dict]:
+    """A layer's scales and its observers' state from a cache entry; ValueError (with the reason) for an entry
+    whose scales are missing or not finite and positive, or that holds no observers' state."""
     try:
-        data = json.loads(read_regular(path, _MAX_CACHE_BYTES, lambda what: ValueError(f"it is {what}")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
-    if not isinstance(data, dict) or data.get("format") != _FORMAT:
-        raise ValueError("not a calibration cache file")
-    payload = {k: v for k, v in data.items() if k != "checksum"}
-    if data.get("checksum") != checksum(payload):
-        raise ValueError("checksum mismatch (the file was modified or truncated)")
-    if data.get("key") != key:
-        raise ValueError("key mismatch")
-    try:
-        scales = LayerScales(**{n: float(data["scales"][n]) for n in SCALE_NAMES})
+        scales = LayerScales(**{n: float(entry.payload["scales"][n]) for n in SCALE_NAMES})
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"bad scales ({e})") from None
     bad = _bad_scales(scales)
     if bad:
         raise ValueError(f"scales that are not finite and positive: {bad}")
-    return scales
+    observers = entry.payload.get("observers")
+    if not isinstance(observers, dict) or set(observers) != set(SCALE_NAMES):
+        raise ValueError("bad observers' state (one per scale)")
+    return scales, observers
 
 
 def _bad_scales(scales: LayerScales) -> str:
@@ -118,17 +107,9 @@ def _bad_scales(scales: LayerScales) -> str:
     return ", ".join(f"{n}={v}" for n, v in scales.as_dict().items() if not (math.isfinite(v) and v > 0))
 
 
-def _write_cached(path: Path, key: str, layer: int, scales: LayerScales, state: dict,
-                  settings: CalibrationSettings, prep: str) -> None:
-    payload = {"format": _FORMAT, "version": CALIB_VERSION, "key": key, "layer": layer, "prep": prep,
-               "scales": scales.as_dict(), "observers": state, "settings": asdict(settings)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps({**payload, "checksum": checksum(payload)}, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    finally:  # an interrupted write leaves no temporary file
-        tmp.unlink(missing_ok=True)
+def _payload(layer: int, scales: LayerScales, state: dict, settings: CalibrationSettings, prep: str) -> dict:
+    return {"version": CALIB_VERSION, "layer": layer, "prep": prep, "scales": scales.as_dict(), "observers": state,
+            "settings": asdict(settings)}
 
 
 def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSettings, depth: int,
@@ -138,21 +119,12 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
     progress: shown the computation (batches, an estimate of its time: ``calibcost``)."""
     keys = layer_keys(prefix_hashes[: depth + 1], windows, settings, prep)
     info: dict = {"prep": prep, "settings": asdict(settings), "keys": keys, "tokens": int(windows.numel())}
-    problems = []
-    paths = [Path(cache_dir) / f"calib-{k[:40]}.json" for k in keys] if cache_dir is not None else []
-    if paths:
-        cached = []
-        for layer, (path, key) in enumerate(zip(paths, keys)):
-            if not path.exists():
-                break
-            try:
-                cached.append(_read_cached(path, key))
-            except ValueError as e:
-                problems.append(f"layer {layer} cache file {path} is corrupted: {e}")
-                break
-        if len(cached) == depth + 1:
-            return CalibrationResult(cached, {**info, "source": "reused", "cache_files": [str(p) for p in paths],
-                                              "seconds": 0.0})
+    cache = _cache(cache_dir)
+    cached, problems = cache.read_layers(keys, lambda _layer, entry: _parse_entry(entry), "cache file")
+    if cache.enabled and len(cached) == depth + 1:  # what a fresh run records, the observers' state too (issue 35)
+        return CalibrationResult([s for s, _ in cached], {**info, "source": "reused", "seconds": 0.0,
+                                                          "observers": [o for _, o in cached],
+                                                          "cache_files": [str(cache.path(k)) for k in keys]})
     for problem in problems:
         warn(f"{problem}; recomputing the calibration")
     start = time.perf_counter()
@@ -172,11 +144,10 @@ def calibrate(bank: WeightBank, windows: torch.Tensor, settings: CalibrationSett
                 observers=states)
     if problems:
         info["reason"] = "; ".join(problems)
-    if paths:
+    if cache.enabled:
         try:
-            for layer, (path, key, s, st) in enumerate(zip(paths, keys, scales, states)):
-                _write_cached(path, key, layer, s, st, settings, prep)
-            info["cache_files"] = [str(p) for p in paths]
+            entries = [(_payload(i, s, st, settings, prep), None) for i, (s, st) in enumerate(zip(scales, states))]
+            info["cache_files"] = cache.write_layers(keys, entries)
         except OSError as e:
             warn(f"cannot write the calibration cache in {cache_dir} ({e.strerror}); "
                  "the scales of this run are not cached")

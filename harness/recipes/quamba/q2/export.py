@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..families import calibrate_key as calibrate
+from ..families import calibrate_key
 from ....runner.forwards import build_head
 from ....runner.weightbank import WeightBank
 from .checkpoint import q2_state_dict, write_quamba2
@@ -63,8 +63,8 @@ def export_q2_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress) -> No
     cfg: runner.export.ExportConfig."""
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
     bank = WeightBank(ckpt)
-    result = calibrate(bank, windows, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir, "quamba2",
-                       progress=progress)
+    result = calibrate_key(bank, windows, cfg.calib, depth,
+                           ckpt.prefix_hashes(depth), cfg.cache_dir, "quamba2", progress=progress)
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
     embed = lambda ids: bank.embed(ids, True, torch.float16, "exact", "fp16")  # noqa: E731  (the calibration model's)

@@ -4,7 +4,7 @@ Calibration keys (``ModeRecipe.calibration_key``, as on Mamba-2): "quamba2-w4a8"
 (prep=quamba, its own cache: Quamba2 calibrates a Mamba-1 model with ``run_quamba_calibration``,
 quamba/modelutils_mamba.py:802-818, as Quamba1) followed by GPTQ; "quamba2-w4a16" is GPTQ alone (no activation
 calibration, :820-825). Either way GPTQ runs on the same prepared fp16 model (calibration does not change it for
-Mamba-1: there is no reorder). The cache is runner.gptq_q2's (one file per layer, chained keys); x_proj's
+Mamba-1: there is no reorder). The cache is calibrate_mamba2's (one entry per layer, chained keys); x_proj's
 round-to-nearest int4 weight (ops.marlin_rtn) is computed from the fp16 weight, not cached.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ....kernels.marlin_rtn import rtn_group_size
 from ....runtime.guard import Progress
 from ....runner.calibration import CalibrationResult, CalibrationSettings, layer_keys
 from ..calibration import calibrate
-from .calibrate_mamba2 import GPTQ_VERSION, cached_gptq, gptq_info
+from .calibrate_mamba2 import GPTQ_VERSION, cached_gptq, gptq_cache, gptq_info
 from ....runner.weightbank import WeightBank
 
 __all__ = ["calibrate_mamba1_w4"]
@@ -35,7 +35,6 @@ def calibrate_mamba1_w4(bank: WeightBank, windows: torch.Tensor, settings: Calib
     w8a8 = calibrate(bank, windows, settings, depth, prefix_hashes, cache_dir, "quamba", progress=progress) \
         if channel else None
     keys = layer_keys(prefix_hashes[: depth + 1], windows, settings, f"{key}-mamba1-gptq-v{GPTQ_VERSION}")
-    paths = [Path(cache_dir) / f"gptq-{k[:40]}.npz" for k in keys] if cache_dir is not None else []
     info = gptq_info(key, settings, windows, keys, bank.dims)
     info["x_proj"] = {"quantizer": "Marlin's round to nearest (Quamba c474646 quamba/marlin_utils.py:139-192, "
                                    "304-346)", "group_size": rtn_group_size(bank.dims.d_inner)}
@@ -48,9 +47,9 @@ def calibrate_mamba1_w4(bank: WeightBank, windows: torch.Tensor, settings: Calib
         embed = lambda ids: bank.embed(ids, True, torch.float16, "quamba", "fp16")  # noqa: E731
         return gptq_mamba1(bank.dims, params, embed, windows, settings.batch_size, channel, step=step)
 
-    weights = cached_gptq(paths, bank.dims, channel, compute, info, progress, depth=depth,
-                          title=f"GPTQ ({key}, Mamba-1, {windows.shape[0]} x {windows.shape[1]} tokens, "
-                                f"layers 0..{depth})")
+    weights = cached_gptq(gptq_cache(cache_dir, bank.dims), keys, bank.dims, channel, compute, info, progress,
+                          depth=depth, title=f"GPTQ ({key}, Mamba-1, {windows.shape[0]} x {windows.shape[1]} "
+                                             f"tokens, layers 0..{depth})")
     layers: list[Q1W4Layer] = [
         q1w4_layer(w_in, w_out, bank.layer(i, "fp16", True, "quamba").x_proj,
                    w8a8.scales[i] if w8a8 is not None else None) for i, (w_in, w_out) in enumerate(weights)]

@@ -4,15 +4,14 @@ Calibration keys (``ModeRecipe.calibration_key``): "quamba2-w4a8" is the W8A8 ca
 its own cache) followed by GPTQ of the reordered model, as Quamba reorders and calibrates before GPTQ
 (quamba/modelutils_mamba.py:801-833); "quamba2-w4a16" is GPTQ of the model as it is (no reorder, :820-825).
 
-The cache: one ``gptq-<key>.npz`` per layer (codes and scales of in_proj and out_proj, and a SHA-256 of them),
-under a key chaining the model up to that layer, the calibration tokens, the settings and the variant, so a
-layer's file is only reused with the GPTQ of every layer before it. A file that does not load, fails its
-checksum or does not fit the model is reported and the GPTQ recomputed.
+The cache: one entry per layer (runner.layercache, kind "gptq": the codes and scales of in_proj and out_proj as
+arrays, "in_proj.codes", "in_proj.group_scales", "in_proj.channel_scales" (W4A8), ...), under a key chaining the
+model up to that layer, the calibration tokens, the settings and the variant, so a layer's entry is only reused
+with the GPTQ of every layer before it. An entry that the cache refuses or that does not fit the model is
+reported and the GPTQ recomputed.
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,21 +28,15 @@ from ....modes import Q2_CALIBRATION_RECIPE
 from ....runtime.guard import Progress
 from ....runtime.log import warn
 from ....runner.calibration import CalibrationResult, CalibrationSettings, layer_keys
-from ..q2.calibrate import calibrate_quamba2, read_layer_cache
+from ..q2.calibrate import calibrate_quamba2
+from ....runner.layercache import Entry, LayerCache
 from ....runner.weightbank import WeightBank
 
-__all__ = ["calibrate_q2w4", "GPTQ_VERSION", "cached_gptq", "gptq_info"]
+__all__ = ["calibrate_q2w4", "GPTQ_VERSION", "CACHE_KIND", "cached_gptq", "gptq_cache", "gptq_info"]
 
 GPTQ_VERSION = 2  # bump when anything that changes the GPTQ result changes (2: the fp16 model's A_log in fp16)
+CACHE_KIND = "gptq"  # runner.layercache: one entry per layer, the arrays of _arrays
 _PARTS = ("in_proj", "out_proj")
-
-
-def _digest(arrays: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        h.update(name.encode() + str(arrays[name].dtype).encode() + repr(arrays[name].shape).encode())
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
-    return h.hexdigest()
 
 
 def _arrays(ws: tuple[Int4Weight, Int4Weight]) -> dict[str, np.ndarray]:
@@ -56,29 +49,20 @@ def _arrays(ws: tuple[Int4Weight, Int4Weight]) -> dict[str, np.ndarray]:
     return out
 
 
-def _write(path: Path, ws: tuple[Int4Weight, Int4Weight]) -> None:
-    arrays = _arrays(ws)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
-    try:
-        np.savez(tmp, **arrays, checksum=np.array(_digest(arrays)))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _read(path: Path, dims, channel: bool) -> tuple[Int4Weight, Int4Weight]:
-    """ValueError naming what is wrong."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise ValueError(f"unreadable ({type(e).__name__})") from None
-    checksum = arrays.pop("checksum", None)
-    if checksum is None or str(checksum) != _digest(arrays):
-        raise ValueError("checksum mismatch (the file was modified or truncated)")
+def _shapes(dims) -> dict[str, tuple[int, int]]:
     in_rows = 2 * dims.d_inner + (2 * dims.ngroups * dims.d_state + dims.nheads if dims.architecture == "mamba2" else 0)
-    shapes = {"in_proj": (in_rows, dims.d_model), "out_proj": (dims.d_model, dims.d_inner)}
+    return {"in_proj": (in_rows, dims.d_model), "out_proj": (dims.d_model, dims.d_inner)}
+
+
+def gptq_cache(cache_dir: Path | None, dims) -> LayerCache:
+    """The GPTQ entries (runner.layercache, kind "gptq"): a layer's uint8 codes and scales, about one byte per
+    weight; a file of more than twice that (and a MiB) is no entry of this model."""
+    return LayerCache(cache_dir, CACHE_KIND, max_bytes=2 * sum(r * c for r, c in _shapes(dims).values()) + (1 << 20))
+
+
+def _from_entry(entry: Entry, dims, channel: bool) -> tuple[Int4Weight, Int4Weight]:
+    """ValueError naming what does not fit the model."""
+    arrays, shapes = entry.arrays, _shapes(dims)
     ws = []
     for part in _PARTS:
         try:
@@ -105,7 +89,6 @@ def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: Calibratio
     q2 = calibrate_quamba2(bank, windows, settings, depth, prefix_hashes, cache_dir, progress=progress) \
         if channel else None
     keys = layer_keys(prefix_hashes[: depth + 1], windows, settings, f"{key}-gptq-v{GPTQ_VERSION}")
-    paths = [Path(cache_dir) / f"gptq-{k[:40]}.npz" for k in keys] if cache_dir is not None else []
     info = gptq_info(key, settings, windows, keys, bank.dims)
     if q2 is not None:
         info["w8a8"] = q2.info
@@ -119,7 +102,7 @@ def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: Calibratio
         embed = lambda ids: bank.embed(ids, True, torch.float16, "exact", "fp16")  # noqa: E731
         return gptq_q2(dims, raws, embed, windows, settings.batch_size, Q2_CALIBRATION_RECIPE, channel, step=step)
 
-    weights = cached_gptq(paths, bank.dims, channel, compute, info, progress,
+    weights = cached_gptq(gptq_cache(cache_dir, bank.dims), keys, bank.dims, channel, compute, info, progress,
                           title=f"GPTQ ({key}, {windows.shape[0]} x {windows.shape[1]} tokens, layers 0..{depth})",
                           depth=depth)
     layers: list[Q2W4Layer] = q2w4_layers(weights, q2.scales if q2 is not None else None, bank.dims)
@@ -136,14 +119,14 @@ def gptq_info(key: str, settings: CalibrationSettings, windows: torch.Tensor, ke
                      "source": "Quamba c474646 quamba/gptq_utils.py:105-189, modelutils_mamba.py:388-476"}}
 
 
-def cached_gptq(paths: list[Path], dims, channel: bool, compute, info: dict, progress: Progress, *, title: str,
-                depth: int) -> list[tuple[Int4Weight, Int4Weight]]:
-    """Every layer's (in_proj, out_proj) from the cache files `paths` when all load, else compute(step) (written
-    back; a file that does not load is reported and recomputed). info gets source, reason, cache_files."""
-    weights, problems = read_layer_cache(paths, lambda _i, p: _read(p, dims, channel), "GPTQ cache file") \
-        if paths else ([], [])
-    if paths and len(weights) == depth + 1:
-        info.update(source="reused", cache_files=[str(p) for p in paths])
+def cached_gptq(cache: LayerCache, keys: list[str], dims, channel: bool, compute, info: dict, progress: Progress, *,
+                title: str, depth: int) -> list[tuple[Int4Weight, Int4Weight]]:
+    """Every layer's (in_proj, out_proj) from the cache's entries under `keys` when all are valid, else
+    compute(step) (written back; an entry that is not valid is reported and recomputed). info gets source, reason,
+    cache_files."""
+    weights, problems = cache.read_layers(keys, lambda _i, entry: _from_entry(entry, dims, channel), "GPTQ cache file")
+    if cache.enabled and len(weights) == depth + 1:
+        info.update(source="reused", cache_files=[str(cache.path(k)) for k in keys])
         return weights
     for problem in problems:
         warn(f"{problem}; recomputing GPTQ")
@@ -152,12 +135,11 @@ def cached_gptq(paths: list[Path], dims, channel: bool, compute, info: dict, pro
     info["source"] = "recomputed" if problems else "computed"
     if problems:
         info["reason"] = "; ".join(problems)
-    try:
-        for path, ws in zip(paths, weights):
-            _write(path, ws)
-    except OSError as e:
-        warn(f"cannot write the GPTQ cache in {paths[0].parent} ({e.strerror}); the GPTQ of this run is not cached")
-        info["cache_error"] = str(e)
-    if paths:
-        info["cache_files"] = [str(p) for p in paths]
+    if cache.enabled:
+        try:
+            cache.write_layers(keys, [({"layer": layer}, _arrays(ws)) for layer, ws in enumerate(weights)])
+        except OSError as e:
+            warn(f"cannot write the GPTQ cache in {cache.cache_dir} ({e.strerror}); the GPTQ of this run is not cached")
+            info["cache_error"] = str(e)
+        info["cache_files"] = [str(cache.path(k)) for k in keys]
     return weights

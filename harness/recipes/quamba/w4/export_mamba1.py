@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from ..families import calibrate_key as calibrate
+from ..families import calibrate_key
 from ..q2.export import _PAD_VOCAB, _pad_rows
 from .export_mamba2 import _marlin
 from ....runner.forwards import build_head
@@ -65,8 +65,8 @@ def export_m1w4_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress, con
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
     mode = on_architecture(get_mode(f"q2-{cfg.recipe}"), "mamba1")
     bank = WeightBank(ckpt)
-    result = calibrate(bank, windows, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir,
-                       mode.calibration_key, progress=progress)
+    result = calibrate_key(bank, windows, cfg.calib, depth,
+                           ckpt.prefix_hashes(depth), cfg.cache_dir, mode.calibration_key, progress=progress)
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
     sd: OrderedDict = OrderedDict()

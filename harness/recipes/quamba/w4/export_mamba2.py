@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..families import calibrate_key as calibrate
+from ..families import calibrate_key
 from ..q2.export import _PAD_VOCAB, _pad_rows, q2_config
 from ....runner.forwards import build_head
 from ....runner.weightbank import WeightBank
@@ -82,8 +82,8 @@ def export_q2w4_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress) -> 
     dims, depth = ckpt.dims, ckpt.dims.n_layer - 1
     mode = get_mode(f"q2-{cfg.recipe}")
     bank = WeightBank(ckpt)
-    result = calibrate(bank, windows, cfg.calib, depth, ckpt.prefix_hashes(depth), cfg.cache_dir,
-                       mode.calibration_key, progress=progress)
+    result = calibrate_key(bank, windows, cfg.calib, depth,
+                           ckpt.prefix_hashes(depth), cfg.cache_dir, mode.calibration_key, progress=progress)
     emit(f"calibration: {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
          f"layers 0..{depth}, {result.info['seconds']} s)")
     blocks = []
