@@ -29,9 +29,13 @@ from mutation import MODULES, statuses  # noqa: E402
 
 BASELINE = ROOT / "docs" / "mutation-baseline.json"
 VERDICTS = ROOT / "tools" / "mutation_verdicts.toml"
-# the emulation core (everything under harness/emulation) and the runner's numeric steps; the rest of
-# MODULES is the file format, the metrics and the comparison
-CORE = {m for m in MODULES if m.startswith("harness.emulation.")} | {
+# the emulation core (everything under harness/kernels, emulation, architectures, the registries and the
+# families' blocks) and the runner's numeric steps; the rest of MODULES is the file format, the metrics, the
+# comparison and the checkpoint readers
+CORE = {m for m in MODULES if m.startswith(("harness.kernels.", "harness.emulation.", "harness.architectures."))} | {
+    "harness.recipes.registry", "harness.recipes.float.__init__", "harness.recipes.quamba.families",
+    "harness.recipes.quamba.q2.build", "harness.recipes.quamba.w4.build", "harness.runner.backbone",
+    "harness.runner.calibration", "harness.runner.layercache",
     "harness.recipes.quamba.calibration", "harness.recipes.quamba.q2.calibrate", "harness.runner.weightbank",
     "harness.runner.sharedops", "harness.runner.decode", "harness.checkpoints.text", "harness.runner.headprep",
     "harness.recipes.quamba.w4.calibrate_mamba2", "harness.recipes.quamba.q2.head_scale"}
@@ -82,9 +86,16 @@ def _wilson(killed: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def _rel(path: Path) -> str:
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "mutation.md")
+    ap.add_argument("--survivors", type=Path, default=ROOT / "mutants" / "survivors.md",
+                    help="where the listing of every surviving mutant and its verdict goes (generated on demand, "
+                         "not committed; default: mutants/survivors.md)")
     ap.add_argument("--save-baseline", action="store_true")
     args = ap.parse_args(argv)
     os.chdir(ROOT)
@@ -169,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
             out.append(f"\n**{part}**: {killed} of {scored} non-equivalent mutants run killed ({_pct(killed / scored)}; "
                        f"95 % interval {_pct(lo)} to {_pct(hi)}).")
     out += ["", "## Surviving mutants and verdicts", "",
+            f"Listed by `make mutation` in `{_rel(args.survivors)}` (not committed: it is as large as the run; "
+            f"`python tools/mutation_report.py --survivors FILE` writes it again from mutants/ and "
+            f"tools/mutation_verdicts.toml, which holds every verdict)."]
+    if verdicts.get("notes"):
+        out += ["", "## Notes", ""] + [f"- {n}" for n in verdicts["notes"]]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(out) + "\n")
+    out = ["# Surviving mutants and verdicts", "",
             "Every mutant of the present code that survived (now, or in an earlier run) with its verdict: the test "
             "for it, or why it is equivalent. Mutant names follow mutmut (`mutmut show NAME` prints the diff).", ""]
     for m in MODULES:
@@ -199,10 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = f"**{status}, no verdict yet**"
             out.append(f"- `{name.split('.', 1)[1]}` {_diff_line(name)}: {verdict}")
         out.append("")
-    if verdicts.get("notes"):
-        out += ["## Notes", ""] + [f"- {n}" for n in verdicts["notes"]] + [""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(out) + "\n")
+    args.survivors.parent.mkdir(parents=True, exist_ok=True)
+    args.survivors.write_text("\n".join(out) + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -215,7 +215,7 @@ def _flatten(obj, prefix: str, out: dict[str, str], tmp: str) -> None:
         for i, v in enumerate(obj):
             _flatten(v, f"{prefix}[{i}]", out, tmp)
     else:
-        out[prefix] = repr(obj).replace(tmp, "<tmp>")
+        out[prefix] = repr(obj).replace(tmp, "<tmp>").replace(str(ROOT), "<repo>")  # two checkouts compare
 
 
 def _digest(npz: Path, tmp: str) -> dict:
