@@ -520,8 +520,8 @@ def test_a_handmade_checkpoint_written_back_is_the_same_checkpoint(tmp_path, emb
     """open_quamba then write_quamba reproduces Quamba's own files: every entry's type, dtype, shape, stride and
     value (the a/alpha epilogue factors of each W8A8 linear, a layer's own norm weight, the conv bias scale) and
     config.json to the byte (Quamba's json.dump(..., indent=4), quamba_mixer_seq.py:449). Mutants that wrote
-    alpha as s_w / s_in (_linear_entries 21) or s_w * s_in * s_out, s_w / s_in / s_out (24, 25), x_proj
-    without its output scale (_layer_entries 55), ones or an fp32 tensor for a norm weight (4, 10), 1.0 for a
+    alpha as s_w / s_in (linear_entries 21) or s_w * s_in * s_out, s_w / s_in / s_out (24, 25), x_proj
+    without its output scale (layer_entries 55), ones or an fp32 tensor for a norm weight (4, 10), 1.0 for a
     stored conv bias scale (44, 46), config.json without or with another indent (write_quamba 48, 50, 51), or a
     quantized lm_head without its weight scale (lm_head 11) survived."""
     sd = handmade_state_dict(embedding=embedding, lm_head=lm_head)
@@ -543,7 +543,7 @@ def test_a_handmade_checkpoint_written_back_is_the_same_checkpoint(tmp_path, emb
 def test_a_conv_without_bias_is_written_with_bias_scale_one(tmp_path):
     """Quamba's QCausalConv1D.from_fp16 stores bias_scale 1.0 and no bias tensor for a conv without bias
     (qConvLayer.py:70-72); written back, such a checkpoint is the same again (a mutant that read the missing
-    bias's scale crashed, _layer_entries 43; one that wrote 2.0 survived, 45)."""
+    bias's scale crashed, layer_entries 43; one that wrote 2.0 survived, 45)."""
     sd = handmade_state_dict()
     for i in range(2):
         del sd[f"backbone.layers.{i}.mixer.conv1d.bias"]

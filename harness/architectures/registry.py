@@ -75,6 +75,16 @@ def get_architecture(name: str) -> Architecture:
     return _ARCHITECTURES[name]
 
 
+def _builtin_place(arch: Architecture) -> int:
+    """The place of a built-in architecture's folder in BUILTIN_ARCHITECTURES (its blocks are built there); a
+    plugin's comes after them."""
+    where = getattr(arch.build_blocks, "__module__", None) or ""
+    return next((i for i, m in enumerate(BUILTIN_ARCHITECTURES) if where == m or where.startswith(m + ".")),
+                len(BUILTIN_ARCHITECTURES))
+
+
 def architecture_names() -> list[str]:
+    """The registered names: the built-in ones first, in BUILTIN_ARCHITECTURES order whatever was imported first
+    (the first is the default where a command has no model), then the plugins' in the order they registered."""
     load_builtins()
-    return list(_ARCHITECTURES)
+    return sorted(_ARCHITECTURES, key=lambda name: _builtin_place(_ARCHITECTURES[name]))

@@ -21,13 +21,14 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from ..architectures.registry import get_architecture
 from ..spec import HookPoint, QTensor
 
 __all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name",
            "parse_point", "point_sort_key", "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE",
            "resolve_layers", "hook_attr", "module_path", "RESEARCH_TENSORS", "tensor_name", "array_key",
            "parse_array_key", "STATE_POINTS", "DECODE_PREFIX", "decode_tensor", "decode_points", "decode_site",
-           "MAMBA2_POINTS", "SITE_TABLES", "points_of", "tap_points_of"]
+           "MAMBA2_POINTS", "points_of", "tap_points_of"]
 
 # point -> what it holds (docs/file-format.md "Capture points" lists the same words)
 POINTS: dict[str, str] = {
@@ -67,17 +68,15 @@ MAMBA2_POINTS: dict[str, str] = {
     "block.out": POINTS["block.out"],
     "block.residual": POINTS["block.residual"],
 }
-# architecture (spec.ModelDims.architecture) -> its site table
-SITE_TABLES: dict[str, dict[str, str]] = {"mamba1": POINTS, "mamba2": MAMBA2_POINTS}
 
 
 def points_of(architecture: str) -> dict[str, str]:
-    """The site table of an architecture ("mamba1", "mamba2")."""
-    return SITE_TABLES[architecture]
+    """The site table of a registered architecture (spec.ModelDims.architecture): its ``Architecture.points``."""
+    return get_architecture(architecture).points
 
 
 def tap_points_of(architecture: str) -> tuple[str, ...]:
-    return tuple(p for p in SITE_TABLES[architecture] if p not in BLOCK_IO)
+    return tuple(p for p in points_of(architecture) if p not in BLOCK_IO)
 
 
 # Points the harness computes beside the hooks (harness.runner.forwards): not taps, chosen by their own options.

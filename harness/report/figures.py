@@ -30,7 +30,7 @@ from .html import MARK
 
 __all__ = ["INT8_CLIP", "RC", "style", "render", "tensor_figure", "overflow_per_layer_figure", "error_histogram", "value_distribution",
            "error_vs_magnitude", "error_per_token", "error_per_channel", "taps_figure", "layer_sqnr_figure",
-           "end_to_end_figure", "channel_profile", "mode_colors", "legend_outside"]
+           "end_to_end_figure", "channel_profile", "mode_colors", "legend_outside", "new_figure"]
 
 # Symmetric int8 with round-to-nearest: values beyond ±127.5·scale leave the grid
 # (they round to ±128 and saturate at -128/127), so the clip lines sit there.
@@ -100,7 +100,7 @@ def _log_counts(ax, title: str, xlabel: str) -> None:
     ax.set_ylabel("count (log)")
 
 
-def _figure(width: float, height: float, **margins) -> Figure:
+def new_figure(width: float, height: float, **margins) -> Figure:
     """A Figure with fixed margins (a layout engine would cost a second full draw per figure)."""
     with style():
         fig = Figure(figsize=(width, height))
@@ -252,7 +252,7 @@ def tensor_figure(title: str, reference: np.ndarray, values: Mapping[str, np.nda
     errors = {label[h]: np.asarray(differing[h], dtype=np.float64) - ref for h in groups}
     shown = {label[h]: differing[h] for h in groups}
     tints = {label[h]: colors[h] for h in groups}
-    fig = _figure(12.5, 6.6, left=0.06, right=0.8, top=0.91, bottom=0.08, hspace=0.42, wspace=0.45)
+    fig = new_figure(12.5, 6.6, left=0.06, right=0.8, top=0.91, bottom=0.08, hspace=0.42, wspace=0.45)
     grid = fig.add_gridspec(2, 3)
     error_histogram(fig.add_subplot(grid[0, 0]), errors, tints)
     value_distribution(fig.add_subplot(grid[0, 1]), ref, shown, tints,
@@ -286,7 +286,7 @@ def taps_figure(title: str, taps: Mapping[str, Mapping[str, dict]], colors: Mapp
     if not labels:
         return None
     modes = [m for m in colors if any(m in taps[t] for t in labels)]
-    fig = _figure(12.5, 7.5, top=0.92, bottom=0.13, hspace=0.35)
+    fig = new_figure(12.5, 7.5, top=0.92, bottom=0.13, hspace=0.35)
     panels = (("saturated_fraction", "saturated fraction (codes at -128 or 127)", "linear"),
               ("clipped_fraction", "clipped fraction (values beyond ±127.5·scale)", "linear"),
               ("scale", "scale", "log"))
@@ -309,7 +309,7 @@ def overflow_per_layer_figure(layers: Sequence[int], saturated: Mapping[str, Seq
     """Per layer and mode, the largest saturated and clipped fraction over the layer's int8 taps."""
     if len(layers) < 2 or not (saturated or clipped):
         return None
-    fig = _figure(12.5, 3.6, bottom=0.15, top=0.84, wspace=0.22)
+    fig = new_figure(12.5, 3.6, bottom=0.15, top=0.84, wspace=0.22)
     axs = fig.subplots(1, 2)
     for ax, series, name in ((axs[0], saturated, "largest saturated fraction over the taps"),
                              (axs[1], clipped, "largest clipped fraction over the taps")):
@@ -343,7 +343,7 @@ def layer_sqnr_figure(layers: Sequence[int], accumulated: Mapping[str, Sequence[
     lowest = {h: -min([v for v in (*accumulated.get(h, ()), *isolated.get(h, ())) if v is not None and math.isfinite(v)]
                       or [math.inf]) for h in groups}
     groups, left_out = keep_worst(groups, lowest)
-    fig = _figure(12.5, 4.2, bottom=0.13, top=0.9, left=0.06, right=0.74)
+    fig = new_figure(12.5, 4.2, bottom=0.13, top=0.9, left=0.06, right=0.74)
     ax = fig.add_subplot()
     for head, members in groups.items():
         for series, style, word in ((accumulated, "-", "accumulated"), (isolated, "--", "isolated")):
@@ -396,7 +396,7 @@ def end_to_end_figure(end_to_end: Mapping[str, Mapping], colors: Mapping[str, st
     panels = [(k, name) for k, name in _E2E if any(k in e for e in end_to_end.values())]
     if not panels:
         return None
-    fig = _figure(12.5, 3.8, bottom=0.22, top=0.82, wspace=0.25)
+    fig = new_figure(12.5, 3.8, bottom=0.22, top=0.82, wspace=0.25)
     axs = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (key, name) in zip(axs, panels):
         modes = [m for m in colors if key in end_to_end.get(m, {})]

@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .data import BLOCK_SITES, ReportData, as_float, layer_and_site
-from .figures import _figure, legend_outside
+from .figures import new_figure, legend_outside
 from .groups import equal_groups, group_label, identical_of, keep_worst
 from .html import esc, fmt_value, section, table
 
@@ -36,7 +36,7 @@ def samples_figure(tensors: Sequence[str], series: Mapping[str, Sequence], color
     """Mean SQNR with its 95 % interval per tensor (x) for each series (label -> one value per tensor)."""
     if not tensors or not series:
         return None
-    fig = _figure(12.5, 3.8, left=0.06, right=0.74, bottom=0.3, top=0.88)
+    fig = new_figure(12.5, 3.8, left=0.06, right=0.74, bottom=0.3, top=0.88)
     ax = fig.add_subplot()
     x = np.arange(len(tensors))
     width = 0.7 / max(1, len(series))

@@ -29,15 +29,15 @@ from .config import DEFAULT_MODEL, RunConfig, RunError, RunOutcome
 from .context import RunContext
 from .decodeplan import check_decode, generated_text, read_text, state_scales
 from .dispatch import open_units
-from ..emulation.capture import (ISOLATED, MAMBA2_POINTS, POINTS, TapError, parse_point, point_name, points_of,
-                                 resolve_layers, select_points)
+from ..architectures.registry import architecture_names
+from ..emulation.capture import ISOLATED, TapError, parse_point, point_name, points_of, resolve_layers, select_points
 from ..checkpoints.text import (
     DataError,
     calibration_windows,
     check_token_ids,
 )
 from ..checkpoints.loading import ModelDirError
-from ..modes import ModeError, ModeRecipe
+from ..modes import ModeError, ModeRecipe, Prep
 from ..plugins import PluginError, canonical, load_all
 from ..recipes.registry import Recipe, recipe_for, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
@@ -148,7 +148,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     if cfg.samples < 1:
         raise RunError(f"--samples must be a positive integer, got {cfg.samples}")
     check_decode(cfg)
-    select_points([0], cfg.taps, {**POINTS, **MAMBA2_POINTS})  # an unknown tap: an input error before anything is opened
+    every_site = {p: w for a in architecture_names() for p, w in points_of(a).items()}
+    select_points([0], cfg.taps, every_site)  # a tap no architecture has: an input error before anything is opened
     out = Path(cfg.output_file)
     for path in (out, stats_path(out), pending_path(out)):
         check_writable(path)
@@ -161,7 +162,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     # presets mean other modes on Mamba-2, and a mode that does not run on the model's architecture is refused
     recipes = resolve_modes(cfg.modes + list(cfg.rerun or []), cfg.modes_file, ckpt.dims.architecture)
     xt = [r.name for r in recipes if r.x_groups == "tensor"]
-    if xt and getattr(models.quamba, "prep", None) == "quamba2":
+    if xt and getattr(models.quamba, "prep", None) == Prep.QUAMBA2:  # the given checkpoint's prep knob
         raise RunError(f"mode(s) {', '.join(xt)} (x_groups=tensor) need the per-tensor x scale that only a calibration "
                        f"from the float model observes, but {cfg.model} is a Quamba2 checkpoint (its x scales are the "
                        f"grouped table): run them with the float model as --model")

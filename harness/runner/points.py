@@ -18,9 +18,10 @@ def points_main(argv: list[str], out: Callable[[str], None], err: Callable[[str]
     the reason through `err`."""
     parser = argparse.ArgumentParser(prog="python -m harness points",
                                      description="list the capture points (taps) and what each one holds")
-    parser.add_argument("--architecture", default="mamba1",
-                        help="the block architecture whose points to list (default mamba1; valid: the registered "
-                             "ones, mamba1 mamba2 and the plugins')")
+    names = architecture_names()  # before --plugin loads: the built-in ones, listed first (the first: the default)
+    parser.add_argument("--architecture", default=names[0],
+                        help=f"the block architecture whose points to list (default {names[0]}; valid: the "
+                             f"registered ones, {' '.join(names)} and the plugins')")
     parser.add_argument("--model", type=Path, default=None, help="list the points of this model's architecture")
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                         help="load a plugin first: a .py file or a dotted module name (repeatable; docs/plugins.md)")

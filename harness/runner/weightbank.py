@@ -49,7 +49,7 @@ class WeightBank:
         return self.given is not None and weights == getattr(self.given, "weights", "int8") and rotate and \
             prep == getattr(self.given, "prep", "quamba")
 
-    def q2_given(self, layer: int, key: str = "quamba2"):
+    def q2_given(self, layer: int, key: str):
         """A given Quamba2 checkpoint's block parameters for calibration key `key` (q2-w8a8's Q2Params,
         emulation.q2_params; a W4 checkpoint's, checkpoints.quamba2_w4ckpt), else None."""
         ok = self.given is not None and getattr(self.given, "calibration_key", self.given.prep) == key

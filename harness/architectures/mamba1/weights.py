@@ -31,10 +31,11 @@ from dataclasses import dataclass
 import torch
 
 from ...spec import QTensor
-from ...kernels.hadamard import hadamard_transform, hadamard_transform_fht
+from ...kernels.hadamard import hadamard_transform_fht
 from ...kernels.quant import quantize_param_fp32, quantize_weight_fp16, round_to_dtype
+from ..transforms import rotated_projections
 
-__all__ = ["LayerParams", "PREPS", "float_layer", "rotated_projections", "quamba_fp16_layer", "quamba_int8_layer", "int8_layer", "fht_fp16"]
+__all__ = ["LayerParams", "PREPS", "float_layer", "quamba_fp16_layer", "quamba_int8_layer", "int8_layer", "fht_fp16"]
 
 PREPS: tuple[str, ...] = ("quamba", "exact")  # the values of the `prep` knob
 
@@ -58,20 +59,6 @@ class LayerParams:
     A_log: torch.Tensor | QTensor
     D: torch.Tensor | QTensor
     out_proj: torch.Tensor | QTensor
-
-
-def rotated_projections(raw: dict[str, torch.Tensor | None], rotate: bool, rnd) -> tuple:
-    """(in_proj, out_proj, norm_weight) of a float block, each rounded by `rnd` (to the recipe's dtype); with
-    `rotate` the block's norm weight folds into in_proj's columns, in_proj takes Had_D^T and out_proj
-    Had_D W Had_E^T, and the norm weight is gone. The same for Mamba-1 and Mamba-2 blocks."""
-    in_proj, out_proj, norm_weight = rnd(raw["in_proj"]), rnd(raw["out_proj"]), rnd(raw["norm_weight"])
-    if rotate:
-        folded = rnd(raw["in_proj"].to(torch.float64) * raw["norm_weight"].to(torch.float64))
-        in_proj = rnd(hadamard_transform(folded))                                  # W Had_D^T
-        right = hadamard_transform(out_proj)                                      # W Had_E^T
-        out_proj = rnd(hadamard_transform(right.t()).t())                         # Had_D (W Had_E^T)
-        norm_weight = None
-    return in_proj, out_proj, norm_weight
 
 
 def float_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: torch.dtype) -> LayerParams:

@@ -1,6 +1,6 @@
 """Weights of one Mamba-2 block as a float recipe needs them: rounded to fp32/fp16, folded and rotated.
 
-The same offline transforms as Mamba-1 (harness.architectures.mamba1.weights, spec notes §2.1), placed as Quamba2
+The same offline transforms as Mamba-1 (harness.architectures.transforms, spec notes §2.1), placed as Quamba2
 places them (Quamba c474646 quamba/qMamba2.py:113, 143-144, the float Mamba2Simple: in_proj's input
 rotated, a Hadamard before out_proj; W8A8QMamba2.forward :1323-1332: gated norm, Hadamard, out_proj): the
 block's RMSNorm weight folds into in_proj's columns and in_proj's rows take Had_D^T (so the rotated
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..mamba1.weights import rotated_projections
 from ...kernels.quant import round_to_dtype
+from ..transforms import rotated_projections
 
 __all__ = ["Mamba2Params", "float_layer_mamba2"]
 

@@ -31,10 +31,11 @@ from ...spec import LayerScales, ModelDims, QTensor
 from ...architectures.mamba1.weights import LayerParams
 
 __all__ = ["QuambaCheckpoint", "is_quamba_dir", "open_quamba", "layer_spec", "write_quamba", "pad16",
-           "SUPPORTED", "LINEARS"]
+           "SUPPORTED", "LINEARS", "QUAMBA_MIXERS", "read_config", "kind_ok", "describe_kind", "linear_entries",
+           "layer_entries", "PAD_VOCAB", "pad_rows"]
 
 # quamba_mixer_seq.py:82-85 (mixers), 291 (embeddings), 413 (lm_heads)
-_QUAMBA_MIXERS = {"W8A8QMamba", "W4A16QMamba", "W4A8QMamba", "W8A8QMamba2", "W4A16QMamba2", "W4A8QMamba2"}
+QUAMBA_MIXERS = {"W8A8QMamba", "W4A16QMamba", "W4A8QMamba", "W8A8QMamba2", "W4A16QMamba2", "W4A8QMamba2"}
 # LayerParams field -> module under mixer. (W8A8B8O8Linear, or W8A8B16O16Linear for out_proj)
 LINEARS = {"in_proj": "in_proj", "x_proj": "x_proj", "dt_proj": "dt_proj", "out_proj": "out_proj"}
 F, T0, T11 = "float", "fp32[]", "fp32[1,1]"  # scalar kinds: Python float, fp32 0-dim tensor, fp32 [1, 1] tensor
@@ -43,6 +44,14 @@ F, T0, T11 = "float", "fp32[]", "fp32[1,1]"  # scalar kinds: Python float, fp32 
 def pad16(n: int) -> int:
     """W8A8 linears pad their output dimension to a multiple of 16 (qLinearLayer.py:547-549, 752-754)."""
     return n + (16 - n % 16) % 16
+
+
+PAD_VOCAB = 8  # MambaConfig.pad_vocab_size_multiple default; QuambaLMHeadModel pads (quamba_mixer_seq.py:371-372)
+
+
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`t` with zero rows appended up to `rows` (the padded vocabulary of the embedding and lm_head)."""
+    return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0])) if t.shape[0] < rows else t
 
 
 def _linear_spec(prefix: str, d_in: int, d_out: int) -> dict:
@@ -89,7 +98,7 @@ def _top_spec(d: ModelDims, vocab: int, embedding: str, lm_head: str) -> dict:
     return spec
 
 
-def _read_config(path: Path) -> dict | None:
+def read_config(path: Path) -> dict | None:
     """config.json as a dict; None when it is missing or not a JSON object. A special file (a FIFO would block
     the read, /dev/zero never end it) or one over 1 MiB is a ModelDirError naming it, before it is read."""
     file = path / "config.json"
@@ -104,15 +113,15 @@ def _read_config(path: Path) -> dict | None:
 
 def is_quamba_dir(path: Path | str) -> bool:
     """A config.json written by Quamba: a Quamba mixer in ssm_cfg.layer, or Quamba's extra config keys."""
-    cfg = _read_config(Path(path))
+    cfg = read_config(Path(path))
     if cfg is None:
         return False
     layer = (cfg.get("ssm_cfg") or {}).get("layer") if isinstance(cfg.get("ssm_cfg"), dict) else None
-    return (isinstance(layer, list) or (isinstance(layer, str) and layer in _QUAMBA_MIXERS) or "norm_cfg" in cfg or "lm_head_cfg" in cfg
+    return (isinstance(layer, list) or (isinstance(layer, str) and layer in QUAMBA_MIXERS) or "norm_cfg" in cfg or "lm_head_cfg" in cfg
             or bool(cfg.get("is_hybrid")))
 
 
-def _kind_ok(value, kind) -> bool:
+def kind_ok(value, kind) -> bool:
     if kind == F:
         return type(value) is float
     if not isinstance(value, torch.Tensor):
@@ -122,7 +131,7 @@ def _kind_ok(value, kind) -> bool:
     return value.dtype == torch.float32 and tuple(value.shape) == ((1, 1) if kind == T11 else ())
 
 
-def _describe(kind) -> str:
+def describe_kind(kind) -> str:
     if isinstance(kind, tuple):
         return f"a {str(kind[0]).removeprefix('torch.')} tensor of shape {list(kind[1])}"
     return {F: "a Python float", T0: "an fp32 0-dim tensor", T11: "an fp32 [1, 1] tensor"}[kind]
@@ -134,7 +143,7 @@ def _got(value) -> str:
     return f"a {type(value).__name__}"
 
 
-def check_spec(f: Path, sd: dict, spec: dict, context: str, ok=_kind_ok, what=_describe) -> None:
+def check_spec(f: Path, sd: dict, spec: dict, context: str, ok=kind_ok, what=describe_kind) -> None:
     """Every key of ``spec`` is in ``sd`` and of its kind (``ok(value, kind)``), else ModelDirError naming the key,
     what it must be (``what(kind)``) and, for a missing key, ``context`` (what is supported)."""
     for key, kind in spec.items():
@@ -258,7 +267,7 @@ def parse_config(path: Path, cfg: dict, parse):
 def open_config(path: Path, parse) -> tuple[dict, object, dict, Path]:
     """(config, dims, kinds, the state dict's file) of a Quamba checkpoint directory: config.json read and parsed
     by ``parse(path, cfg) -> (dims, kinds)``, pytorch_model.bin present; else ModelDirError naming what is wrong."""
-    cfg = _read_config(path)
+    cfg = read_config(path)
     if cfg is None:
         raise ModelDirError(f"{path}: config.json is missing or not a JSON object")
     dims, kinds = parse_config(path, cfg, parse)
@@ -311,7 +320,7 @@ def open_quamba(path: Path | str) -> QuambaCheckpoint:
     return QuambaCheckpoint(path, cfg, sd, dims, kinds)
 
 
-def _linear_entries(prefix: str, w: QTensor, s_in: float, s_out: float | None) -> dict:
+def linear_entries(prefix: str, w: QTensor, s_in: float, s_out: float | None) -> dict:
     """W8A8B8O8Linear.from_fp16 (qLinearLayer.py:565-587), or W8A8B16O16Linear (771-784) when s_out is None."""
     codes = w.codes
     n_out = codes.shape[0]
@@ -325,20 +334,20 @@ def _linear_entries(prefix: str, w: QTensor, s_in: float, s_out: float | None) -
             prefix + ".b": torch.tensor([[w.scale]], dtype=torch.float32), prefix + ".alpha": alpha}
 
 
-def _layer_entries(i: int, p, s: LayerScales, d: ModelDims) -> dict:
+def layer_entries(i: int, p, s: LayerScales, d: ModelDims) -> dict:
     """One block's state-dict entries from int8 LayerParams p and its scales (W8A8QMamba.from_fp16)."""
     k = f"backbone.layers.{i}."
     norm = torch.ones(d.d_model, dtype=torch.float16) if p.norm_weight is None else p.norm_weight.to(torch.float16)
     out = {k + "norm.weight": norm, k + "norm.output_scale": f32(s.s_in)}
-    out.update(_linear_entries(k + "mixer.in_proj", p.in_proj, s.s_in, s.s_xz))
+    out.update(linear_entries(k + "mixer.in_proj", p.in_proj, s.s_in, s.s_xz))
     c = k + "mixer.conv1d."
     out[c + "weight"] = p.conv_weight.codes.contiguous()
     if p.conv_bias is not None:
         out[c + "bias"] = p.conv_bias.codes.contiguous()
     out.update({c + "weight_scale": p.conv_weight.scale, c + "bias_scale": 1.0 if p.conv_bias is None else p.conv_bias.scale,
                 c + "input_scale": s.s_xz, c + "output_scale": s.s_u})
-    out.update(_linear_entries(k + "mixer.x_proj", p.x_proj, s.s_u, s.s_xp))
-    out.update(_linear_entries(k + "mixer.dt_proj", p.dt_proj, s.s_xp, s.s_dt))  # dt_proj reads s_xp (qMambaLayer.py:867)
+    out.update(linear_entries(k + "mixer.x_proj", p.x_proj, s.s_u, s.s_xp))
+    out.update(linear_entries(k + "mixer.dt_proj", p.dt_proj, s.s_xp, s.s_dt))  # dt_proj reads s_xp (qMambaLayer.py:867)
     q = k + "mixer.selective_scan."
     t = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
     b_scale = t(s.s_xp)  # B_scale and C_scale are one storage (qSelectiveScan.py:131-132, spec notes §2.7)
@@ -347,7 +356,7 @@ def _layer_entries(i: int, p, s: LayerScales, d: ModelDims) -> dict:
                 q + "dt_scale": t(s.s_dt), q + "B_scale": b_scale, q + "C_scale": b_scale, q + "z_scale": t(s.s_xz),
                 q + "ssm_state_scale": t(s.s_h)})
     out[k + "mixer.had.x_H_scale"] = s.s_H
-    out.update(_linear_entries(k + "mixer.out_proj", p.out_proj, s.s_H, None))
+    out.update(linear_entries(k + "mixer.out_proj", p.out_proj, s.s_H, None))
     return out
 
 
@@ -362,12 +371,12 @@ def write_quamba(out_dir: Path, dims: ModelDims, config: dict, layers: list, sca
     """
     sd: OrderedDict = OrderedDict(embedding)
     for i, (p, s) in enumerate(zip(layers, scales)):
-        sd.update(_layer_entries(i, p, s, dims))
+        sd.update(layer_entries(i, p, s, dims))
     sd["backbone.norm_f.weight"] = torch.ones(dims.d_model, dtype=torch.float16)  # folded (modelutils_mamba.py:69)
     if isinstance(lm_head, QTensor):
         assert lm_head_input_scale is not None, "a quantized lm_head needs its input scale"
         sd["backbone.norm_f.output_scale"] = lm_head_input_scale  # QRMSNorm.store_hook (qNorm.py:38-39)
-        sd.update(_linear_entries("lm_head", lm_head, lm_head_input_scale, None))
+        sd.update(linear_entries("lm_head", lm_head, lm_head_input_scale, None))
     else:
         sd["lm_head.weight"] = lm_head.to(torch.float16)
     torch.save(sd, out_dir / "pytorch_model.bin")

@@ -18,25 +18,26 @@ import torch
 from ...checkpoints.loading import ModelDirError, check_dims
 from ...spec import ModelDims
 
-__all__ = ["SUPPORTED", "unsupported", "config_dims", "mamba1_sizes", "check_blocks_present", "check_values"]
+__all__ = ["SUPPORTED", "unsupported", "config_dims", "mamba1_sizes", "check_blocks_present", "check_values",
+           "INT", "NUM", "show_value", "config_field", "layer_kind"]
 
 SUPPORTED = ("Quamba1 W8A8 Mamba-1 checkpoints: ssm_cfg.layer W8A8QMamba, norm_cfg.norm QRMSNorm, "
              "embedding_cfg.layer Embedding or W8O16Embedding, lm_head_cfg.layer Linear or W8A8B16O16Linear")
 _REQUIRED = object()
-_INT, _NUM = "an integer", "a number"
-_JSON = {_INT: "integer", _NUM: "number", "a string": "string", "a table": "object", "a list": "array"}
+INT, NUM = "an integer", "a number"
+_JSON = {INT: "integer", NUM: "number", "a string": "string", "a table": "object", "a list": "array"}
 
 
 def unsupported(path: Path | None, what: str) -> ModelDirError:
     return ModelDirError(f"{path}: {what} is not supported; supported: {SUPPORTED}")
 
 
-def _show(value) -> str:
+def show_value(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _field(path: Path | None, table: dict, name: str, kind: str, default=_REQUIRED, prefix: str = ""):
+def config_field(path: Path | None, table: dict, name: str, kind: str, default=_REQUIRED, prefix: str = ""):
     """table[name] checked against kind (an integer, a number, a string, a table, a list); a missing or null
     field takes default; a missing required field is the KeyError open_quamba reports."""
     if name not in table or (table[name] is None and default is not _REQUIRED):
@@ -44,27 +45,27 @@ def _field(path: Path | None, table: dict, name: str, kind: str, default=_REQUIR
             raise KeyError(prefix + name)
         return default
     value = table[name]
-    ok = {_INT: lambda v: type(v) is int, _NUM: lambda v: type(v) in (int, float),
+    ok = {INT: lambda v: type(v) is int, NUM: lambda v: type(v) in (int, float),
           "a string": lambda v: type(v) is str, "a table": lambda v: isinstance(v, dict),
           "a list": lambda v: isinstance(v, list)}[kind](value)
     if not ok:
         raise ModelDirError(f"{path}/config.json: field {prefix + name!r} must be {kind} "
-                            f"(a JSON {_JSON[kind]}), got {_show(value)}")
+                            f"(a JSON {_JSON[kind]}), got {show_value(value)}")
     return value
 
 
-def _layer_kind(path: Path | None, table: dict, name: str, prefix: str, default: str) -> str:
-    return _field(path, _field(path, table, prefix, "a table", {}), name, "a string", default, prefix + ".")
+def layer_kind(path: Path | None, table: dict, name: str, prefix: str, default: str) -> str:
+    return config_field(path, config_field(path, table, prefix, "a table", {}), name, "a string", default, prefix + ".")
 
 
 def w8a8_head_kinds(path: Path | None, cfg: dict, refuse) -> dict:
     """The W8A8 checkpoint's norm (QRMSNorm), embedding and lm_head classes, each one Quamba's W8A8 writes, else
     ``refuse(path, what)`` (the caller's ModelDirError naming what is supported)."""
-    norm = _layer_kind(path, cfg, "norm", "norm_cfg", "QRMSNorm")
+    norm = layer_kind(path, cfg, "norm", "norm_cfg", "QRMSNorm")
     if norm != "QRMSNorm":
         raise refuse(path, f"norm_cfg.norm {norm!r}")
-    kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),  # quamba_mixer_seq.py:290
-             "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}  # quamba_mixer_seq.py:412
+    kinds = {"embedding": layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),  # quamba_mixer_seq.py:290
+             "lm_head": layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}  # quamba_mixer_seq.py:412
     if kinds["embedding"] not in ("Embedding", "W8O16Embedding"):
         raise refuse(path, f"embedding_cfg.layer {kinds['embedding']!r}")
     if kinds["lm_head"] not in ("Linear", "W8A8B16O16Linear"):
@@ -75,11 +76,11 @@ def w8a8_head_kinds(path: Path | None, cfg: dict, refuse) -> dict:
 def config_dims(path: Path | None, cfg: dict) -> tuple[ModelDims, dict]:
     """The sizes Quamba builds from config.json (quamba_mixer_seq.py, qMambaLayer.py:761-788 defaults), and
     the embedding and lm_head kinds; every field checked by type, every size by range (loading.check_dims)."""
-    ssm = _field(path, cfg, "ssm_cfg", "a table", {})
+    ssm = config_field(path, cfg, "ssm_cfg", "a table", {})
     layer = ssm.get("layer", "W8A8QMamba2")  # quamba_mixer_seq.py:102 defaults to Mamba-2
     if cfg.get("is_hybrid") or isinstance(layer, list):
         raise unsupported(path, "a hybrid (per-layer W4/W8 mix, is_hybrid) checkpoint")
-    layer = _field(path, ssm, "layer", "a string", layer, "ssm_cfg.")
+    layer = config_field(path, ssm, "layer", "a string", layer, "ssm_cfg.")
     if layer.endswith("Mamba2"):
         raise unsupported(path, f"a Mamba-2 (Quamba2) checkpoint (ssm_cfg.layer {layer!r})")
     if layer != "W8A8QMamba":
@@ -91,26 +92,26 @@ def config_dims(path: Path | None, cfg: dict) -> tuple[ModelDims, dict]:
 def mamba1_sizes(path: Path | None, cfg: dict, ssm: dict, refuse) -> ModelDims:
     """config_dims's sizes of a Mamba-1 Quamba config (also Quamba2's W4 Mamba-1 checkpoints, checkpoints.quamba1_w4);
     ``refuse(path, what)``: the caller's ModelDirError for an MLP or attention layer."""
-    if _field(path, cfg, "d_intermediate", _INT, 0) != 0 or _field(path, cfg, "attn_layer_idx", "a list", None):
+    if config_field(path, cfg, "d_intermediate", INT, 0) != 0 or config_field(path, cfg, "attn_layer_idx", "a list", None):
         raise refuse(path, "a checkpoint with MLP (d_intermediate) or attention layers")
-    d_model = _field(path, cfg, "d_model", _INT)
+    d_model = config_field(path, cfg, "d_model", INT)
     rank = ssm.get("dt_rank", "auto")
     if rank != "auto":
-        rank = _field(path, ssm, "dt_rank", _INT, prefix="ssm_cfg.")
-    vocab = _field(path, cfg, "vocab_size", _INT)
-    mult = _field(path, cfg, "pad_vocab_size_multiple", _INT, 8)
+        rank = config_field(path, ssm, "dt_rank", INT, prefix="ssm_cfg.")
+    vocab = config_field(path, cfg, "vocab_size", INT)
+    mult = config_field(path, cfg, "pad_vocab_size_multiple", INT, 8)
     if not 0 < mult <= 1 << 20:
         raise ModelDirError(f"{path}/config.json: field 'pad_vocab_size_multiple' must be an integer from 1 to "
-                            f"2^20, got {_show(mult)}")
+                            f"2^20, got {show_value(mult)}")
     vocab += (mult - vocab % mult) % mult  # quamba_mixer_seq.py:371-372
-    expand = _field(path, ssm, "expand", _NUM, 2, "ssm_cfg.")
-    eps = _field(path, cfg, "norm_epsilon", _NUM, 1e-5)
+    expand = config_field(path, ssm, "expand", NUM, 2, "ssm_cfg.")
+    eps = config_field(path, cfg, "norm_epsilon", NUM, 1e-5)
     d_inner = expand * d_model  # an int, or a float that may be inf (refused by check_dims as 0)
     dims = ModelDims(d_model=d_model, d_inner=int(d_inner) if math.isfinite(d_inner) else 0,
-                     d_state=_field(path, ssm, "d_state", _INT, 16, "ssm_cfg."),
-                     d_conv=_field(path, ssm, "d_conv", _INT, 4, "ssm_cfg."),
+                     d_state=config_field(path, ssm, "d_state", INT, 16, "ssm_cfg."),
+                     d_conv=config_field(path, ssm, "d_conv", INT, 4, "ssm_cfg."),
                      dt_rank=-(-d_model // 16) if rank == "auto" else rank,  # ceil, exact for any int
-                     n_layer=_field(path, cfg, "n_layer", _INT), vocab_size=vocab, norm_eps=float(eps))
+                     n_layer=config_field(path, cfg, "n_layer", INT), vocab_size=vocab, norm_eps=float(eps))
     check_dims(path, dims)
     return dims
 

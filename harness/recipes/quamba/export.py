@@ -29,7 +29,7 @@ from .observers import MinMaxObserver
 from ...kernels.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
 from ...spec import FloatOut
 from ..registry import Exporter, exporters, get_exporter
-from .checkpoint import is_quamba_dir, write_quamba
+from .checkpoint import PAD_VOCAB, is_quamba_dir, pad_rows, write_quamba
 from ...store.files import StorageError, is_regular
 from ...runner.weightbank import WeightBank, lm_head_weight
 from .q2.export import check_q2_export, export_q2_files
@@ -40,7 +40,6 @@ __all__ = ["ExportConfig", "ExportError", "export", "TOKENIZER_FILES", "INPUT_ER
 BUILTIN_EXPORTS = ("w8a8", "w4a8", "w4a16")  # --recipe: these, or a registered Exporter's name (a plugin's)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
-_PAD_VOCAB = 8  # MambaConfig.pad_vocab_size_multiple default; QuambaLMHeadModel pads (quamba_mixer_seq.py:371-372)
 
 
 class ExportError(ValueError):
@@ -59,9 +58,6 @@ class ExportConfig:
     quantize_lm_head: bool = False
     recipe: str = "w8a8"  # Quamba2's recipes for a Mamba-2 model (export_q2.Q2_RECIPES); Mamba-1: also w4a8, w4a16
 
-
-def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0])) if t.shape[0] < rows else t
 
 
 def _lm_head_input_scale(bank: WeightBank, windows: torch.Tensor, batch_size: int, depth: int,
@@ -85,7 +81,7 @@ def _config(dims, vocab: int, embedding_layer: str, lm_head_layer: str) -> dict:
     ssm["layer"] = "W8A8QMamba"
     return {"d_model": dims.d_model, "d_intermediate": 0, "n_layer": dims.n_layer, "vocab_size": vocab,
             "ssm_cfg": ssm, "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True,
-            "fused_add_norm": True, "pad_vocab_size_multiple": _PAD_VOCAB, "tie_embeddings": False,
+            "fused_add_norm": True, "pad_vocab_size_multiple": PAD_VOCAB, "tie_embeddings": False,
             "norm_cfg": {"norm": "QRMSNorm"}, "embedding_cfg": {"layer": embedding_layer},
             "lm_head_cfg": {"layer": lm_head_layer}}
 
@@ -160,16 +156,16 @@ def export(cfg: ExportConfig, emit: Callable[[str], None] = print, progress: Pro
             bank.release(i)  # keep only the int8 codes of the blocks already done
             progress.advance()
     vocab = dims.vocab_size
-    rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
+    rows = vocab + (PAD_VOCAB - vocab % PAD_VOCAB) % PAD_VOCAB
     # the rotated fp16 rows the int8 modes embed with (Quamba1: fp16, not quantized)
     table = bank.embed(torch.arange(vocab)[None], True, torch.float16, "quamba", "int8")[0].to(torch.float16)
-    table = _pad_rows(table, rows)
+    table = pad_rows(table, rows)
     if cfg.quantize_embedding:
         codes, scales = quantize_rows_signed_max_fp16(table)
         embedding = {"backbone.embedding.weight": codes, "backbone.embedding.scales": scales}
     else:
         embedding = {"backbone.embedding.weight": table}
-    lm_head = _pad_rows(lm_head_weight(ckpt).to(torch.float16), rows)
+    lm_head = pad_rows(lm_head_weight(ckpt).to(torch.float16), rows)
     if cfg.quantize_lm_head:  # W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785)
         lm_head = quantize_weight_fp16(lm_head)
     config = _config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..registry import CheckpointFormat, register_checkpoint_format
 from ...checkpoints.loading import ModelDirError
-from .checkpoint import _QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _read_config, is_quamba_dir, open_quamba
+from .checkpoint import QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, read_config, is_quamba_dir, open_quamba
 from .pairing import check_pair
 from .q2.checkpoint import is_quamba2_config, open_quamba2
 from .q2.checkpoint_checks import SUPPORTED2
@@ -18,7 +18,7 @@ __all__ = ["register_formats", "open_any_quamba", "QUAMBA_FORMAT"]
 
 def open_any_quamba(path: Path | str) -> QuambaCheckpoint:
     """A Quamba checkpoint directory (is_quamba_dir): Quamba2's or Quamba1's reader by its config."""
-    cfg = _read_config(Path(path))
+    cfg = read_config(Path(path))
     if cfg is not None and is_quamba2_config(cfg):
         if is_w4_config(cfg):
             return open_quamba2_w4(path)
@@ -27,7 +27,7 @@ def open_any_quamba(path: Path | str) -> QuambaCheckpoint:
         return open_quamba1_w4(path)
     ssm = cfg.get("ssm_cfg") if cfg is not None and isinstance(cfg.get("ssm_cfg"), dict) else {}
     layer = ssm.get("layer", "W8A8QMamba")
-    if isinstance(layer, str) and layer not in _QUAMBA_MIXERS:  # quamba_mixer_seq.py:82-85
+    if isinstance(layer, str) and layer not in QUAMBA_MIXERS:  # quamba_mixer_seq.py:82-85
         raise ModelDirError(f"{path}: ssm_cfg.layer {layer!r} is not supported; supported: {SUPPORTED}; {SUPPORTED2}")
     return open_quamba(path)
 

@@ -36,6 +36,7 @@ def build_q2_mamba2_block(recipe: ModeRecipe, raw: dict | None, scales: Q2Scales
 def build_blocks(recipe: ModeRecipe, bank, scales: list[Q2Scales], depth: int, calibration: bool = False) -> list:
     """Blocks 0..depth: a Quamba2 checkpoint's own codes where the bank holds one (WeightBank.q2_given), else the
     float model's tensors quantized with the calibrated scales."""
-    given = getattr(bank, "q2_given", lambda _i: None)
-    return [build_q2_mamba2_block(recipe, None, scales[i], bank.dims, i, params=p) if (p := given(i)) is not None
+    given = getattr(bank, "q2_given", lambda _i, _k: None)
+    return [build_q2_mamba2_block(recipe, None, scales[i], bank.dims, i, params=p)
+            if (p := given(i, recipe.calibration_key)) is not None
             else build_q2_mamba2_block(recipe, bank.raw(i), scales[i], bank.dims, i) for i in range(depth + 1)]

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ....checkpoints.loading import ModelDirError
-from ..checkpoint import (_QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, _describe, _kind_ok, _read_config, check_spec,
+from ..checkpoint import (QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, describe_kind, kind_ok, read_config, check_spec,
                      open_quamba, open_w8a8, pad16)
 from .checkpoint_checks import NONE, SUPPORTED2, check_q2_values, q2_config_dims, q2_layer_spec
 from ..checkpoint_checks import check_values
@@ -46,11 +46,11 @@ def is_quamba2_config(cfg: dict) -> bool:
 
 
 def _ok(value, kind) -> bool:
-    return value is None if kind == NONE else _kind_ok(value, kind)
+    return value is None if kind == NONE else kind_ok(value, kind)
 
 
 def _what(kind) -> str:
-    return "None (QRMSNormGated's fp16 output)" if kind == NONE else _describe(kind)
+    return "None (QRMSNormGated's fp16 output)" if kind == NONE else describe_kind(kind)
 
 
 class Quamba2Checkpoint(QuambaCheckpoint):
@@ -210,7 +210,7 @@ def write_quamba2(out_dir: Path, config: dict, blocks: list[dict], *, embedding:
                   lm_head_input_scale: float | None = None, d_model: int) -> None:
     """config.json and pytorch_model.bin into out_dir (the caller renames it into place); blocks: q2_state_dict
     of each block; embedding and lm_head as checkpoints.quamba.write_quamba takes them."""
-    from ..checkpoint import _linear_entries
+    from ..checkpoint import linear_entries
 
     sd: OrderedDict = OrderedDict(embedding)
     for block in blocks:
@@ -219,7 +219,7 @@ def write_quamba2(out_dir: Path, config: dict, blocks: list[dict], *, embedding:
     if isinstance(lm_head, QTensor):
         assert lm_head_input_scale is not None, "a quantized lm_head needs its input scale"
         sd["backbone.norm_f.output_scale"] = lm_head_input_scale
-        sd.update(_linear_entries("lm_head", lm_head, lm_head_input_scale, None))
+        sd.update(linear_entries("lm_head", lm_head, lm_head_input_scale, None))
     else:
         sd["lm_head.weight"] = lm_head.to(torch.float16)
     torch.save(sd, out_dir / "pytorch_model.bin")

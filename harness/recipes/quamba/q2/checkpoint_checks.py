@@ -21,7 +21,7 @@ import torch
 from ....checkpoints.loading import ModelDirError
 from ....architectures.mamba2.config import mamba2_dims
 from ..checkpoint import F, T0, T11, pad16
-from ..checkpoint_checks import _INT, _NUM, _field, _show, w8a8_head_kinds
+from ..checkpoint_checks import INT, NUM, config_field, show_value, w8a8_head_kinds
 from ....spec import Mamba2Dims
 
 __all__ = ["SUPPORTED2", "NONE", "N_HEAD_GROUPS", "N_DIM_GROUPS", "q2_unsupported", "q2_config_dims", "q2_sizes", "q2_layer_spec",
@@ -43,7 +43,7 @@ def _q2_layer(path: Path | None, cfg: dict, ssm: dict) -> None:
     layer = ssm.get("layer", "W8A8QMamba2")  # quamba_mixer_seq.py:102 defaults to W8A8QMamba2
     if cfg.get("is_hybrid") or isinstance(layer, list):
         raise q2_unsupported(path, "a hybrid W4AX checkpoint (is_hybrid, per-layer ssm_cfg.layer lists)")
-    layer = _field(path, ssm, "layer", "a string", layer, "ssm_cfg.")
+    layer = config_field(path, ssm, "layer", "a string", layer, "ssm_cfg.")
     if layer in _W4:
         raise q2_unsupported(path, f"ssm_cfg.layer {layer!r}, {_W4[layer]}")
     if layer != "W8A8QMamba2":
@@ -53,12 +53,12 @@ def _q2_layer(path: Path | None, cfg: dict, ssm: dict) -> None:
 def q2_config_dims(path: Path | None, cfg: dict) -> tuple[Mamba2Dims, dict]:
     """The Mamba2Dims Quamba builds from config.json (W8A8QMamba2's defaults equal Mamba2's, qMamba2.py:1073-1101)
     and the embedding and lm_head kinds; every field checked by type, every size by range."""
-    ssm = _field(path, cfg, "ssm_cfg", "a table", {})
+    ssm = config_field(path, cfg, "ssm_cfg", "a table", {})
     _q2_layer(path, cfg, ssm)
-    if _field(path, cfg, "attn_layer_idx", "a list", None):
+    if config_field(path, cfg, "attn_layer_idx", "a list", None):
         raise q2_unsupported(path, "a checkpoint with attention layers (attn_layer_idx; Quamba leaves them "
                                    "unquantized, quamba_mixer_seq.py:112)")
-    if _field(path, cfg, "d_intermediate", _INT, 0) != 0:
+    if config_field(path, cfg, "d_intermediate", INT, 0) != 0:
         raise q2_unsupported(path, "a checkpoint with MLP layers (d_intermediate)")
     kinds = w8a8_head_kinds(path, cfg, q2_unsupported)
     return q2_sizes(path, cfg, ssm), kinds
@@ -67,15 +67,15 @@ def q2_config_dims(path: Path | None, cfg: dict) -> tuple[Mamba2Dims, dict]:
 def q2_sizes(path: Path | None, cfg: dict, ssm: dict) -> Mamba2Dims:
     """The Mamba-2 sizes of a Quamba2 config.json (any recipe), every field checked by type and range."""
     for name in ("d_model", "n_layer", "vocab_size"):
-        _field(path, cfg, name, _INT)
+        config_field(path, cfg, name, INT)
     for name in ("d_state", "d_conv", "headdim", "ngroups", "chunk_size"):
-        _field(path, ssm, name, _INT, 0, "ssm_cfg.")
-    _field(path, ssm, "expand", _INT, 2, "ssm_cfg.")
-    _field(path, cfg, "norm_epsilon", _NUM, 1e-5)
-    mult = _field(path, cfg, "pad_vocab_size_multiple", _INT, 8)
+        config_field(path, ssm, name, INT, 0, "ssm_cfg.")
+    config_field(path, ssm, "expand", INT, 2, "ssm_cfg.")
+    config_field(path, cfg, "norm_epsilon", NUM, 1e-5)
+    mult = config_field(path, cfg, "pad_vocab_size_multiple", INT, 8)
     if not 0 < mult <= 1 << 20:
         raise ModelDirError(f"{path}/config.json: field 'pad_vocab_size_multiple' must be an integer from 1 to "
-                            f"2^20, got {_show(mult)}")
+                            f"2^20, got {show_value(mult)}")
     vocab = cfg["vocab_size"] + (mult - cfg["vocab_size"] % mult) % mult  # quamba_mixer_seq.py:371-372
     try:
         _, dims = mamba2_dims(Path(path or "."), {**cfg, "ssm_cfg": {**ssm, "layer": "Mamba2"}}, vocab)

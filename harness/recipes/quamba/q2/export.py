@@ -16,6 +16,7 @@ import torch
 from ..families import calibrate_key
 from ....runner.forwards import build_head
 from ....runner.weightbank import WeightBank
+from ..checkpoint import PAD_VOCAB, pad_rows
 from .checkpoint import q2_state_dict, write_quamba2
 from .params import q2_params
 from .lm_head_scale import q2_lm_head_scale
@@ -27,7 +28,6 @@ from ....spec import Mamba2Dims
 __all__ = ["Q2_RECIPES", "check_q2_export", "q2_config", "export_q2_files"]
 
 Q2_RECIPES = ("w8a8", "w4a8", "w4a16")  # Quamba2's (utils.py:58-110, eval.sh:31-41); w4a8/w4a16: runner.export_q2w4
-_PAD_VOCAB = 8  # MambaConfig.pad_vocab_size_multiple default (quamba_mixer_seq.py:371-372)
 
 
 def check_q2_export(dims: Mamba2Dims, recipe: str) -> str | None:
@@ -49,13 +49,10 @@ def q2_config(dims: Mamba2Dims, vocab: int, embedding_layer: str, lm_head_layer:
            "headdim": dims.headdim, "ngroups": dims.ngroups, "chunk_size": dims.chunk_size, "layer": "W8A8QMamba2"}
     return {"d_model": dims.d_model, "d_intermediate": 0, "n_layer": dims.n_layer, "vocab_size": vocab,
             "ssm_cfg": ssm, "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True,
-            "fused_add_norm": True, "pad_vocab_size_multiple": _PAD_VOCAB, "tie_embeddings": False,
+            "fused_add_norm": True, "pad_vocab_size_multiple": PAD_VOCAB, "tie_embeddings": False,
             "norm_cfg": {"norm": "QRMSNorm"}, "embedding_cfg": {"layer": embedding_layer},
             "lm_head_cfg": {"layer": lm_head_layer}}
 
-
-def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0])) if t.shape[0] < rows else t
 
 
 def export_q2_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress) -> None:
@@ -80,16 +77,16 @@ def export_q2_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress) -> No
             bank.release(i)
             progress.advance()
     vocab = dims.vocab_size
-    rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
+    rows = vocab + (PAD_VOCAB - vocab % PAD_VOCAB) % PAD_VOCAB
     mode = get_mode("q2-w8a8")
     table = bank.embed(torch.arange(vocab)[None], True, torch.float16, mode.prep, mode.weights)[0].to(torch.float16)
-    table = _pad_rows(table, rows)
+    table = pad_rows(table, rows)
     if cfg.quantize_embedding:  # W8O16Embedding.from_fp16 (qEmbedding.py:81-91)
         codes, scales = quantize_rows_signed_max_fp16(table)
         embedding = {"backbone.embedding.weight": codes, "backbone.embedding.scales": scales}
     else:
         embedding = {"backbone.embedding.weight": table}
-    lm_head = _pad_rows(build_head(mode, bank).weight.to(torch.float16), rows)  # the mode's own fp16 head
+    lm_head = pad_rows(build_head(mode, bank).weight.to(torch.float16), rows)  # the mode's own fp16 head
     if cfg.quantize_lm_head:  # W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785)
         lm_head = quantize_weight_fp16(lm_head)
     config = q2_config(dims, vocab, "W8O16Embedding" if cfg.quantize_embedding else "Embedding",

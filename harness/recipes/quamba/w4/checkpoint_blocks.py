@@ -27,15 +27,16 @@ from pathlib import Path
 import torch
 
 from ....checkpoints.loading import ModelDirError, refuse_in
-from ..checkpoint import F, T0, _describe, _kind_ok, _read_config, check_spec, load_state_dict, parse_config
+from ..checkpoint import F, T0, describe_kind, kind_ok, read_config, check_spec, load_state_dict, parse_config
 from ..q2.checkpoint_checks import bad_scale, check_q2_grouped, q2_layer_spec, q2_sizes, q2_unsupported
-from ..checkpoint_checks import _field, check_blocks_present, check_values
+from ..checkpoint_checks import config_field, check_blocks_present, check_values
 from ....kernels.int4 import Int4Weight
 from ....kernels.marlin import unpack_marlin, unpack_marlin_qqq
 from ....spec import Mamba2Dims
 from ....store.files import is_regular
 
-__all__ = ["W4Block", "W4_MIXERS", "w4_plan", "w4_block_spec", "read_w4_blocks", "check_w4_blocks", "load_w4"]
+__all__ = ["W4Block", "W4_MIXERS", "w4_plan", "w4_block_spec", "read_w4_blocks", "check_w4_blocks", "load_w4",
+           "marlin_spec", "w4_kind_ok", "w4_describe_kind", "check_marlin"]
 
 W4_MIXERS = {"W4A8QMamba2": "W4A8", "W4A16QMamba2": "W4A16"}
 _NORMS = {"W4A8": "QRMSNorm", "W4A16": "RMSNorm"}  # quantize_norm_a8 / the fp16 norm (modelutils_mamba.py:516-572)
@@ -62,10 +63,10 @@ def _pad(n: int, m: int) -> int:
 
 def w4_plan(path: Path | None, cfg: dict) -> tuple[Mamba2Dims, list[list[tuple[str, str, str]]]]:
     """(dims, per layer the (recipe, mixer prefix, norm prefix) of each mixer it stores)."""
-    ssm = _field(path, cfg, "ssm_cfg", "a table", {})
+    ssm = config_field(path, cfg, "ssm_cfg", "a table", {})
     layer = ssm.get("layer", "W8A8QMamba2")
     dims = q2_sizes(path, cfg, ssm)
-    if _field(path, cfg, "attn_layer_idx", "a list", None):
+    if config_field(path, cfg, "attn_layer_idx", "a list", None):
         raise q2_unsupported(path, "a checkpoint with attention layers (attn_layer_idx)")
     if not (cfg.get("is_hybrid") or isinstance(layer, list)):
         if layer not in W4_MIXERS:
@@ -89,7 +90,7 @@ def w4_plan(path: Path | None, cfg: dict) -> tuple[Mamba2Dims, list[list[tuple[s
     return dims, plan
 
 
-def _marlin(m: str, name: str, k: int, n: int, w4a8: bool) -> dict:
+def marlin_spec(m: str, name: str, k: int, n: int, w4a8: bool) -> dict:
     n_pad = _pad(n, 64 if w4a8 else 256)
     spec = {f"{m}{name}.workspace": (torch.int32, ((n_pad // 64) * 16,)),
             f"{m}{name}.weight": (torch.int32, (k // 16, n_pad * 2))}
@@ -105,7 +106,7 @@ def w4_block_spec(d: Mamba2Dims, i: int, recipe: str, m: str, nrm: str, conv_bia
     """key -> kind for one W4 mixer (module docstring); FLOAT tensors as (FLOAT, shape)."""
     n_in = 2 * d.d_inner + 2 * d.ngroups * d.d_state + d.nheads
     spec = {nrm + "weight": (torch.float16, (d.d_model,))}
-    spec.update(_marlin(m, "in_proj", d.d_model, n_in, recipe == "W4A8"))
+    spec.update(marlin_spec(m, "in_proj", d.d_model, n_in, recipe == "W4A8"))
     if recipe == "W4A8":
         spec[nrm + "output_scale"] = F
         base, bm = q2_layer_spec(d, i, conv_bias), f"backbone.layers.{i}.mixer."
@@ -117,23 +118,23 @@ def w4_block_spec(d: Mamba2Dims, i: int, recipe: str, m: str, nrm: str, conv_bia
                      m + "norm.weight": (FLOAT, (d.d_inner,))})
         if conv_bias:
             spec[m + "conv1d.bias"] = (FLOAT, (d.conv_dim,))
-    spec.update(_marlin(m, "out_proj", d.d_inner, d.d_model, recipe == "W4A8"))
+    spec.update(marlin_spec(m, "out_proj", d.d_inner, d.d_model, recipe == "W4A8"))
     return spec
 
 
-def _ok(v, kind) -> bool:
+def w4_kind_ok(v, kind) -> bool:
     if isinstance(kind, tuple) and kind[0] == FLOAT:
         return isinstance(v, torch.Tensor) and v.dtype.is_floating_point and tuple(v.shape) == kind[1]
-    return (v is None) if kind == "None" else _kind_ok(v, kind)
+    return (v is None) if kind == "None" else kind_ok(v, kind)
 
 
-def _what(kind) -> str:
+def w4_describe_kind(kind) -> str:
     if isinstance(kind, tuple) and kind[0] == FLOAT:
         return f"a floating-point tensor of shape {list(kind[1])}"
-    return "None" if kind == "None" else _describe(kind)
+    return "None" if kind == "None" else describe_kind(kind)
 
 
-def _check_marlin(f: Path, sd: dict, m: str, name: str, n: int, w4a8: bool) -> None:
+def check_marlin(f: Path, sd: dict, m: str, name: str, n: int, w4a8: bool) -> None:
     """Scales: s_channel's columns finite and > 0, group scales finite and >= 0 (an all-zero group has scale 0)."""
     key = f"{m}{name}.s_group" if w4a8 else f"{m}{name}.scale"
     bad = ~(torch.isfinite(sd[key]) & (sd[key] >= 0))
@@ -148,7 +149,7 @@ def _check_marlin(f: Path, sd: dict, m: str, name: str, n: int, w4a8: bool) -> N
 
 def load_w4(path: Path) -> tuple[dict, dict, Path]:
     """(config, state dict, the state dict's file) of a checkpoint directory, or ModelDirError."""
-    cfg = _read_config(path)
+    cfg = read_config(path)
     if cfg is None:
         raise ModelDirError(f"{path}: config.json is missing or not a JSON object")
     f = path / "pytorch_model.bin"
@@ -175,11 +176,11 @@ def check_w4_blocks(path: Path, cfg: dict, sd: dict, f: Path) -> tuple[Mamba2Dim
         layer = {}
         for recipe, m, nrm in mixers:
             spec = w4_block_spec(dims, i, recipe, m, nrm, m + "conv1d.bias" in sd)
-            check_spec(f, sd, spec, f"a {recipe} Quamba2 block", _ok, _what)
+            check_spec(f, sd, spec, f"a {recipe} Quamba2 block", w4_kind_ok, w4_describe_kind)
             check_values(f, sd, {k: v for k, v in spec.items() if v != "None"})  # scalars > 0, float tensors finite
             w4a8 = recipe == "W4A8"
-            _check_marlin(f, sd, m, "in_proj", n_in, w4a8)
-            _check_marlin(f, sd, m, "out_proj", dims.d_model, w4a8)
+            check_marlin(f, sd, m, "in_proj", n_in, w4a8)
+            check_marlin(f, sd, m, "out_proj", dims.d_model, w4a8)
             if w4a8:
                 check_q2_grouped(f, sd, dims, m)
             layer[recipe] = _block(sd, recipe, m, nrm, (n_in, dims.d_model), spec)

@@ -29,8 +29,8 @@ import torch
 
 from ....checkpoints.loading import ModelDirError
 from ..checkpoint import F, check_spec
-from .checkpoint_blocks import _marlin, _ok, _what
-from ..checkpoint_checks import _layer_kind, check_values
+from .checkpoint_blocks import marlin_spec, w4_kind_ok, w4_describe_kind
+from ..checkpoint_checks import layer_kind, check_values
 from ....kernels.marlin import unpack_marlin, unpack_marlin_qqq
 
 __all__ = ["W4_HEADS", "w4_head_kinds", "w4_top_spec", "check_w4_top", "w4_embedding_rows", "W4HeadMixin"]
@@ -44,8 +44,8 @@ _ROWS = 4096  # rows unpacked at a time (int64 temporaries)
 def w4_head_kinds(path: Path | None, cfg: dict, recipe: str, refuse) -> dict:
     """The embedding and lm_head classes of a W4 checkpoint of `recipe` ("W4A8" or "W4A16"): fp16 or
     W4O16Embedding, Linear or the recipe's W4 head; else ``refuse(path, what)`` (the caller's ModelDirError)."""
-    kinds = {"embedding": _layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),  # quamba_mixer_seq.py:290
-             "lm_head": _layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}  # quamba_mixer_seq.py:412
+    kinds = {"embedding": layer_kind(path, cfg, "layer", "embedding_cfg", "Embedding"),  # quamba_mixer_seq.py:290
+             "lm_head": layer_kind(path, cfg, "layer", "lm_head_cfg", "Linear")}  # quamba_mixer_seq.py:412
     if kinds["embedding"] not in ("Embedding", W4_EMBEDDING):
         raise refuse(path, f"embedding_cfg.layer {kinds['embedding']!r} with {recipe} "
                            f"(valid: Embedding, {W4_EMBEDDING})")
@@ -67,7 +67,7 @@ def w4_top_spec(d_model: int, vocab: int, kinds: dict, recipe: str) -> dict:
         return spec
     if recipe == "W4A8":  # QRMSNorm.store_hook: a Python float (qNorm.py:38-39)
         spec["backbone.norm_f.output_scale"] = F
-    spec.update(_marlin("", "lm_head", d_model, vocab, recipe == "W4A8"))
+    spec.update(marlin_spec("", "lm_head", d_model, vocab, recipe == "W4A8"))
     return spec
 
 
@@ -82,7 +82,7 @@ def check_w4_top(path: Path, f: Path, sd: dict, dims, kinds: dict, recipe: str, 
                             f"packs 128 or fewer in-features per channel, qLinearLayer.py:46, 177), got {d}; "
                             f"supported: {context}")
     spec = w4_top_spec(d, dims.vocab_size, kinds, recipe)
-    check_spec(f, sd, spec, context, _ok, _what)
+    check_spec(f, sd, spec, context, w4_kind_ok, w4_describe_kind)
     check_values(f, sd, spec)  # scales > 0 (input_scale, output_scale), float tensors finite
     if kinds["lm_head"] == "Linear":
         return

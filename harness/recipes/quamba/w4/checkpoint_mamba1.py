@@ -32,8 +32,8 @@ import torch
 
 from ....checkpoints.loading import ModelDirError
 from ..checkpoint import QuambaCheckpoint, check_spec, layer_spec, parse_config
-from .checkpoint_blocks import FLOAT, _check_marlin, _marlin, _ok, _what, load_w4
-from ..checkpoint_checks import _field, _layer_kind, check_blocks_present, check_values, mamba1_sizes
+from .checkpoint_blocks import FLOAT, check_marlin, marlin_spec, w4_kind_ok, w4_describe_kind, load_w4
+from ..checkpoint_checks import config_field, layer_kind, check_blocks_present, check_values, mamba1_sizes
 from .checkpoint_head import W4HeadMixin, check_w4_top, w4_head_kinds
 from .block_mamba1 import Q1W4Layer
 from ....kernels.int4 import Int4Weight
@@ -69,10 +69,10 @@ def _refuse(path: Path | None, what: str) -> ModelDirError:
 
 def m1w4_config(path: Path, cfg: dict) -> tuple[ModelDims, str, dict]:
     """(dims, recipe "W4A8" or "W4A16", the embedding and lm_head kinds) of a config.json, every field checked."""
-    ssm = _field(path, cfg, "ssm_cfg", "a table", {})
+    ssm = config_field(path, cfg, "ssm_cfg", "a table", {})
     layer = ssm["layer"]
     recipe = MIXERS[layer]
-    norm = _layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
+    norm = layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
     if norm != _NORM[recipe]:
         raise _refuse(path, f"norm_cfg.norm {norm!r} with {layer}")
     kinds = w4_head_kinds(path, cfg, recipe, _refuse)
@@ -98,7 +98,7 @@ def m1w4_block_spec(d: ModelDims, i: int, recipe: str, conv_bias: bool = True) -
         if conv_bias:
             spec[m + "conv1d.bias"] = (FLOAT, (E,))
     for name, k, n in zip(_LINEARS, (d.d_model, E, E), (2 * E, d.dt_rank + 2 * d.d_state, d.d_model)):
-        spec.update(_marlin(m, name, k, n, w4a8))
+        spec.update(marlin_spec(m, name, k, n, w4a8))
     return spec
 
 
@@ -178,11 +178,11 @@ def open_quamba1_w4(path: Path | str) -> Quamba1W4Checkpoint:
     w4a8 = recipe == "W4A8"
     for i in range(dims.n_layer):
         spec = m1w4_block_spec(dims, i, recipe, conv_bias)
-        check_spec(f, sd, spec, f"a {recipe}QMamba block; {SUPPORTED_M1W4}", _ok, _what)
+        check_spec(f, sd, spec, f"a {recipe}QMamba block; {SUPPORTED_M1W4}", w4_kind_ok, w4_describe_kind)
         check_values(f, sd, spec)
         m = f"backbone.layers.{i}.mixer."
         for name, n in zip(_LINEARS, (2 * dims.d_inner, dims.dt_rank + 2 * dims.d_state, dims.d_model)):
-            _check_marlin(f, sd, m, name, n, w4a8)
+            check_marlin(f, sd, m, name, n, w4a8)
         for a, b in _SAME if w4a8 else ():
             a, b = f"backbone.layers.{i}.{a}", f"backbone.layers.{i}.{b}"
             if float(sd[a]) != float(sd[b]):

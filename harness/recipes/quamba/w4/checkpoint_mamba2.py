@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from ....checkpoints.loading import ModelDirError
-from ..checkpoint import _read_config, parse_config
+from ..checkpoint import read_config, parse_config
 from ..q2.checkpoint import Quamba2Checkpoint
 from .checkpoint_blocks import W4_MIXERS, W4Block, check_w4_blocks, load_w4, w4_plan
-from ..checkpoint_checks import _layer_kind
+from ..checkpoint_checks import layer_kind
 from .checkpoint_head import W4HeadMixin, check_w4_top, w4_head_kinds
 from .block_mamba2 import Q2W4Layer
 from ....architectures.mamba2.weights import Mamba2Params
@@ -139,14 +139,14 @@ def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
     """Validate config, every block key (checkpoints.quamba2_w4) and the embedding, norm_f and lm_head keys, or
     raise ModelDirError naming what is wrong and what is valid."""
     path = Path(path)
-    cfg = _read_config(path)
+    cfg = read_config(path)
     ssm = cfg.get("ssm_cfg") if cfg is not None and isinstance(cfg.get("ssm_cfg"), dict) else {}
     if cfg is not None and (cfg.get("is_hybrid") or isinstance(ssm.get("layer"), list)):
         _refuse_hybrid(path, ssm.get("layer"))  # before any size or tensor is read
     cfg, sd, f = load_w4(path)
     dims, plan = parse_config(path, cfg, w4_plan)
     recipe = plan[0][0][0]
-    norm = _layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
+    norm = layer_kind(path, cfg, "norm", "norm_cfg", _NORM[recipe])
     if norm != _NORM[recipe]:
         raise _refuse(path, f"norm_cfg.norm {norm!r} with {recipe}QMamba2")
     kinds = w4_head_kinds(path, cfg, recipe, _refuse)

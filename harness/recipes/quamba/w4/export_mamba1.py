@@ -20,11 +20,10 @@ from dataclasses import replace
 import torch
 
 from ..families import calibrate_key
-from ..q2.export import _PAD_VOCAB, _pad_rows
-from .export_mamba2 import _marlin
+from .export_mamba2 import marlin_entries
 from ....runner.forwards import build_head
 from ....runner.weightbank import WeightBank
-from ..checkpoint import _layer_entries
+from ..checkpoint import PAD_VOCAB, layer_entries, pad_rows
 from .block_mamba1 import Q1W4Layer
 from ....architectures.mamba1.weights import LayerParams
 from ...registry import get_mode, on_architecture
@@ -42,7 +41,7 @@ def m1w4_block_state_dict(i: int, p: LayerParams, w4: Q1W4Layer, dims: ModelDims
     s = w4.scales
     if s is not None:
         zero = QTensor(torch.zeros(1, 1, dtype=torch.int8), 1.0)  # the int8 linears' entries are dropped below
-        base = _layer_entries(i, replace(p, in_proj=zero, x_proj=zero, out_proj=zero), s, dims)
+        base = layer_entries(i, replace(p, in_proj=zero, x_proj=zero, out_proj=zero), s, dims)
         sd = {key: v for key, v in base.items() if not key.startswith(tuple(m + n for n in _LINEARS))}
     else:
         h = lambda t: t.to(torch.float16).contiguous()  # noqa: E731  (fp16 values already)
@@ -54,7 +53,7 @@ def m1w4_block_state_dict(i: int, p: LayerParams, w4: Q1W4Layer, dims: ModelDims
             sd[m + "conv1d.bias"] = h(p.conv_bias)
     ins = (None, None, None) if s is None else (s.s_in, s.s_u, s.s_H)  # in_proj, x_proj, out_proj:input
     for name, w, s_in in zip(("in_proj", "x_proj", "out_proj"), (w4.in_proj, w4.x_proj, w4.out_proj), ins):
-        sd.update(_marlin(m + name, w, s_in))
+        sd.update(marlin_entries(m + name, w, s_in))
     return sd
 
 
@@ -71,9 +70,9 @@ def export_m1w4_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress, con
          f"layers 0..{depth}, {result.info['seconds']} s)")
     sd: OrderedDict = OrderedDict()
     vocab = dims.vocab_size
-    rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
+    rows = vocab + (PAD_VOCAB - vocab % PAD_VOCAB) % PAD_VOCAB
     table = bank.embed(torch.arange(vocab)[None], True, torch.float16, mode.prep, mode.weights)[0].to(torch.float16)
-    sd["backbone.embedding.weight"] = _pad_rows(table, rows)
+    sd["backbone.embedding.weight"] = pad_rows(table, rows)
     with progress.stage("packing the weights", dims.n_layer, "layers"):
         for i, w4 in enumerate(result.scales):
             p = bank.layer(i, "int8" if w4.scales is not None else "fp16", True, "quamba")
@@ -81,7 +80,7 @@ def export_m1w4_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress, con
             bank.release(i)
             progress.advance()
     sd["backbone.norm_f.weight"] = torch.ones(dims.d_model, dtype=torch.float16)  # folded (modelutils_mamba.py:69)
-    sd["lm_head.weight"] = _pad_rows(build_head(mode, bank).weight.to(torch.float16), rows)  # the mode's fp16 head
+    sd["lm_head.weight"] = pad_rows(build_head(mode, bank).weight.to(torch.float16), rows)  # the mode's fp16 head
     config["ssm_cfg"]["layer"] = "W4A8QMamba" if cfg.recipe == "w4a8" else "W4A16QMamba"
     config["norm_cfg"] = {"norm": "QRMSNorm" if cfg.recipe == "w4a8" else "RMSNorm"}  # modelutils_mamba.py:516-572
     torch.save(sd, tmp / "pytorch_model.bin")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from ..families import calibrate_key
-from ..q2.export import _PAD_VOCAB, _pad_rows, q2_config
+from ..checkpoint import PAD_VOCAB, pad_rows
+from ..q2.export import q2_config
 from ....runner.forwards import build_head
 from ....runner.weightbank import WeightBank
 from ..q2.checkpoint import q2_state_dict, write_quamba2
@@ -26,7 +27,7 @@ from ....architectures.mamba2.weights import float_layer_mamba2
 from ...registry import get_mode
 from ....spec import Mamba2Dims
 
-__all__ = ["check_q2w4_export", "export_q2w4_files", "w4_block_state_dict"]
+__all__ = ["check_q2w4_export", "export_q2w4_files", "w4_block_state_dict", "marlin_entries"]
 
 
 def check_q2w4_export(dims: Mamba2Dims, quantize_embedding: bool, quantize_lm_head: bool) -> str | None:
@@ -41,7 +42,7 @@ def check_q2w4_export(dims: Mamba2Dims, quantize_embedding: bool, quantize_lm_he
     return None
 
 
-def _marlin(prefix: str, w, input_scale: float | None) -> dict:
+def marlin_entries(prefix: str, w, input_scale: float | None) -> dict:
     out = {}
     if w.channel_scales is not None:
         weight, s_group, s_channel = pack_marlin_qqq(w)
@@ -71,8 +72,8 @@ def w4_block_state_dict(i: int, raw: dict, w4: Q2W4Layer, dims: Mamba2Dims) -> d
               m + "D": f.D.to(torch.float32).contiguous(), m + "norm.weight": h(f.gnorm_weight)}
         if f.conv_bias is not None:
             sd[m + "conv1d.bias"] = h(f.conv_bias)
-    sd.update(_marlin(m + "in_proj", w4.in_proj, None if s is None else s.s_in))
-    sd.update(_marlin(m + "out_proj", w4.out_proj, None if s is None else s.s_H))
+    sd.update(marlin_entries(m + "in_proj", w4.in_proj, None if s is None else s.s_in))
+    sd.update(marlin_entries(m + "out_proj", w4.out_proj, None if s is None else s.s_H))
     return sd
 
 
@@ -93,11 +94,11 @@ def export_q2w4_files(cfg, ckpt, windows: torch.Tensor, tmp, emit, progress) -> 
             bank.release(i)
             progress.advance()
     vocab = dims.vocab_size
-    rows = vocab + (_PAD_VOCAB - vocab % _PAD_VOCAB) % _PAD_VOCAB
+    rows = vocab + (PAD_VOCAB - vocab % PAD_VOCAB) % PAD_VOCAB
     table = bank.embed(torch.arange(vocab)[None], True, torch.float16, mode.prep, mode.weights)[0].to(torch.float16)
-    lm_head = _pad_rows(build_head(mode, bank).weight.to(torch.float16), rows)  # the mode's own fp16 head
+    lm_head = pad_rows(build_head(mode, bank).weight.to(torch.float16), rows)  # the mode's own fp16 head
     config = q2_config(dims, vocab, "Embedding", "Linear")
     config["ssm_cfg"]["layer"] = "W4A8QMamba2" if cfg.recipe == "w4a8" else "W4A16QMamba2"
     config["norm_cfg"] = {"norm": "QRMSNorm" if cfg.recipe == "w4a8" else "RMSNorm"}  # modelutils_mamba.py:516-572
-    write_quamba2(tmp, config, blocks, embedding={"backbone.embedding.weight": _pad_rows(table, rows)},
+    write_quamba2(tmp, config, blocks, embedding={"backbone.embedding.weight": pad_rows(table, rows)},
                   lm_head=lm_head, d_model=dims.d_model)
