@@ -26,7 +26,7 @@ run: $(STAMP)
 test: $(STAMP) $(EXTRAS_STAMP) chromium
 	$(PY) -m pytest -q
 
-# The optional extras the tests exercise: [cluster] (ray: tests/test_ray.py starts a local cluster),
+# The optional extras the tests exercise: [cluster] (ray: tests/runner/test_ray.py starts a local cluster),
 # [formats] (torchao: the MX/NVFP4 reference) and [quamba2] (scikit-learn: Quamba2's grouping). Installed
 # on first use (a no-op afterwards); where they cannot be installed (offline) those tests skip and say why.
 $(EXTRAS_STAMP): pyproject.toml $(STAMP)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
+# the fixture modules (models, checkpoints, helpers) that tests in every folder import by name
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 
 
 @pytest.fixture(autouse=True)

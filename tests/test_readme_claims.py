@@ -31,8 +31,8 @@ def test_lm_head_runs_only_with_end_to_end_or_sensitivity_as_the_readme_says(hf_
 def test_the_report_screenshot_is_the_summary_screen_the_docs_command_makes():
     from PIL import Image
 
-    command = re.search(r"docs/report\.png (\d+) (\d+)", (ROOT / "tests" / "browser.py").read_text())
-    assert command, "tests/browser.py documents the command that makes docs/report.png"
+    command = re.search(r"docs/report\.png (\d+) (\d+)", (ROOT / "tests" / "fixtures" / "browser.py").read_text())
+    assert command, "tests/fixtures/browser.py documents the command that makes docs/report.png"
     with Image.open(ROOT / "docs" / "report.png") as img:
         assert img.size == (int(command.group(1)), int(command.group(2)))
     assert "the first screen of the `make run` report: the summary" in (ROOT / "docs" / "report.md").read_text()

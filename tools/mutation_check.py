@@ -1,6 +1,6 @@
 """Check a surviving mutant by hand: apply it to the source, run the given tests, restore the source.
 
-    python tools/mutation_check.py MUTANT [PYTEST ARGS ...]     # e.g. tests/test_prep_and_state.py -k release
+    python tools/mutation_check.py MUTANT [PYTEST ARGS ...]     # e.g. tests/architectures/mamba1/test_prep_and_state.py -k release
     python tools/mutation_check.py --tested                     # every survivor with a [tested] verdict
 
 Prints "killed" (the tests fail with the mutant) or "SURVIVED", and exits 0 or 1. Needs a `make mutation`

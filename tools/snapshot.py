@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "fixtures")]
 
 ALL_MODES = ["fp32", "1", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"]
 M2_MODES = ["fp32", "1", "q2-w8a8", "q2-w4a8", "q2-w4a16"]
@@ -88,8 +88,8 @@ Q2_VARIANTS = {"modes": {
 
 
 def _q2_w4_ckpt(path: Path, recipe: str, head: bool) -> Path:
-    """A Quamba2 W4A8 / W4A16 checkpoint of a 2-layer Mamba-2 (tests/test_quamba2_w4_ckpt.py's), with head=True the
-    W4O16Embedding and the recipe's W4 lm_head as well (tests/test_quamba_w4head.py's)."""
+    """A Quamba2 W4A8 / W4A16 checkpoint of a 2-layer Mamba-2 (tests/recipes/quamba/w4/test_quamba2_w4_ckpt.py's), with head=True the
+    W4O16Embedding and the recipe's W4 lm_head as well (tests/recipes/quamba/w4/test_quamba_w4head.py's)."""
     import torch
     from conftest import TOKENIZER
     from marlin_fixture import w4_config, w4_state_dict
@@ -108,7 +108,7 @@ def _q2_w4_ckpt(path: Path, recipe: str, head: bool) -> Path:
 
 
 def _q1_w4_ckpt(path: Path, recipe: str, head: bool) -> Path:
-    """A Quamba2 W4A8 / W4A16 checkpoint of a 2-layer Mamba-1 (tests/quamba1_w4_fixture.py), with head=True the W4
+    """A Quamba2 W4A8 / W4A16 checkpoint of a 2-layer Mamba-1 (tests/fixtures/quamba1_w4_fixture.py), with head=True the W4
     embedding and lm_head as well."""
     from quamba1_w4_fixture import w4_mamba1_config, w4_mamba1_state_dict, write_w4_mamba1
     from w4head_fixture import add_w4_head

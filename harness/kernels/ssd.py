@@ -116,7 +116,7 @@ def ssd_ref(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Ten
 
 def _ssd_ref_allocating(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                         D: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """ssd_ref as first written, a new tensor per op: the oracle of its bits (tests/test_m2_speed.py)."""
+    """ssd_ref as first written, a new tensor per op: the oracle of its bits (tests/architectures/mamba2/test_m2_speed.py)."""
     b, L, h, p = x.shape
     A = -portable.exp(A_log.to(torch.float32).contiguous())
     Bh, Ch = _heads(B.float(), h), _heads(C.float(), h)

@@ -6,7 +6,7 @@ norm and in_proj on the same codes (``0`` and ``2-x``), four the same int8 conv 
 ``2-1``, ``2-2``), and two pairs the same scan (``2-0`` re-quantizes u losslessly, so it scans what
 ``0`` scans; ``2-1`` and ``2-2`` likewise), whose outputs are then bit-identical down to the block
 output. Every op of the emulation is deterministic on the CPU (same inputs, same thread count, same
-result), so taking the earlier result changes no number; ``tests/test_reuse.py`` proves that every
+result), so taking the earlier result changes no number; ``tests/runner/test_reuse.py`` proves that every
 array of every mode equals the one computed without sharing, bit for bit.
 
 Two calls are the same when the modules are of one class and hold the same settings (tensors and

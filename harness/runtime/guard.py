@@ -220,7 +220,7 @@ class OutputLock:
     lock file checks that the path still names that very file (the same inode) and that its holder is dead,
     and only then removes it, while no other racer can judge it; the others then find the path gone or
     holding a new lock, and try again. So of several runs started together on a stale lock, exactly one is
-    admitted (tests/test_lock_race.py).
+    admitted (tests/store/test_lock_race.py).
     """
 
     def __init__(self, output: Path) -> None:

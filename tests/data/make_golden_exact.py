@@ -1,6 +1,6 @@
 """Write tests/data/golden_exact.json: a fingerprint of every captured array of every built-in mode.
 
-The seeded 48-wide model of tests/test_golden_exact.py, every built-in mode re-defined
+The seeded 48-wide model of tests/architectures/mamba1/test_golden_exact.py, every built-in mode re-defined
 with prep=exact, both layers, every tap. A fingerprint is the array's float64 L2 norm
 and its dot products with four fixed +-1 vectors (numpy's PCG64, the same on every
 machine): values that survive a change of CPU within a measured tolerance, where a

@@ -1,5 +1,5 @@
 """Quamba2 W4A8, W4A16 and hybrid W4AX checkpoints: the blocks' Marlin linears unpacked to the codes and scales
-packed in by hand (tests/marlin_fixture.py), every other tensor handed back, and bad checkpoints refused."""
+packed in by hand (tests/fixtures/marlin_fixture.py), every other tensor handed back, and bad checkpoints refused."""
 from __future__ import annotations
 
 import json
@@ -107,7 +107,7 @@ def test_a_run_refuses_hybrid_checkpoints_naming_the_layers(tmp_path):
 
 @pytest.mark.parametrize("field, value", [("embedding_cfg", "W8O16Embedding"), ("lm_head_cfg", "W4A8B16O16Linear")])
 def test_other_recipes_embeddings_and_heads_are_refused_by_name(field, value, tmp_path):
-    """W4O16Embedding and W4A16B16O16Linear are read (tests/test_quamba_w4head.py); another recipe's are not."""
+    """W4O16Embedding and W4A16B16O16Linear are read (tests/recipes/quamba/w4/test_quamba_w4head.py); another recipe's are not."""
     sd, _ = w4_state_dict([["W4A16"], ["W4A16"]])
     cfg = w4_config([["W4A16"], ["W4A16"]])
     cfg[field] = {"layer": value}

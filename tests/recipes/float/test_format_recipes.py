@@ -13,9 +13,9 @@ from harness.modes import ModeError, load_modes_file
 from harness.recipes.registry import get_mode
 from harness.spec import FloatOut, FormatOut, ModelDims
 from harness.store.reader import load_capture
-from tests.helpers import run_modes
+from helpers import run_modes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "models" / "mamba-tiny"
 MODES = {"modes": {
     "hif": {"base": "fp32", "act_format": "hifp8"},

@@ -1,5 +1,5 @@
 """The brackets of percentiles.py where they are narrow, open or miss by one: error_metrics over chunks (a
-small _LEAF, as tests/test_fixed_costs.py does) and abs_percentiles still equal np.percentile exactly."""
+small _LEAF, as tests/runner/test_fixed_costs.py does) and abs_percentiles still equal np.percentile exactly."""
 import numpy as np
 import pytest
 

@@ -16,7 +16,7 @@ builds and MKL's AVX2 and COMPATIBLE paths; fp32 and mode 1 moved by up to 7.4e-
 MKL's float GEMMs (COMPATIBLE). The float modes get 1e-3. The quantized modes get 5e-2:
 their calibration runs float GEMMs too, and where a scale moves by a last bit on another CPU
 codes flip (the weights experiment above: 1.9e-2); a wrong rounding rule, scale or op order
-moves them further (tests/test_mode_contracts.py and the kernel oracles check those bit for bit).
+moves them further (tests/recipes/quamba/test_mode_contracts.py and the kernel oracles check those bit for bit).
 """
 import json
 import sys
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
 from make_golden_exact import MODES, capture, deviation, exact_modes_file  # noqa: E402
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_exact.json").read_text())
+GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "data" / "golden_exact.json").read_text())
 FLOAT_MODES = {"fp32", "1"}
 TOLERANCE = {"float": 1e-3, "quantized": 5e-2}
 

@@ -93,7 +93,7 @@ def test_mamba1_only_mode_is_exit_2(m2, tmp_path, capsys):
 
 
 def test_export_refuses_a_mamba2_w4_recipe(m2, tmp_path, capsys):
-    """A Mamba-2 model exports as Quamba2 W8A8 (tests/test_quamba2_export.py); its W4 recipes are not written."""
+    """A Mamba-2 model exports as Quamba2 W8A8 (tests/recipes/quamba/q2/test_quamba2_export.py); its W4 recipes are not written."""
     from harness.cli import export_main
     _, d = m2
     assert run_cli(export_main, ["--model", d, "--output_dir", tmp_path / "q", "--recipe", "w4a16"]) == 2

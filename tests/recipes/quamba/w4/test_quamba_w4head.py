@@ -1,6 +1,6 @@
 """Quamba2 W4A8 / W4A16 checkpoints exported with --quantize_embedding --quantize_lm_head (Quamba's eval.sh does for
 every W4 recipe): the W4O16Embedding and the recipe's W4 lm_head, hand-packed from Quamba's source
-(tests/w4head_fixture.py), are read and run as the kernels compute them, on Mamba-2 and Mamba-1; a malformed key
+(tests/fixtures/w4head_fixture.py), are read and run as the kernels compute them, on Mamba-2 and Mamba-1; a malformed key
 is exit 2 naming it."""
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # in a fresh interpreter: the heap of a long test session is fragmented, a new block need not sit at its top
 _PROBE = r"""

@@ -15,9 +15,9 @@ from harness.store.files import StorageError
 from harness.store.format import stats_path
 from harness.store.reader import load_capture
 from harness.store.schema import check_stats, nesting_depth
-from tests.helpers import FAST_CLI, run_cli
+from helpers import FAST_CLI, run_cli
 
-MODEL = Path(__file__).resolve().parents[1] / "models" / "mamba-tiny"
+MODEL = Path(__file__).resolve().parents[2] / "models" / "mamba-tiny"
 MODES = ["fp32", "0", "2-0", "2-1"]
 
 

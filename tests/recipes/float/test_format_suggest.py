@@ -6,7 +6,7 @@ import pytest
 from harness.cli import main
 from harness.modes import load_modes_file
 from harness.runner.suggest import choose, suggest
-from tests.helpers import run_cli
+from helpers import run_cli
 
 KL = {  # format -> block -> KL of that block alone in it; block 1 is the sensitive one
     "bf16": {0: 0.0, 1: 0.0, 2: 0.0},

@@ -197,7 +197,7 @@ def test_a_mamba1_run_has_no_q2_groups(tmp_path, capsys):
 
 def test_workers_give_the_serial_q2_groups(tmp_path):
     """--workers 2 (one unit per sample, merged in sample order): the same q2_groups as the serial run, bit for bit
-    (both with one torch thread, as tests/test_workers.py explains)."""
+    (both with one torch thread, as tests/runner/test_workers.py explains)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

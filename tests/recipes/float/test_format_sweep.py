@@ -13,7 +13,7 @@ from harness.formats import FORMATS, fake_quantize
 from harness.metrics.formats import FORMAT_METRICS, format_errors, reference
 from harness.report.formats import sweep_file
 from harness.store.format import write_pair
-from tests.helpers import run_cli
+from helpers import run_cli
 
 
 def test_one_reference_serves_every_format_with_the_numbers_of_a_direct_computation():

@@ -1,5 +1,5 @@
 """Round trip of the W4 modes through a Quamba2 W4A8 / W4A16 checkpoint: q2-w4a8 (q2-w4a16) run from a seeded
-float Mamba-2 (GPTQ), its Int4Weights packed with the test's Marlin packing (tests/marlin_fixture.py, written
+float Mamba-2 (GPTQ), its Int4Weights packed with the test's Marlin packing (tests/fixtures/marlin_fixture.py, written
 from Quamba's source) into a checkpoint together with the mode's scales, and run again from that checkpoint: every
 quantized tap bit-identical (the W4A8 channel order recovered from the float model)."""
 from __future__ import annotations

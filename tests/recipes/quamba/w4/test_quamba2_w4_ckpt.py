@@ -1,5 +1,5 @@
 """q2-w4a8 and q2-w4a16 run from a Quamba2 W4A8 / W4A16 checkpoint: no calibration, no GPTQ, the blocks' linears
-are the hand-packed int4 weights (tests/marlin_fixture.py), the rest the stored tensors; what needs the float
+are the hand-packed int4 weights (tests/fixtures/marlin_fixture.py), the rest the stored tensors; what needs the float
 model says so."""
 from __future__ import annotations
 

@@ -339,7 +339,7 @@ def test_too_few_heads_per_ssd_group_is_a_clear_error(tmp_path):
 
 
 def test_decode_with_the_w4_modes_keeps_only_the_one_sample_refusal(tmp_path, capsys):
-    """The W4 modes decode (tests/test_decode_q2w4.py): with them --decode / --generate are refused only for what
+    """The W4 modes decode (tests/recipes/quamba/w4/test_decode_q2w4.py): with them --decode / --generate are refused only for what
     is refused of every mode (here --samples 2), before any work, and no longer for their step."""
     for flag in (["--decode", "2"], ["--generate", "2"]):
         code = run_cli(capture_main, ["--model", TINY2, "--modes", "all", "--seq_len", "16", "--samples", "2", *flag,

@@ -1,7 +1,7 @@
 """`export --recipe w4a8|w4a16` of a Mamba-1 model writes Quamba2's W4A8QMamba / W4A16QMamba checkpoint
 (runner.export_m1w4): its keys, dtypes and shapes are those of the checkpoint written by hand from Quamba's source
-(tests/quamba1_w4_fixture.py), its in_proj and out_proj are the GPTQ cache's codes packed by the test's Marlin
-packing (tests/marlin_fixture.py), and capturing from it gives every tap of the mode bit for bit as capturing from
+(tests/fixtures/quamba1_w4_fixture.py), its in_proj and out_proj are the GPTQ cache's codes packed by the test's Marlin
+packing (tests/fixtures/marlin_fixture.py), and capturing from it gives every tap of the mode bit for bit as capturing from
 the float model (calibration and GPTQ)."""
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_the_exported_linears_are_the_gptq_codes_packed_as_quamba_packs_them(rec
             packed = pack_given(w[f"{name}.codes"], w[f"{name}.group_scales"], channel)
             for key, v in packed.items():
                 assert torch.equal(sd[f"{m}{name}.{key}"], v), (i, name, key)
-        # x_proj (not GPTQ'd): Marlin's round to nearest of the prepared fp16 weight (tests/test_mamba1_w4.py checks
+        # x_proj (not GPTQ'd): Marlin's round to nearest of the prepared fp16 weight (tests/recipes/quamba/w4/test_mamba1_w4.py checks
         # it against marlin_utils.py), its 48 out-features padded to 64 / 256 by the test's packing
         x = rtn_int4(WeightBank(open_checkpoint(runs[1])).layer(i, "fp16", True, "quamba").x_proj, recipe == "w4a8")
         channel = None if x.channel_scales is None else \

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ("from harness.architectures.registry import Architecture, register_architecture\n"
           "register_architecture(Architecture('toy', 'a toy', {}, lambda *a: [], lambda *a: None))\n")
 

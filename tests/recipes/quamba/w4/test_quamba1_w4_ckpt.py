@@ -1,5 +1,5 @@
 """q2-w4a8 and q2-w4a16 run on a Mamba-1 model from a Quamba2 W4A8QMamba / W4A16QMamba checkpoint: no calibration,
-no GPTQ; the blocks' linears are the hand-packed int4 weights (tests/quamba1_w4_fixture.py), the rest the stored
+no GPTQ; the blocks' linears are the hand-packed int4 weights (tests/fixtures/quamba1_w4_fixture.py), the rest the stored
 tensors; the other mode and float modes need the float model; a malformed file is exit 2 naming the key."""
 from __future__ import annotations
 

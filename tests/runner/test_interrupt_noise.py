@@ -1,6 +1,6 @@
 """After SIGINT/SIGTERM the command line's one line is the message: multiprocessing's handle-sharing thread,
 which reports a worker killed mid-transfer through sys.excepthook (Python 3.11
-multiprocessing/resource_sharer.py:133-150), prints no traceback (tests/test_workers.py's SIGTERM test saw one
+multiprocessing/resource_sharer.py:133-150), prints no traceback (tests/runner/test_workers.py's SIGTERM test saw one
 on a loaded machine)."""
 from __future__ import annotations
 
