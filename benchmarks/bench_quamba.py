@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from checkpoints import write_random_checkpoint
 
     from harness.runner.calibration import CalibrationSettings
-    from harness.recipes.quamba.export import ExportConfig, export
+    from harness.runner.export import ExportConfig, export
 
     with tempfile.TemporaryDirectory(prefix="bench-quamba-") as tmp:
         work = args.work or Path(tmp)

@@ -110,7 +110,7 @@ def test_the_plugin_weights_are_int8_per_row_and_the_bank_untouched(model, w8a16
 
 
 def test_workers_load_the_plugin_and_give_the_serial_arrays(model, w8a16, tmp_path, one_thread):
-    from test_workers import assert_identical
+    from pairs import assert_identical
 
     argv = ["--model", model, "--plugin", w8a16, "--modes", "fp32", "w8a16", "--samples", "2", "--taps", "all"]
     serial, par = tmp_path / "serial" / "run.npz", tmp_path / "par" / "run.npz"

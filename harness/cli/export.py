@@ -42,10 +42,9 @@ def _export(argv: list[str] | None, prog: str | None, progress) -> int:
     if not plugins_loaded(args.plugin):
         return 2
     from ..runner.calibration import CalibrationSettings, default_cache_dir
-    from ..recipes.quamba.export import BUILTIN_EXPORTS, INPUT_ERRORS, ExportConfig, export
-    from ..recipes.registry import exporters
+    from ..runner.export import INPUT_ERRORS, ExportConfig, export, exporter_names
 
-    valid = [*BUILTIN_EXPORTS, *sorted({e.name for e in exporters()} - set(BUILTIN_EXPORTS))]
+    valid = exporter_names()
     if args.recipe not in valid:  # before any file is read (an exporter for another architecture: export says)
         print(f"error: --recipe {args.recipe}: valid: {', '.join(valid)}", file=sys.stderr)
         return 2

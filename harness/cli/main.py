@@ -41,7 +41,7 @@ commands:
 # the modules a command imports when it runs (torch with them): the entry points load them while the
 # start-up handler still leaves quietly (harness.runtime.startup), never under the run's own handlers,
 # where a signal raised inside torch's import could abort the process
-_HEAVY = {"capture": "harness.runner.pipeline", "export": "harness.recipes.quamba.export", "report": "harness.report.build",
+_HEAVY = {"capture": "harness.runner.pipeline", "export": "harness.runner.export", "report": "harness.report.build",
           "formats": "harness.report.formats"}  # (formats --suggest imports the runner when it starts)
 
 

@@ -34,7 +34,7 @@ class WeightSource(Protocol):
 
 def hadamard_kernel_support(recipes: list[ModeRecipe], dims: ModelDims) -> dict[str, str | None] | None:
     """For runs with a rotated mode: per rotated width ("d_model", "d_inner"), None when Quamba's
-    Hadamard kernels transform it, else why not (ops.hadamard.quamba_kernel_support). The harness
+    Hadamard kernels transform it, else why not (kernels.hadamard.quamba_kernel_support). The harness
     rotates such widths all the same; the run warns and records it. None when no mode rotates."""
     if not any(r.rotate == Rotate.YES for r in recipes):
         return None

@@ -50,7 +50,7 @@ class EmuRMSNorm(nn.Module):
 
     rstd = 1 / sqrt(sum(r^2) / d_model + eps) (Triton's `rstd = 1 / tl.sqrt(var + eps)`,
     triton/quant_norm.py:111-114), with the sum in a fixed pairwise order and a correctly rounded
-    sqrt (``ops.portable``): the same bits on every CPU. torch.rsqrt, which prep=exact used before,
+    sqrt (``kernels.portable``): the same bits on every CPU. torch.rsqrt, which prep=exact used before,
     differs from 1/sqrt by CPU and tensor size; both preps now compute this one formula.
     With the rotation the weight is folded into in_proj and is None. A quantized
     output is sat8(RNE(y / s_in)) (Triton `rint`, spec notes §2.6 step 1).
@@ -84,7 +84,7 @@ class EmuLinear(nn.Module):
         return float_linear(x, self.weight, self.out)
 
     def step(self, x: Act) -> Act:
-        """One token, x: (batch, 1, in): Quamba's W8A8 GEMV (one alpha, ops.step) when both are int8."""
+        """One token, x: (batch, 1, in): Quamba's W8A8 GEMV (one alpha, kernels.step) when both are int8."""
         if isinstance(x, QTensor) and isinstance(self.weight, QTensor):
             if self._codes_f32 is None:  # converted once, reused by every step
                 self._codes_f32 = self.weight.codes.to(torch.float32)
@@ -169,14 +169,14 @@ class EmuSelectiveScan(nn.Module):
         self.state_fmt = state_fmt  # a number format the state is stored in after every step (None: fp32)
 
     def forward(self, u: Act, delta: Act, B: Act, C: Act, z: Act) -> tuple[torch.Tensor, torch.Tensor]:
-        """See ops.scan.selective_scan; returns y (batch, seqlen, d_inner) and the final state."""
+        """See kernels.scan.selective_scan; returns y (batch, seqlen, d_inner) and the final state."""
         return selective_scan(u, delta, self.A_log, B, C, self.D, z, delta_bias=self.dt_bias, order=self.order,
                               out=self.out, state_fmt=self.state_fmt)
 
     def step(self, u: Act, delta: Act, B: Act, C: Act, z: Act, h: Act) -> tuple[torch.Tensor, Act]:
         """One token (operands with a seqlen of 1) from the state h -> (y (batch, 1, d_inner), the new state).
 
-        int8 state with ssm_impl=kernel: Quamba's Triton update (ops.state_update); otherwise this scan's own
+        int8 state with ssm_impl=kernel: Quamba's Triton update (kernels.state_update); otherwise this scan's own
         order over one token from h (the prefill's arithmetic), the new state re-quantized at s_h like the
         kernel's, or rounded to the float state's dtype (mamba_ssm stores an fp16 model's state in fp16).
         """
@@ -206,7 +206,7 @@ class EmuHadamard(nn.Module):
     t = (H_b kron S) y, unnormalized; int8 output q = sat8(RNA(t * f32(1/sqrt(n) / s_H)))
     (qHadamard.py:34, common.h:153; saturating, see docs/fidelity.md); float output
     t / sqrt(n) in the output dtype. fht=False: t exact, rounded once to fp32 (prep=exact);
-    fht=True: t with the kernel's fp32 butterflies (ops.hadamard.hadamard_transform_fht; prep=quamba).
+    fht=True: t with the kernel's fp32 butterflies (kernels.hadamard.hadamard_transform_fht; prep=quamba).
     """
 
     def __init__(self, out: OutSpec, fht: bool = False) -> None:

@@ -8,7 +8,7 @@ f034308 mamba_simple.py:255-294: fp16 for an fp16 model, fp32 for the fp32 refer
 
 How the prefill hands its state over (qMambaLayer.py:915-919, 934-936): the window is ``F.pad(x, (K - L, 0))``,
 the last K conv inputs with zeros in front when L < K; the SSM state is the final fp32 state, as int8 codes
-rounded half away from zero (``ops.state_update.handover_codes``) or rounded to the float state's dtype.
+rounded half away from zero (``kernels.state_update.handover_codes``) or rounded to the float state's dtype.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ quamba2_conv1d_fwd_kernel.cuh:163-270), per channel c of x | B | C (conv_dim cha
 with s_w, s_in, s_b the x, B or C split's weight, input and bias scales (:167-218), and s_out[c]: for
 x channels the scale of the channel's (SSD group, head group, dim group), found through the stored
 cumulative ranges (:174-197); for B and C one scale per SSD group (:206-217). The GPU's ``expf`` is
-fast math; here ops.portable's exp (the same bits on every CPU), so rare codes can differ by one.
+fast math; here kernels.portable's exp (the same bits on every CPU), so rare codes can differ by one.
 
 """
 from __future__ import annotations
@@ -135,7 +135,7 @@ def q2_conv1d_ref(xBC: torch.Tensor, in_scales: tuple[float, float, float], weig
                   w_scales: tuple[float, float, float], bias: torch.Tensor | None, b_scales: tuple[float, float, float],
                   out_scales: torch.Tensor, *, x_dim: int) -> torch.Tensor:
     """Oracle of q2_conv1d: the kernel's loops written out per (batch, token, channel) on numpy float32 scalars
-    (the FMA as an exact float64 product plus the addend, rounded to fp32; exp from ops.portable)."""
+    (the FMA as an exact float64 product plus the addend, rounded to fp32; exp from kernels.portable)."""
     b, L, conv_dim = xBC.shape
     K = weight.shape[1]
     bc = (conv_dim - x_dim) // 2

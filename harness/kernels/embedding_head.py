@@ -3,7 +3,7 @@
 (enyac-group/Quamba c474646 quamba/modelutils_mamba.py:615-660).
 
 Embedding (the rotated fp16 table, rows independent, so quantizing the looked-up rows is quantizing the table):
-* int8, W8O16Embedding.from_fp16 (qEmbedding.py:81-91): ops.quant.quantize_rows_signed_max_fp16;
+* int8, W8O16Embedding.from_fp16 (qEmbedding.py:81-91): kernels.quant.quantize_rows_signed_max_fp16;
 * int4, W4O16Embedding.from_fp16 (qEmbedding.py:26-47): s = f16(max(row) / 8) (the row's signed max, not max|row|,
   as written), q = clamp(round(f16(f16(e / s) + 8)), 0, 15) (torch.round: half to even);
 the lookup (csrc/embedding/quant_embedding_kernel.cuh:75-78 int8, :139-165 int4 with the -8 folded in) returns
@@ -11,10 +11,10 @@ f16(s * (q - zero)): the product of a small integer and an fp16 scale is exact i
 product is the fp16 multiply.
 
 lm_head W8A8 (modelutils_mamba.py:649-655): norm_f becomes QRMSNorm at the lm_head:input scale and lm_head
-W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785): per-tensor absmax int8 weight (ops.quant.quantize_weight_fp16),
+W8A8B16O16Linear.from_fp16 (qLinearLayer.py:771-785): per-tensor absmax int8 weight (kernels.quant.quantize_weight_fp16),
 alpha = (f32(s_w) * s_in).item(), an int8 GEMM times alpha, fp16 output (runner.head.Head).
 
-lm_head W4 (a checkpoint's W4A16B16O16Linear or W4A8B16O16Linear, checkpoints.quamba_w4head): the Marlin / Marlin-QQQ
+lm_head W4 (a checkpoint's W4A16B16O16Linear or W4A8B16O16Linear, recipes.quamba.w4.checkpoint_head): the Marlin / Marlin-QQQ
 GEMM of kernels.w4_linear on norm_f's fp16 output (W4A16) or its int8 codes at the lm_head:input scale (W4A8), fp16 logits;
 ``w4_lm_head_logits`` runs it a slice of the vocabulary at a time (the output rows are independent).
 """

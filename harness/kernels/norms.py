@@ -10,7 +10,7 @@ of d_ssm / ngroups channels (norm_before_gate=False):
     var = sum(x * x) / N;  rstd = 1 / sqrt(var + eps)                       (:56-58)
     out = f16((x * rstd) * float(w))                                       (:61-71)
 
-The Triton reduction's order is not reproduced: the sum is ops.portable's fixed pairwise order.
+The Triton reduction's order is not reproduced: the sum is kernels.portable's fixed pairwise order.
 """
 from __future__ import annotations
 

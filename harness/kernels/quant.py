@@ -86,7 +86,7 @@ def round_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def to_output(v: torch.Tensor, out: OutSpec) -> QTensor | torch.Tensor:
     """Store an fp32 result as the op's output: quantized, rounded to its float dtype, or fake-quantized in a
-    number format (FormatOut: ops.formats.fake_quantize)."""
+    number format (FormatOut: kernels.formats.fake_quantize)."""
     if isinstance(out, QuantOut):
         return quantize(v, out.scale, out.rounding)
     if isinstance(out, FloatOut):

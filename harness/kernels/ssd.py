@@ -13,7 +13,7 @@ of ``Mamba2Mixer.forward``, :572-598; mamba_ssm's ``ssd_chunk_scan_combined`` co
 ``ssd_chunked`` computes it by chunks of ``chunk_size`` tokens as the kernels and transformers do: within
 a chunk the output is a masked (C B^T * decay) product applied to dt x, across chunks the chunk-end
 states are carried by a recurrence; ``ssd_ref`` runs the recurrence token by token (the oracle and the
-``ssm_impl=reference`` arithmetic). Both compute in fp32 with ops.portable's exp and softplus, so the
+``ssm_impl=reference`` arithmetic). Both compute in fp32 with kernels.portable's exp and softplus, so the
 same inputs give the same bits on every CPU.
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def gated_rmsnorm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, ngroup
 
     As transformers 5.23 ``MambaRMSNormGated.forward`` (modeling_mamba2.py:112-123, group_size =
     intermediate_size // n_groups at :430-432) and mamba_ssm's ``RMSNormGated(d_ssm, group_size=d_ssm //
-    ngroups)``; the mean uses ops.portable's fixed-order sum and correctly rounded sqrt (as EmuRMSNorm).
+    ngroups)``; the mean uses kernels.portable's fixed-order sum and correctly rounded sqrt (as EmuRMSNorm).
     y, z: (batch, seqlen, d_inner); weight: (d_inner,).
     """
     g = y.to(torch.float32) * portable.silu(z.to(torch.float32).contiguous())

@@ -11,7 +11,7 @@ x (per SSD group x head group x dim group scales), B and C (per SSD group). Insi
     B, C = scale(SSD group) * float(code)
 
 after which the kernels compute the SSD with fp16 ``tl.dot`` on tiles whose size autotuning picks: not
-reproduced here. ``q2_ssd`` runs ops.ssd.ssd_chunked (fp32) on the dequantized values: the SSD as Quamba2
+reproduced here. ``q2_ssd`` runs kernels.ssd.ssd_chunked (fp32) on the dequantized values: the SSD as Quamba2
 quantizes its inputs, with float arithmetic after that (docs/fidelity.md).
 """
 from __future__ import annotations

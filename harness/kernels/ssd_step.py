@@ -34,7 +34,7 @@ kernel ``_quamba2_sscan_update_kernel`` :225-362), per (head h, channel p, state
     x = x_scale(p) * float(q_x)                         (:310-315; x's (head group, dim group) scale)
     state = s_state[g, hg, dg, n] * float(code)         (:317-322; ssm_state_scale [ngroups, 4, 4, d_state])
     dt = dt_scale * float(q_dt);  dt += float(dt_bias)  (:333-335: fma(dt_scale, q_dt, dt_bias) here)
-    dt = softplus(dt) = log(exp(dt) + 1) if dt <= 20    (:336-337; mamba_ssm triton softplus, ops.state_update)
+    dt = softplus(dt) = log(exp(dt) + 1) if dt <= 20    (:336-337; mamba_ssm triton softplus, kernels.state_update)
     A = -exp(A_scale * float(q_A));  dA = exp(A * dt)   (:338-339)
     B, C = s_{B,C}[g] * float(code);  D = D_scale * q_D (:341-345)
     dB = B * dt                                         (:352)
@@ -45,7 +45,7 @@ kernel ``_quamba2_sscan_update_kernel`` :225-362), per (head h, channel p, state
     y stored fp16                                       (:433 ``out = empty_like(q_x, dtype=float16)``)
 
 The choices marked "here" are the canonical CPU rendering of docs/spec/quamba1-decode-notes.md §4 applied to the
-same Triton program shape; exp/log are ops.portable's (correctly rounded; the GPU's ex2.approx / lg2.approx and
+same Triton program shape; exp/log are kernels.portable's (correctly rounded; the GPU's ex2.approx / lg2.approx and
 div.full are not reproduced), the sum is sequential n = 0..N-1 (tl.sum's tree is not reproduced).
 
 Hand-over from the prefill (quamba/triton/quant_ssd_combined.py:148-162): the final state leaves

@@ -15,7 +15,7 @@ quamba/triton/selective_state_update.py:83-126), per channel e and state n, all 
 
 This is the canonical CPU rendering of the notes (§4), each choice one of the readings the GPU allows:
 ``dt = fma(s_b, b_q, s_dt * dt_q)``; ``state' = fma(state, dA, f32(dB * x))``; the sum sequential
-n = 0..N-1; ``y = fma(x, D, y)``; ``y * f32(z * (1 / (1 + exp(-z))))``. exp and log are ``ops.portable``'s
+n = 0..N-1; ``y = fma(x, D, y)``; ``y * f32(z * (1 / (1 + exp(-z))))``. exp and log are ``kernels.portable``'s
 (correctly rounded; the GPU's ex2.approx / lg2.approx and div.full are not reproduced).
 
 The prefill hands its fp32 state over as int8 codes with another rule (quant_sscan_fwd_kernel.cuh:237-242:

@@ -11,7 +11,7 @@ multiplies by **one** precomputed fp32 ``alpha`` (CUTLASS LinearCombination, bet
     float output (W8A8B16O16, alpha at UP qLinearLayer.py:784): alpha = f32(s_w * s_x)
                  y = f16(f32(alpha * f32(acc)))                 (__float2half_rn)
 
-The prefill GEMM multiplies by two scales in turn (``ops.linear``); the two differ in the last bit.
+The prefill GEMM multiplies by two scales in turn (``kernels.linear``); the two differ in the last bit.
 
 Int8 conv-window update (UP csrc/causal_conv1d/quant_causal_conv1d_update_kernel.cuh:50-75): the
 window (int8 codes at s_x) shifts left and takes the new code at its end (59-66); then
@@ -23,7 +23,7 @@ window (int8 codes at s_x) shifts left and takes the new code at its end (59-66)
 
 The float update (mamba_ssm ``Mamba.step``, enyac-group/mamba f034308 mamba_simple.py:216-221) sums
 bias, then tap 0..K-1, one product and one sum each: the order of the prefill's float conv
-(``ops.conv1d.float_causal_conv1d_silu``), so a step equals the prefill at that position bit for bit.
+(``kernels.conv1d.float_causal_conv1d_silu``), so a step equals the prefill at that position bit for bit.
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def fma_f32_exact(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
 def int8_conv_update_ref(window: QTensor, weight: QTensor, bias: QTensor | None, out: OutSpec) -> torch.Tensor | QTensor:
     """Oracle for ``int8_conv_update``: the kernel's loop per (batch, channel), scalar fp32 with exact FMAs.
 
-    SiLU uses the same exp as the op (``ops.portable``): what is checked is the chain and the rounding.
+    SiLU uses the same exp as the op (``kernels.portable``): what is checked is the chain and the rounding.
     """
     from .portable import exp
     b_, d_, k_ = window.codes.shape

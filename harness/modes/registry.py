@@ -45,6 +45,6 @@ CALIBRATION_RECIPES: dict[str, ModeRecipe] = {
                   f"fp16 yes fp fp static fp32 fp32 {'kernel' if prep == 'quamba' else 'reference'} fp fp16 {prep}")
     for prep in (Prep.QUAMBA, Prep.EXACT)
 }
-# Quamba2's calibration model (emulation.q2_calibration): the rotated fp16 Mamba-2, chunked SSD.
+# Quamba2's calibration model (recipes.quamba.q2.calibration): the rotated fp16 Mamba-2, chunked SSD.
 Q2_CALIBRATION_RECIPE = _recipe("calibration", "rotated fp16 Mamba-2 used for Quamba2's calibration",
                                 "fp16 yes fp fp static fp32 fp32 kernel fp fp16 exact")

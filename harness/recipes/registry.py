@@ -6,7 +6,7 @@ on, its calibration (one per calibration key, shared by the modes with that key)
 architecture, and optionally its checkpoint formats and exports. A mode (``modes.ModeRecipe``: knob values) is
 owned by the family its ``family`` field names, or, for the built-in families, by the first whose ``owns``
 accepts its knobs. The run never names a recipe: it asks ``recipe_for(mode)``. This module imports only the
-spec and the modes; the built-in folders are imported by name on first use (``load_builtins``).
+modes and the architecture registry; the built-in folders are imported by name on first use (``load_builtins``).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from ..modes.registry import BUILTIN_MODES
 
 __all__ = ["Recipe", "CheckpointFormat", "Exporter", "register_recipe", "register_mode", "register_checkpoint_format",
            "register_exporter", "recipe_for", "recipe_names", "get_recipe", "checkpoint_formats", "exporters",
-           "get_exporter", "on_architecture", "architectures_of", "ModeRegistry", "resolve_modes", "get_mode", "list_modes", "architecture_problem",
-           "load_builtins", "BUILTIN_RECIPES", "RegistryError"]
+           "get_exporter", "on_architecture", "architectures_of", "ModeRegistry", "resolve_modes", "get_mode",
+           "list_modes", "architecture_problem", "load_builtins", "BUILTIN_RECIPES", "RegistryError"]
 
 # the built-in folders, imported by name so that this module stays below them
 BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba")
@@ -36,8 +36,8 @@ class RegistryError(ModeError):
 
 
 class Recipe:
-    """A family of modes. Subclass it, set ``name`` (the identifier used everywhere: stats, cache keys, docs) and
-    ``title``, and override what the family does differently; the defaults are a float recipe's.
+    """A family of modes. Subclass it, set ``name`` (the family's one identifier: the registry, ``modes``'s listing,
+    a mode's ``family`` field and with it the stats' recipe) and ``title``, and override what the family does differently; the defaults are a float recipe's.
 
     ``modes``: the modes the family brings (registered with it); ``owns(mode)``: whether a mode whose ``family``
     field is empty belongs to it (built-in families only; a plugin's modes name their family).
@@ -101,12 +101,16 @@ class CheckpointFormat:
 @dataclass(frozen=True)
 class Exporter:
     """``export --recipe NAME`` of a model of `architecture`: ``run(cfg, ckpt, windows, directory, emit, progress)``
-    writes the checkpoint into the new `directory` (cfg: the ExportConfig; ckpt: the float checkpoint; windows:
-    the calibration token ids), which the command then moves into place (docs/plugins.md)."""
+    writes the checkpoint into the new `directory` (cfg: runner.export.ExportConfig; ckpt: the float checkpoint;
+    windows: the calibration token ids), which the command then moves into place (docs/plugins.md); ``check(cfg,
+    dims)``: the whole message of what it refuses of a model (None: fine), asked before any work; ``summary(out)``:
+    the line printed once the directory is in place."""
 
     name: str
     architecture: str
     run: Callable[..., Any]
+    check: Callable[..., str | None] | None = None
+    summary: Callable[[Path], str] | None = None
 
 
 _RECIPES: dict[str, Recipe] = {}
@@ -268,7 +272,6 @@ class ModeRegistry:
                 raise ModeError(f"mode {r.name!r} does not run on a {architecture} model: {why}; "
                                 f"valid there: {', '.join(runs)}")
         return recipes
-
 
 
 def resolve_modes(requested: list[str], modes_file: Path | None = None,

@@ -52,7 +52,7 @@ class RunContext:
         return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
 
     def head_scale(self, recipe: ModeRecipe) -> float | None:
-        """lm_head=quantized: the lm_head:input scale observed with the recipe's calibration (runner.q2_head_scale)."""
+        """lm_head=quantized: the lm_head:input scale observed with the recipe's calibration (recipes.quamba.q2.head_scale)."""
         calib = self.calibs.get(recipe_for(recipe).calibration_key(recipe))
         return calib.info.get("lm_head_input_scale") if isinstance(calib, CalibrationResult) else None
 

@@ -139,7 +139,7 @@ class Forward:
     end_to_end: bool = False
     keep_inputs: tuple[int, ...] = ()
     device: str = "cpu"
-    head_scale: float | None = None  # lm_head=quantized: the lm_head:input scale (runner.q2_head_scale)
+    head_scale: float | None = None  # lm_head=quantized: the lm_head:input scale (recipes.quamba.q2.head_scale)
 
 
 def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None, on_layer=None,

@@ -32,7 +32,7 @@ class Head(nn.Module):
     to act_dtype. Rotated recipes fold norm_f's weight into lm_head and rotate it (as the blocks,
     modelutils_mamba.py:64-70). A Quamba checkpoint's W8A8B16O16Linear lm_head: norm_f output
     quantized at its output scale (RNE), int8 GEMM, times the stored fp32 alpha, fp16 output. A Quamba2 W4
-    checkpoint's W4A16B16O16Linear / W4A8B16O16Linear (an Int4Weight): the Marlin GEMM (emulation.q2_head).
+    checkpoint's W4A16B16O16Linear / W4A8B16O16Linear (an Int4Weight): the Marlin GEMM (kernels.embedding_head).
     """
 
     def __init__(self, norm: EmuRMSNorm, weight: torch.Tensor | QTensor | Int4Weight, out: FloatOut,
@@ -92,7 +92,7 @@ def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
 def build_head(recipe: ModeRecipe, bank: WeightBank, head_scale: float | None = None) -> Head:
     dims, rotate = bank.dims, recipe.rotate == Rotate.YES
     act = FloatOut(act_dtype(recipe))
-    if recipe.lm_head == LmHead.QUANTIZED:  # W8A8B16O16Linear of the mode's own fp16 head (emulation.q2_head)
+    if recipe.lm_head == LmHead.QUANTIZED:  # W8A8B16O16Linear of the mode's own fp16 head (kernels.embedding_head)
         fp16_head = build_head(replace(recipe, lm_head=LmHead.FP16), bank)
         if isinstance(fp16_head.weight, QTensor):  # a Quamba2 checkpoint exported with --quantize_lm_head: its own
             return fp16_head

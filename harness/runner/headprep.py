@@ -30,7 +30,7 @@ _ROUND_ROWS = 64  # positions of the logits rounded at a time
 
 
 def round_rows_(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """ops.quant.round_to_dtype(y, dtype) written into y (fp32, (..., n)), a block of rows at a time: the same
+    """kernels.quant.round_to_dtype(y, dtype) written into y (fp32, (..., n)), a block of rows at a time: the same
     bits (a conversion is elementwise) without the fp16 and fp32 copies of a (seq, 50280) logits tensor."""
     if dtype == torch.float32:
         return y

@@ -26,7 +26,7 @@ class WeightBank:
     """Prepares each (layer, weights, rotate, prep) variant once and shares it between modes.
 
     ckpt: the float checkpoint (None when only a quantized checkpoint is at hand).
-    given: a quantized checkpoint (checkpoints.quamba.QuambaCheckpoint) whose int8 codes and scales are
+    given: a quantized checkpoint (recipes.quamba.checkpoint.QuambaCheckpoint) whose int8 codes and scales are
     used bit for bit as the rotated int8 prep=quamba layers and whose rotated fp16 embedding rows feed
     those recipes:
     it provides ``dims``, ``int8_layer(i)`` and ``embedding()``.
@@ -51,7 +51,7 @@ class WeightBank:
 
     def q2_given(self, layer: int, key: str):
         """A given Quamba2 checkpoint's block parameters for calibration key `key` (q2-w8a8's Q2Params,
-        emulation.q2_params; a W4 checkpoint's, checkpoints.quamba2_w4ckpt), else None."""
+        recipes.quamba.q2.params; a W4 checkpoint's, recipes.quamba.w4.checkpoint_mamba2), else None."""
         ok = self.given is not None and getattr(self.given, "calibration_key", self.given.prep) == key
         return self.given.q2_params(layer) if ok else None
 

@@ -158,7 +158,7 @@ def test_gated_norm_is_groupwise_and_close_to_its_float64_reference():
 
 def test_q2_ssd_dequantizes_as_the_kernels_and_scans():
     from harness.kernels.ssd_inputs import Q2SSDParams, q2_ssd, q2_ssd_inputs
-    from test_mamba2 import _ssd_float64
+    from mamba2_fixtures import ssd_float64 as _ssd_float64
 
     gen = torch.Generator().manual_seed(4)
     h, hd, g, n = 4, 3, 2, 5

@@ -1,4 +1,4 @@
-"""Edges of ops.quant that mutation testing showed unguarded (each docstring: the bug it catches)."""
+"""Edges of kernels.quant that mutation testing showed unguarded (each docstring: the bug it catches)."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Decode-step ops against written-out loops of Quamba's kernels (ops.step, ops.state_update)."""
+"""Decode-step ops against written-out loops of Quamba's kernels (kernels.step, kernels.state_update)."""
 import numpy as np
 import pytest
 import torch

@@ -23,7 +23,7 @@ from conftest import ROOT, make_hf_model, write_hf_dir
 from harness.cli import capture_main
 from helpers import FAST_CLI, run_cli
 from quamba_fixture import write_handmade
-from test_workers import assert_identical
+from pairs import assert_identical
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread, as a worker (conftest)
 

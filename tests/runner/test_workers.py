@@ -21,28 +21,8 @@ from conftest import ROOT, make_hf_model, write_hf_dir
 from harness.cli import capture_main
 from harness.store.reader import load_capture
 from helpers import FAST_CLI, run_cli
+from pairs import WORKER_FIELDS, assert_identical, digest  # noqa: F401  (test_ray and test_plugins too)
 from quamba_fixture import write_handmade
-
-sys.path.insert(0, str(ROOT / "tools"))
-from snapshot import _digest  # noqa: E402  (the digests of every array and stats value of a pair)
-
-# what differs between two runs of one command beyond snapshot.VOLATILE: the worker provenance
-WORKER_FIELDS = ("provenance.workers.",)
-
-
-def digest(npz: Path) -> dict:
-    d = _digest(npz, str(npz.parent))
-    d["stats"] = {k: v for k, v in d["stats"].items() if not k.startswith(WORKER_FIELDS)}
-    return d
-
-
-def assert_identical(a: Path, b: Path) -> None:
-    da, db = digest(a), digest(b)
-    assert da["arrays"] == db["arrays"] and len(da["arrays"]) > 3
-    assert set(da["stats"]) == set(db["stats"])
-    differ = [k for k in da["stats"] if da["stats"][k] != db["stats"][k] and k != "npz.sha256"]
-    assert differ == [], differ[:10]
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,7 +13,7 @@ Rules beyond the knob table, for recipes that mix float and int8 pieces:
 
 ``prep`` selects the weights (harness.architectures.mamba1.weights) and, with them, the op order of the
 steps whose order Quamba's own code fixes (prep=exact keeps the harness's own order).
-(RMSNorm is the same for both: 1 / sqrt(pairwise sum(r^2) / d_model + eps), ops.portable.)
+(RMSNorm is the same for both: 1 / sqrt(pairwise sum(r^2) / d_model + eps), kernels.portable.)
 
 ============================  ===============================  ==============================
 step                          prep=quamba                      prep=exact

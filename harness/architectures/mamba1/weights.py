@@ -2,7 +2,7 @@
 
 Offline transforms (spec notes §2.1): fold the block's RMSNorm weight into in_proj's
 columns (W_in[:, j] *= w_norm[j]) and rotate the residual stream with Had_D (see
-ops.hadamard): a residual vector x becomes Had_D x, so in_proj becomes W_in Had_D^T
+kernels.hadamard): a residual vector x becomes Had_D x, so in_proj becomes W_in Had_D^T
 (each row transformed), out_proj becomes Had_D W_out Had_E^T (the online Hadamard of
 the SSM output supplies Had_E), and the embedding rows become Had_D e.
 
@@ -17,10 +17,10 @@ Two preparations (knob ``prep``):
   called at :76); ``fuse_hadamard`` (qLinearLayer.py:860-868) rotates in_proj's rows,
   and out_proj over its input dim then over its output dim, each with the
   fast_hadamard_transform kernel (fp32 butterflies over fp16 inputs,
-  ops.hadamard.hadamard_transform_fht), storing fp16 after each transform; the
+  kernels.hadamard.hadamard_transform_fht), storing fp16 after each transform; the
   embedding is rotated the same way (configure_model, modelutils_mamba.py:66).
 
-For int8 the fp16 result is quantized per tensor (ops.quant.quantize_weight_fp16),
+For int8 the fp16 result is quantized per tensor (kernels.quant.quantize_weight_fp16),
 and A_log, D and dt_bias (fp32, dt_bias holding its fp16 value) with
 quantize_param_fp32, as Quamba does after loading its fp16 model.
 """

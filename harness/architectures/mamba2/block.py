@@ -40,7 +40,7 @@ MAMBA2_BLOCK_POINTS: tuple[str, ...] = tuple(MAMBA2_POINTS)
 
 
 class EmuConvXBC(nn.Module):
-    """Causal depthwise conv + SiLU over the conv_dim channels x | B | C, in fp32 (ops.conv1d), output rule after."""
+    """Causal depthwise conv + SiLU over the conv_dim channels x | B | C, in fp32 (kernels.conv1d), output rule after."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out: FloatOut) -> None:
         super().__init__()
@@ -60,7 +60,7 @@ class EmuConvXBC(nn.Module):
 
 
 class EmuSSD(nn.Module):
-    """The SSD with its parameters: chunked (ops.ssd.ssd_chunked) or token by token (ssd_ref)."""
+    """The SSD with its parameters: chunked (kernels.ssd.ssd_chunked) or token by token (ssd_ref)."""
 
     def __init__(self, dims: Mamba2Dims, A_log: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
                  chunked: bool, out: FloatOut, state_rule: StateRule = StateRule(None)) -> None:
@@ -96,7 +96,7 @@ class EmuSSD(nn.Module):
 
 
 class EmuGatedNorm(nn.Module):
-    """norm(y * silu(z)) per group of d_inner / ngroups channels, times its weight (ops.ssd.gated_rmsnorm)."""
+    """norm(y * silu(z)) per group of d_inner / ngroups channels, times its weight (kernels.ssd.gated_rmsnorm)."""
 
     def __init__(self, weight: torch.Tensor, ngroups: int, eps: float, out: FloatOut) -> None:
         super().__init__()

@@ -90,7 +90,7 @@ def config_dims(path: Path | None, cfg: dict) -> tuple[ModelDims, dict]:
 
 
 def mamba1_sizes(path: Path | None, cfg: dict, ssm: dict, refuse) -> ModelDims:
-    """config_dims's sizes of a Mamba-1 Quamba config (also Quamba2's W4 Mamba-1 checkpoints, checkpoints.quamba1_w4);
+    """config_dims's sizes of a Mamba-1 Quamba config (also Quamba2's W4 Mamba-1 checkpoints, recipes.quamba.w4.checkpoint_mamba1);
     ``refuse(path, what)``: the caller's ModelDirError for an MLP or attention layer."""
     if config_field(path, cfg, "d_intermediate", INT, 0) != 0 or config_field(path, cfg, "attn_layer_idx", "a list", None):
         raise refuse(path, "a checkpoint with MLP (d_intermediate) or attention layers")

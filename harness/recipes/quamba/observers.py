@@ -2,7 +2,7 @@
 
 Two phases: ``observe(x)`` folds a batch of samples into running statistics,
 ``compute_scale()`` turns them into a per-tensor symmetric scale through
-``ops.quant`` (no second formula here). Both observe the fp16 values the
+``kernels.quant`` (no second formula here). Both observe the fp16 values the
 calibration model stores; x arrives as fp32 holding those values.
 
 * ``MinMaxObserver``: w = max over samples of max|a| (fp16); scale = w / 127 in fp16.

@@ -8,7 +8,7 @@ import torch
 
 from ...architectures.mamba1.weights import int8_layer
 from ...checkpoints.loading import ModelDirError
-from ...kernels.marlin_rtn import rtn_int4
+from ...kernels.int4 import rtn_int4
 from ...runner.weightbank import WeightBank
 
 __all__ = ["check_pair", "PAIR_MIN_FRACTION"]
@@ -55,8 +55,8 @@ def _w8a8_pairs(models, float_bank: WeightBank, i: int) -> dict:
 
 
 def _m1w4_pairs(models, float_bank: WeightBank, i: int) -> dict:
-    """A W4A8QMamba / W4A16QMamba checkpoint (checkpoints.quamba1_w4): x_proj's int4 codes against Marlin's round to
-    nearest of the float model's prepared fp16 weight (ops.marlin_rtn; GPTQ's in_proj and out_proj depend on the
+    """A W4A8QMamba / W4A16QMamba checkpoint (recipes.quamba.w4.checkpoint_mamba1): x_proj's int4 codes against Marlin's round to
+    nearest of the float model's prepared fp16 weight (kernels.int4; GPTQ's in_proj and out_proj depend on the
     calibration text and are not compared); W4A8 the int8 conv, dt_proj and scan codes against mode 0's, W4A16 the
     fp16 conv, dt_proj and scan tensors against the prepared fp16 ones."""
     q = models.quamba
@@ -79,7 +79,7 @@ def _check_pair_q2(models, depth: int) -> dict:
     fraction = min((min(v.values()) for v in per_layer.values() if v), default=1.0)
     return {"float_model": str(models.float_ckpt.path), "layers": list(range(depth + 1)),
             "within_one_code": fraction, "identical": fraction, "per_tensor": per_layer,
-            "order": "channel and head order recovered by matching in_proj rows (checkpoints.quamba2_order)",
+            "order": "channel and head order recovered by matching in_proj rows (recipes.quamba.q2.order)",
             "matched": fraction >= PAIR_MIN_FRACTION}
 
 

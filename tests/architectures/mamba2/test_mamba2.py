@@ -17,7 +17,7 @@ from harness.recipes.registry import get_mode, resolve_modes
 from harness.runner.forwards import _to_original, build_head
 from harness.runner.weightbank import WeightBank
 
-from mamba2_fixtures import make_mamba2, to_mamba_ssm_layout
+from mamba2_fixtures import make_mamba2, ssd_float64, to_mamba_ssm_layout
 
 SEQ = 21  # chunk_size 8: two chunk boundaries inside the sample, and a partial last chunk
 
@@ -105,25 +105,10 @@ def _ssd_inputs(seed: int, L: int = 19, h: int = 6, g: int = 3):
     return x, dt, A_log, B, C, torch.randn(h, generator=gen)
 
 
-def _ssd_float64(x, dt, A_log, B, C, D):
-    """The recurrence in float64, written out per batch, token, head (each head reads its group's B, C)."""
-    b, L, h, p = x.shape
-    per = h // B.shape[2]
-    y = torch.zeros(b, L, h, p, dtype=torch.float64)
-    state = torch.zeros(b, h, p, B.shape[-1], dtype=torch.float64)
-    for t in range(L):
-        for k in range(h):
-            a = torch.exp(-torch.exp(A_log[k].double()) * dt[:, t, k].double())
-            upd = (x[:, t, k].double() * dt[:, t, k, None].double())[:, :, None] * B[:, t, k // per, None, :].double()
-            state[:, k] = state[:, k] * a[:, None, None] + upd
-            y[:, t, k] = (state[:, k] * C[:, t, k // per, None, :].double()).sum(-1) + D[k].double() * x[:, t, k].double()
-    return y, state
-
-
 @pytest.mark.parametrize("chunk", [1, 4, 7, 19, 32])
 def test_ssd_chunked_and_sequential_match_float64(chunk):
     args = _ssd_inputs(chunk)
-    y64, s64 = _ssd_float64(*args)
+    y64, s64 = ssd_float64(*args)
     y_ref, s_ref = ssd_ref(*args)
     y_chk, s_chk = ssd_chunked(*args, chunk_size=chunk)
     assert rel(y_ref, y64) < 1e-6 and rel(s_ref, s64) < 1e-6

@@ -18,7 +18,7 @@ from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.checkpoints.text import DataError, _token_stream, read_documents
 from harness.cli import capture_main, main
 from harness.recipes.quamba.families import calibrate_key as calibrate
-from harness.recipes.quamba.export import ExportConfig, ExportError, export
+from harness.runner.export import ExportConfig, ExportError, export
 from harness.runner.weightbank import WeightBank
 
 DEEP = "[" * 50_000 + "]" * 50_000

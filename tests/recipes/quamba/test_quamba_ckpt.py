@@ -16,7 +16,7 @@ from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.cli import capture_main, main
-from harness.recipes.quamba.export import ExportConfig, export
+from harness.runner.export import ExportConfig, export
 from harness.checkpoints.loading import load_tokenizer, open_checkpoint
 from harness.kernels.quant import quantize_rows_signed_max_fp16
 from harness.recipes.quamba.checkpoint import open_quamba
@@ -306,7 +306,7 @@ def _config(**changes):
      "'backbone.layers.0.mixer.selective_scan.A_scale' is a float, expected an fp32 0-dim tensor"),
     (_mutate("backbone.layers.0.mixer.selective_scan.z_scale", lambda v: v * 2),
      "conv1d.input_scale"),
-    # read as Quamba2's W4A8 Mamba-1 checkpoint (checkpoints.quamba1_w4), whose Marlin linears need d_model > 128
+    # read as Quamba2's W4A8 Mamba-1 checkpoint (recipes.quamba.w4.checkpoint_mamba1), whose Marlin linears need d_model > 128
     (_config(ssm_layer="W4A8QMamba"), "d_model 24 (Marlin packs a linear of 128 or fewer in-features per channel"),
     (_config(ssm_layer="W8A8QMamba2"), "config.json (Quamba2): sizes must be positive"),  # read as Quamba2's
     (_config(is_hybrid=True), "a hybrid"),

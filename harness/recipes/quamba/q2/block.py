@@ -8,7 +8,7 @@
     q_g            = sat8(RNA(Hadamard(g) / s_H))                              had.out
     out            = W8A8B16O16 out_proj(q_g), fp16                            out_proj.out
 
-The block runs on the reordered channels and heads (emulation.q2_params). Its taps are real values
+The block runs on the reordered channels and heads (recipes.quamba.q2.params). Its taps are real values
 (codes x scales, fp32) put back in the model's own channel and head order, so that they compare with the
 float modes position by position; ``had.out`` cannot be put back (a Hadamard of reordered channels is not a
 reordering of the Hadamard), it stays in the reordered basis (docs/modes.md).

@@ -1,4 +1,4 @@
-"""Quamba2's W8A8 calibration of a Mamba-2 model (prep=quamba2; emulation.q2_calibration), cached on disk.
+"""Quamba2's W8A8 calibration of a Mamba-2 model (prep=quamba2; recipes.quamba.q2.calibration), cached on disk.
 
 Every scale table and group range is recorded in the provenance ("calibration_by_prep" -> "quamba2" -> "layers").
 The cache works as the Mamba-1 one (recipes.quamba.calibration): one entry per layer (runner.layercache, kind

@@ -6,9 +6,9 @@ model) over the calibration windows:
 1. channel statistics of x (``get_act_channel_stats_mamba2``, quamba/reorder_utils.py:13-48): per sample, the
    mean of |x| over its tokens at ``x_conv_out`` (the conv + SiLU output), kept as the running max over samples;
    then the head/dim grouping of every block (emulation.grouping_q2; reorder_utils.py:138-170);
-2. the same model with the reordered weights (emulation.q2_params.reorder_raw), every observer of
+2. the same model with the reordered weights (recipes.quamba.q2.params.reorder_raw), every observer of
    ``run_quamba2_calibration`` (modelutils_mamba.py:236-372): min-max per tensor, the cross-head min-max of x,
-   the per-SSD-group min-max of B and C (emulation.q2_params lists them), the per-tensor percentile of x that
+   the per-SSD-group min-max of B and C (recipes.quamba.q2.params lists them), the per-tensor percentile of x that
    Quamba's non-grouped path would take (``s_x_tensor``, for the x_groups=tensor variant), and the cross-head
    min-max of the final SSM state per state index (``ssm_state_act``, modelutils_mamba.py:297-306: the decode
    step's scale).

@@ -4,16 +4,16 @@ recognise, validate, read into what the q2-w8a8 block runs on, write.
 enyac-group/Quamba c474646: ``config.json`` = the model's MambaConfig ``__dict__`` with ``ssm_cfg.layer``,
 ``norm_cfg``, ``embedding_cfg``, ``lm_head_cfg`` and ``tie_embeddings: false`` (modelutils_mamba.py:853-873,
 quamba_mixer_seq.py:447-449); ``pytorch_model.bin`` = ``torch.save(state_dict)`` (quamba_mixer_seq.py:444-445).
-The block keys and their checks: checkpoints.quamba2_checks. The embedding, norm_f and lm_head keys are
-Quamba1's (checkpoints.quamba), so their reading is inherited.
+The block keys and their checks: recipes.quamba.q2.checkpoint_checks. The embedding, norm_f and lm_head keys are
+Quamba1's (recipes.quamba.checkpoint), so their reading is inherited.
 
-What the stored tensors become (``Q2Scales`` and ``Q2Params`` of emulation.q2_params, the values the calibration
+What the stored tensors become (``Q2Scales`` and ``Q2Params`` of recipes.quamba.q2.params, the values the calibration
 path computes): s_in = norm.output_scale (= in_proj.a), s_z = mixer.norm.z_scale, s_x/s_B/s_C = conv1d.x_scale,
 B_scale, C_scale (the conv's input scales, qConvLayer.py:208-210), s_dt = qchunk_scan.dt_scale, x_table =
 conv1d.x_out_scales, B_scales/C_scales = conv1d.B_out_scales/C_out_scales, s_H = had.x_H_scale (= out_proj.a);
 the head and dim group sizes are the differences of the stored cumulative ranges. The weights are stored
 already reordered, so the channel and head order is the checkpoint's own (identity) unless a float model is
-attached: then it is recovered by matching (checkpoints.quamba2_order) and the taps come in the float model's order.
+attached: then it is recovered by matching (recipes.quamba.q2.order) and the taps come in the float model's order.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ class Quamba2Checkpoint(QuambaCheckpoint):
                         ssm_state_scale=self._m(i, "qchunk_scan.ssm_state_scale").to(torch.float32).clone())
 
     def q2_params(self, i: int) -> Q2Params:
-        """The stored codes and scales as emulation.q2_params.Q2Params (in the checkpoint's channel order)."""
+        """The stored codes and scales as recipes.quamba.q2.params.Q2Params (in the checkpoint's channel order)."""
         d, m = self.dims, f"backbone.layers.{i}.mixer."
         in_codes = self.in_proj_codes(i)
         n = in_codes.shape[0]
@@ -209,7 +209,7 @@ def q2_state_dict(i: int, p: Q2Params, s: Q2Scales, ssm_state_scale: torch.Tenso
 def write_quamba2(out_dir: Path, config: dict, blocks: list[dict], *, embedding: dict, lm_head,
                   lm_head_input_scale: float | None = None, d_model: int) -> None:
     """config.json and pytorch_model.bin into out_dir (the caller renames it into place); blocks: q2_state_dict
-    of each block; embedding and lm_head as checkpoints.quamba.write_quamba takes them."""
+    of each block; embedding and lm_head as recipes.quamba.checkpoint.write_quamba takes them."""
     from ..checkpoint import linear_entries
 
     sd: OrderedDict = OrderedDict(embedding)

@@ -1,13 +1,13 @@
 """``python -m harness export`` of a Mamba-2 model: Quamba2's W8A8 recipe, written as a ``W8A8QMamba2`` checkpoint.
 
-The scales and groups come from the q2-w8a8 mode's calibration (and its cache, runner.calibration_q2), the
-weights from the code the mode runs (emulation.q2_params.q2_params), the embedding rows and the lm_head from the
-mode's own (WeightBank.embed, head.build_head); checkpoints.quamba2 lays them out as
+The scales and groups come from the q2-w8a8 mode's calibration (and its cache, recipes.quamba.q2.calibrate), the
+weights from the code the mode runs (recipes.quamba.q2.params.q2_params), the embedding rows and the lm_head from the
+mode's own (WeightBank.embed, head.build_head); recipes.quamba.q2.checkpoint lays them out as
 ``QuambaLMHeadModel.save_pretrained`` does (enyac-group/Quamba c474646 quamba/modelutils_mamba.py:853-873). So
 capturing q2-w8a8 from the export (with the float model for the channel order) gives the arrays of capturing it
 from the float model, bit for bit. The SSM state scales of the decode step come from the same calibration; with
 --quantize_lm_head one more pass over the calibration windows observes lm_head's input scale
-(emulation.q2_lm_head_scale).
+(recipes.quamba.q2.lm_head_scale).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ....spec import Mamba2Dims
 
 __all__ = ["Q2_RECIPES", "check_q2_export", "q2_config", "export_q2_files"]
 
-Q2_RECIPES = ("w8a8", "w4a8", "w4a16")  # Quamba2's (utils.py:58-110, eval.sh:31-41); w4a8/w4a16: runner.export_q2w4
+Q2_RECIPES = ("w8a8", "w4a8", "w4a16")  # Quamba2's (utils.py:58-110, eval.sh:31-41); w4a8/w4a16: recipes.quamba.w4.export_mamba2
 
 
 def check_q2_export(dims: Mamba2Dims, recipe: str) -> str | None:

@@ -2,7 +2,7 @@
 per run after Quamba2's calibration and cached beside it.
 
 quantize_fp16_model quantizes lm_head at ``act_scales[-1]["lm_head:input"]`` (enyac-group/Quamba c474646
-quamba/modelutils_mamba.py:649-655), which run_quamba2_calibration observes (:318-325): emulation.q2_lm_head_scale
+quamba/modelutils_mamba.py:649-655), which run_quamba2_calibration observes (:318-325): recipes.quamba.q2.lm_head_scale
 runs that observer (the export's --quantize_lm_head uses the same). The cache entry (runner.layercache, kind
 "calib-q2-head") has a key chaining the last block's calibration key (the whole model, the calibration tokens and
 settings) with "lm_head"; an entry the cache refuses, or whose scale is not finite and positive, is reported and

@@ -4,7 +4,7 @@ scale (enyac-group/Quamba c474646).
 ``run_quamba2_calibration`` (quamba/modelutils_mamba.py:236-372) observes ``lm_head:input`` (:318-325): the
 per-tensor min-max of the final norm's fp16 output (norm_f's weight is folded into lm_head,
 modelutils_mamba.py:91-95). The harness runs it on the rotated fp16 calibration model with the reordered weights
-(emulation.q2_calibration), one more pass over the calibration windows. (The SSM state scales that the checkpoint
+(recipes.quamba.q2.calibration), one more pass over the calibration windows. (The SSM state scales that the checkpoint
 also stores are observed by the calibration itself: emulation.observers_q2.CachedStatesObserver.)
 """
 from __future__ import annotations

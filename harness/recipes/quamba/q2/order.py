@@ -2,7 +2,7 @@
 
 Quamba2 stores its weights already permuted by the calibrated head/dim grouping (reorder_mamba, enyac-group/Quamba
 c474646 quamba/reorder_utils.py:173-199) and does not store the permutation. Checkpoint channel c is float channel
-channel_index[c] (emulation.q2_params.reorder_raw): its in_proj z and x rows are the float rows, permuted. The
+channel_index[c] (recipes.quamba.q2.params.reorder_raw): its in_proj z and x rows are the float rows, permuted. The
 in_proj weight is quantized per split with the split's absmax (qLinearLayer.py:686-697), which a permutation does
 not change, and the rotation acts on in_proj's columns, so the checkpoint's z|x codes of channel c equal the codes
 the float model gets for channel channel_index[c] (emulation.weights_q2.q2_in_proj_weight on the un-permuted
@@ -89,10 +89,10 @@ def _dequant(w) -> torch.Tensor:
 
 def recover_order_w4(in_proj, recipe: str, tensors: dict, raw: dict,
                      dims: Mamba2Dims) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(channel_index, head_index, summary) of one W4 block (checkpoints.quamba2_w4ckpt). W4A8: the
+    """(channel_index, head_index, summary) of one W4 block (recipes.quamba.w4.checkpoint_mamba2). W4A8: the
     GPTQ int4 rows of in_proj are not the float rows quantized on a grid we can reproduce, so each checkpoint
     channel takes the float channel whose folded, rotated fp16 z and x rows (the rows GPTQ quantized,
-    runner.gptq_q2) are the most similar (cosine, z and x each normalised: their channel scales differ), each
+    recipes.quamba.w4.calibrate_mamba2) are the most similar (cosine, z and x each normalised: their channel scales differ), each
     head the most similar dt row; the summary gives the fraction matched with similarity >= MATCH_MIN. W4A16 is
     not reordered (modelutils_mamba.py:820-825): the identity, and the fraction of channels whose
     fp16 conv1d row and of heads whose fp16 dt_bias equal the float model's."""

@@ -2,7 +2,7 @@
 
 Both quantize their fp16 weight split by split, each split per tensor with
 ``quantize_tensor_per_tensor_absmax`` (quamba/quant_utils.py:16-27: s = max(max|w|, 1e-5) / 127 in the
-weight's dtype, codes clamp(round(w / s))), which is ops.quant.quantize_weight_fp16:
+weight's dtype, codes clamp(round(w / s))), which is kernels.quant.quantize_weight_fp16:
 
 * in_proj (``W8A8B8O8LinearParallel.from_fp16``, quamba/qLinearLayer.py:676-713): rows split as
   ``out_split_dims`` (z | x | B | C | dt), and each output column's factor b = s_w(split) / s_out(split),
@@ -10,7 +10,7 @@ weight's dtype, codes clamp(round(w / s))), which is ops.quant.quantize_weight_f
   the padding is not kept here, it never reaches an output);
 * conv1d (``Quamb2Conv1D.from_fp16``, quamba/qConvLayer.py:240-271): weight (conv_dim, K) and bias split
   as x | B | C, each with its own scale, **in fp32**: both are cast ``.to(torch.float32)`` before the absmax
-  (:240, :256), so the scale and the division are fp32 (ops.quant.quantize_param_fp32), not fp16 as in_proj.
+  (:240, :256), so the scale and the division are fp32 (kernels.quant.quantize_param_fp32), not fp16 as in_proj.
 """
 from __future__ import annotations
 

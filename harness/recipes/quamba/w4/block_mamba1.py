@@ -4,7 +4,7 @@ Quamba2 quantizes a Mamba-1 model with ``configure_model``'s "mamba" branch (mod
 fp16 embedding and lm_head rotated, the block norm folded into in_proj, ``MambaSimple`` with its Hadamards),
 Quamba1's preparation (prep=quamba), then ``run_quamba_calibration`` (:112-233; head grouping raises
 NotImplementedError for Mamba-1, :240-241), so its W8A8 scales are mode 0's; GPTQ runs on in_proj and out_proj
-(:443-465, emulation.mamba1_gptq); the mixers (:537-561):
+(:443-465, recipes.quamba.w4.gptq_mamba1); the mixers (:537-561):
 
 * W4A8, ``W4A8QMamba`` (qMambaLayer.py:512-757): ``W8A8QMamba`` (mode 0's block: QRMSNorm to int8, the int8
   conv, int8 dt_proj ``W8A8B8O8Linear``, ``QSScan``, ``QHadamard`` to int8) with Marlin-QQQ linears:
@@ -16,7 +16,7 @@ NotImplementedError for Mamba-1, :240-241), so its W8A8 scales are mode 0's; GPT
   ``causal_conv1d_fn`` (fp16 in and out, SiLU fused, :399-404), dt_proj an fp16 matmul without its bias (:411),
   the scan mamba_ssm's ``selective_scan_fn`` with the fp32 bias (:418-430), the fp16 Hadamard (:436).
 
-x_proj was not GPTQ'd: its int4 weight is Marlin's own round to nearest (ops.marlin_rtn).
+x_proj was not GPTQ'd: its int4 weight is Marlin's own round to nearest (kernels.int4).
 
 The decode steps (``step``, qMambaLayer.py:695-719 and :440-462) are the prefill's linears on one token (Marlin
 has no GEMV path) around mode 0's step (W4A8: int8 conv window, Quamba's int8 SSM state update, W8A8 dt_proj) or
@@ -33,7 +33,7 @@ from ....spec import FloatOut, LayerScales, QTensor, Rounding
 from .block_mamba2 import EmuW4A8Linear, EmuW4A16Linear
 from ....emulation.modules import ConvInput, EmuConv1d, EmuMambaBlock
 from ....kernels.int4 import Int4Weight
-from ....kernels.marlin_rtn import rtn_int4
+from ....kernels.int4 import rtn_int4
 from ....kernels.w4_linear import qqq_int8_weight, w4a8_values
 from ....kernels.quant import quantize_prescaled
 
@@ -84,7 +84,7 @@ def with_output_scale(w: Int4Weight, s_out: float) -> Int4Weight:
 def q1w4_layer(in_proj: Int4Weight, out_proj: Int4Weight, x_proj_fp16: torch.Tensor,
                scales: LayerScales | None) -> Q1W4Layer:
     """GPTQ's in_proj and out_proj (emulation.gptq.to_int4_weight), x_proj's fp16 weight quantized by Marlin's
-    ``from_fp16`` (ops.marlin_rtn), and for W4A8 (scales given) the int8 outputs' scales fused."""
+    ``from_fp16`` (kernels.int4), and for W4A8 (scales given) the int8 outputs' scales fused."""
     x_proj = rtn_int4(x_proj_fp16, channel=scales is not None)
     if scales is None:
         return Q1W4Layer(in_proj, x_proj, out_proj, None)

@@ -1,6 +1,6 @@
 """Quamba2's W4A8 and W4A16 Mamba-2 blocks (enyac-group/Quamba c474646 quamba/qMamba2.py).
 
-* W4A8 (``W4A8QMamba2``, qMamba2.py:735-994): the W8A8 block (emulation.mamba2_q2: int8 norm output, grouped
+* W4A8 (``W4A8QMamba2``, qMamba2.py:735-994): the W8A8 block (recipes.quamba.q2.block: int8 norm output, grouped
   int8 conv, quantized SSD, gated norm, online Hadamard to int8) with Marlin-QQQ linears: in_proj
   ``W4A8B8O8LinearParallel`` (int8 out, the split's output scale fused into the channel scale,
   qLinearLayer.py:454-502) and out_proj ``W4A8B16O16Linear`` (fp16 out, :172-215). Its scales are
@@ -45,7 +45,7 @@ __all__ = ["Q2W4Layer", "EmuW4A8Linear", "EmuW4A16Linear", "EmuQ2W4A8Block", "bu
 @dataclass(frozen=True)
 class Q2W4Layer:
     """One block's int4 linears as the kernels hold them (Marlin-QQQ for W4A8: in_proj's channel scales with each
-    split's output scale divided in, as a Quamba2 checkpoint stores them, checkpoints.quamba2_w4; Marlin for
+    split's output scale divided in, as a Quamba2 checkpoint stores them, recipes.quamba.w4.checkpoint_blocks; Marlin for
     W4A16) and, for W4A8, its W8A8 scales (None for W4A16)."""
 
     in_proj: Int4Weight
@@ -116,7 +116,7 @@ class EmuQ2W4A8Block(EmuQ2Mamba2Block):
 
 def build_q2w4a8_block(layer: int, dims: Mamba2Dims, raw: dict | None, w4: Q2W4Layer, chunked: bool, *,
                        params: Q2Params | None = None, state_dtype: str = "int8") -> EmuQ2W4A8Block:
-    """The W4A8 block: q2-w8a8's parts (emulation.mamba2_q2.build_q2_block) with GPTQ's Marlin-QQQ linears;
+    """The W4A8 block: q2-w8a8's parts (recipes.quamba.q2.block.build_q2_block) with GPTQ's Marlin-QQQ linears;
     params: the activation path's tensors as a W4A8 checkpoint stores them, instead of raw's; state_dtype: the
     decode state (EmuQ2Mamba2Block.state_dtype; int8: the W8A8 calibration's ssm_state_scale, which W4A8 shares)."""
     s = w4.scales

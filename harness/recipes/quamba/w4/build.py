@@ -35,7 +35,7 @@ def build_q2w4_mamba2_block(recipe: ModeRecipe, raw: dict | None, w4: Q2W4Layer,
 def build_q2w4_mamba1_block(recipe: ModeRecipe, p: LayerParams, w4: "mamba1_w4.Q1W4Layer", dims: ModelDims,
                             layer: int) -> EmuMambaBlock:
     """One Quamba2 W4A8 Mamba-1 block (w4.scales: mode 0's; p: mode 0's int8 parameters) or W4A16 block (no
-    scales; p: the prep=quamba fp16 parameters), emulation.mamba1_w4. ssm_impl=kernel: Quamba's QSScan (W4A8),
+    scales; p: the prep=quamba fp16 parameters), recipes.quamba.w4.block_mamba1. ssm_impl=kernel: Quamba's QSScan (W4A8),
     mamba_ssm's selective_scan_fn (W4A16); reference: the fork's reference loop, on the same inputs."""
     kernel = recipe.ssm_impl == SsmImpl.KERNEL
     if w4.scales is not None:

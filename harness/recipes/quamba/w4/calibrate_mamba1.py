@@ -1,11 +1,11 @@
-"""Quamba2's W4A8 / W4A16 calibration of a Mamba-1 model: Quamba's GPTQ on CPU (emulation.mamba1_gptq), cached on disk.
+"""Quamba2's W4A8 / W4A16 calibration of a Mamba-1 model: Quamba's GPTQ on CPU (recipes.quamba.w4.gptq_mamba1), cached on disk.
 
 Calibration keys (``ModeRecipe.calibration_key``, as on Mamba-2): "quamba2-w4a8" is mode 0's calibration
 (prep=quamba, its own cache: Quamba2 calibrates a Mamba-1 model with ``run_quamba_calibration``,
 quamba/modelutils_mamba.py:802-818, as Quamba1) followed by GPTQ; "quamba2-w4a16" is GPTQ alone (no activation
 calibration, :820-825). Either way GPTQ runs on the same prepared fp16 model (calibration does not change it for
 Mamba-1: there is no reorder). The cache is calibrate_mamba2's (one entry per layer, chained keys); x_proj's
-round-to-nearest int4 weight (ops.marlin_rtn) is computed from the fp16 weight, not cached.
+round-to-nearest int4 weight (kernels.int4) is computed from the fp16 weight, not cached.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from .gptq_mamba1 import gptq_mamba1
 from .block_mamba1 import Q1W4Layer, q1w4_layer
-from ....kernels.marlin_rtn import rtn_group_size
+from ....kernels.int4 import rtn_group_size
 from ....runtime.guard import Progress
 from ....runner.calibration import CalibrationResult, CalibrationSettings, layer_keys
 from ..calibration import calibrate

@@ -1,6 +1,6 @@
-"""Quamba2's W4A8 / W4A16 calibration of a Mamba-2 model: Quamba's GPTQ on CPU (emulation.q2_gptq), cached on disk.
+"""Quamba2's W4A8 / W4A16 calibration of a Mamba-2 model: Quamba's GPTQ on CPU (recipes.quamba.w4.gptq_mamba2), cached on disk.
 
-Calibration keys (``ModeRecipe.calibration_key``): "quamba2-w4a8" is the W8A8 calibration (runner.calibration_q2,
+Calibration keys (``ModeRecipe.calibration_key``): "quamba2-w4a8" is the W8A8 calibration (recipes.quamba.q2.calibrate,
 its own cache) followed by GPTQ of the reordered model, as Quamba reorders and calibrates before GPTQ
 (quamba/modelutils_mamba.py:801-833); "quamba2-w4a16" is GPTQ of the model as it is (no reorder, :820-825).
 

@@ -1,7 +1,7 @@
 """Quamba2 W4A8, W4A16 and hybrid W4AX checkpoints: every block key checked, the Marlin linears unpacked into
 ``Int4Weight`` (kernels.marlin), the activation scales and the other tensors handed back validated.
 
-``read_w4_blocks`` gives one ``W4Block`` per layer and recipe; checkpoints.quamba2_w4ckpt runs the q2-w4a8 and
+``read_w4_blocks`` gives one ``W4Block`` per layer and recipe; recipes.quamba.w4.checkpoint_mamba2 runs the q2-w4a8 and
 q2-w4a16 modes from them. enyac-group/Quamba c474646:
 
 * non-hybrid: ``ssm_cfg.layer`` ``W4A8QMamba2`` or ``W4A16QMamba2`` (qMamba2.py:735-1066, 381-733), keys under

@@ -1,5 +1,5 @@
-"""The W4 embedding and lm_head of Quamba2's W4A8 / W4A16 checkpoints (Mamba-1: checkpoints.quamba1_w4, Mamba-2:
-checkpoints.quamba2_w4ckpt): what ``quantize_fp16_model`` writes with ``--quantize_embedding --quantize_lm_head``
+"""The W4 embedding and lm_head of Quamba2's W4A8 / W4A16 checkpoints (Mamba-1: recipes.quamba.w4.checkpoint_mamba1, Mamba-2:
+recipes.quamba.w4.checkpoint_mamba2): what ``quantize_fp16_model`` writes with ``--quantize_embedding --quantize_lm_head``
 (eval.sh:24-41 passes both for every W4 recipe), checked key by key and read as the kernels compute them.
 
 enyac-group/Quamba c474646:

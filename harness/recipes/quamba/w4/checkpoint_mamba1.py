@@ -1,5 +1,5 @@
 """Quamba2's W4A8 and W4A16 checkpoints of a Mamba-1 model: recognise, validate every key, read into what the
-q2-w4a8 / q2-w4a16 modes run on a Mamba-1 model (emulation.mamba1_w4), with no calibration and no GPTQ.
+q2-w4a8 / q2-w4a16 modes run on a Mamba-1 model (recipes.quamba.w4.block_mamba1), with no calibration and no GPTQ.
 
 enyac-group/Quamba c474646. ``quantize_fp16_model`` (quamba/modelutils_mamba.py:579-667) replaces each Mamba-1
 block's norm and mixer and ``save_pretrained`` writes ``config.json`` with ``ssm_cfg.layer`` the mixer's class,
@@ -7,7 +7,7 @@ block's norm and mixer and ``save_pretrained`` writes ``config.json`` with ``ssm
 (quamba_mixer_seq.py:444-449). Per block (``backbone.layers.{i}.``):
 
 * ``W4A8QMamba`` (qMambaLayer.py:512-645), norm ``QRMSNorm`` (weight, output_scale, modelutils_mamba.py:516-520):
-  W8A8QMamba's keys (checkpoints.quamba.layer_spec: QCausalConv1D, the W8A8B8O8Linear dt_proj, QSScan,
+  W8A8QMamba's keys (recipes.quamba.checkpoint.layer_spec: QCausalConv1D, the W8A8B8O8Linear dt_proj, QSScan,
   QHadamard) with in_proj and x_proj ``W4A8B8O8Linear`` and out_proj ``W4A8B16O16Linear`` (qLinearLayer.py:139-170,
   279-311): ``workspace`` int32, ``weight`` int32 [K/16, 2N], ``input_scale`` fp32 [], ``s_channel`` fp32 [1, N],
   ``s_group`` fp16 [K/128, N], N the out-features padded to 64 (x_proj's dt_rank + 2 d_state too); in_proj's and
@@ -19,7 +19,7 @@ block's norm and mixer and ``save_pretrained`` writes ``config.json`` with ``ssm
   dtype: MambaSimple holds dt_proj_bias as fp32, qMambaLayer.py:63); ``Hadamard`` holds no state (qHadamard.py:41-47).
 
 The embedding and lm_head: fp16 ``Embedding`` and ``Linear`` (read as Quamba1's), or Quamba's W4O16Embedding and
-the recipe's W4 lm_head (modelutils_mamba.py:590, 652, 657), checked and read by checkpoints.quamba_w4head.
+the recipe's W4 lm_head (modelutils_mamba.py:590, 652, 657), checked and read by recipes.quamba.w4.checkpoint_head.
 Marlin's int4 packing groups 128 in-features; a linear of 128 or fewer in-features is packed per channel (qLinearLayer.py:46, 319,
 marlin_utils.py:193-214, 233), which the harness does not unpack: d_model and d_inner must be multiples of 128
 above 128.
@@ -123,7 +123,7 @@ class Quamba1W4Checkpoint(W4HeadMixin, QuambaCheckpoint):
 
     def layer_scales(self, i: int) -> Q1W4Layer:
         """The unpacked Marlin(-QQQ) linears (in_proj's and x_proj's channel scales hold their output scale divided
-        in, as emulation.mamba1_w4.q1w4_layer fuses it) and, for W4A8, mode 0's scales (QuambaCheckpoint's keys)."""
+        in, as recipes.quamba.w4.block_mamba1.q1w4_layer fuses it) and, for W4A8, mode 0's scales (QuambaCheckpoint's keys)."""
         d = self.dims
         w8a8 = QuambaCheckpoint.layer_scales(self, i) if self.recipe == "W4A8" else None
         return Q1W4Layer(self._linear(i, "in_proj", 2 * d.d_inner),

@@ -1,21 +1,21 @@
 """A Quamba2 W4A8 or W4A16 checkpoint as what the q2-w4a8 / q2-w4a16 modes run on, with no calibration and no GPTQ.
 
-enyac-group/Quamba c474646. A non-hybrid ``W4A8QMamba2`` / ``W4A16QMamba2`` directory (checkpoints.quamba2_w4
+enyac-group/Quamba c474646. A non-hybrid ``W4A8QMamba2`` / ``W4A16QMamba2`` directory (recipes.quamba.w4.checkpoint_blocks
 checks and unpacks its blocks) becomes, per layer, the ``Q2W4Layer`` the GPTQ calibration hands to the build
-(runner.gptq_q2): the Marlin-unpacked ``Int4Weight`` of in_proj (its channel scales with each split's output
+(recipes.quamba.w4.calibrate_mamba2): the Marlin-unpacked ``Int4Weight`` of in_proj (its channel scales with each split's output
 scale divided in, marlin_utils.py:254-256, as q2_gptq.q2w4_layers divides them) and out_proj, and for W4A8 the
-W8A8 scales, read as from a W8A8 checkpoint (checkpoints.quamba2: the W4A8 mixer's conv1d, qchunk_scan, norm and
+W8A8 scales, read as from a W8A8 checkpoint (recipes.quamba.q2.checkpoint: the W4A8 mixer's conv1d, qchunk_scan, norm and
 had are W8A8QMamba2's, qMamba2.py:800-824, under the same keys). The block's other tensors (``q2_params``): W4A8
 the stored int8 conv, A_log, D and fp16 dt_bias, gated-norm weight (in_proj and out_proj placeholders, the block
 runs the Marlin linears); W4A16 the fp16 model's conv1d, dt_bias, A_log, D and gated-norm weight as stored
 (qMamba2.py:447-485).
 
 Channel order: W4A16 is not reordered (modelutils_mamba.py:820-825), its order is the float model's. W4A8 is
-stored reordered like W8A8; with the float model the order is recovered (checkpoints.quamba2_order.recover_order_w4),
+stored reordered like W8A8; with the float model the order is recovered (recipes.quamba.q2.order.recover_order_w4),
 without it the taps come in the checkpoint's order.
 
 The embedding and lm_head: fp16, or what --quantize_embedding / --quantize_lm_head write (W4O16Embedding, the
-recipe's W4A16B16O16Linear or W4A8B16O16Linear head), checked and read by checkpoints.quamba_w4head.
+recipe's W4A16B16O16Linear or W4A8B16O16Linear head), checked and read by recipes.quamba.w4.checkpoint_head.
 
 Refused by name: hybrid W4AX checkpoints (which mixer of a layer runs is chosen at run time, qBlock.py:60-77,
 quamba_mixer_seq.py:162-173, not stored).
@@ -136,7 +136,7 @@ def _refuse_hybrid(path: Path, table) -> None:
 
 
 def open_quamba2_w4(path: Path | str) -> Quamba2W4Checkpoint:
-    """Validate config, every block key (checkpoints.quamba2_w4) and the embedding, norm_f and lm_head keys, or
+    """Validate config, every block key (recipes.quamba.w4.checkpoint_blocks) and the embedding, norm_f and lm_head keys, or
     raise ModelDirError naming what is wrong and what is valid."""
     path = Path(path)
     cfg = read_config(path)

@@ -1,15 +1,15 @@
 """``python -m harness export --recipe w4a8|w4a16`` of a Mamba-1 model: a ``W4A8QMamba`` / ``W4A16QMamba`` checkpoint.
 
-enyac-group/Quamba c474646. The int4 weights are the q2-w4a8 / q2-w4a16 mode's (runner.gptq_mamba1: GPTQ's in_proj
+enyac-group/Quamba c474646. The int4 weights are the q2-w4a8 / q2-w4a16 mode's (recipes.quamba.w4.calibrate_mamba1: GPTQ's in_proj
 and out_proj, its cache shared with capture; x_proj Marlin's round to nearest), packed as Marlin-QQQ / Marlin
 (kernels.marlin; in_proj's and x_proj's channel scales carry their output scale, as ``w4a8_quantize(
 out_scales=)`` fuses it, marlin_utils.py:254-256; out-features padded to 64 / 256, qLinearLayer.py:24-26, 289-291).
 W4A8's other tensors are mode 0's (``W4A8QMamba.from_fp16`` builds W8A8QMamba's QCausalConv1D, dt_proj, QSScan and
-QHadamard from the same scales, qMambaLayer.py:593-645; checkpoints.quamba's writer without its int8 in_proj,
+QHadamard from the same scales, qMambaLayer.py:593-645; recipes.quamba.checkpoint's writer without its int8 in_proj,
 x_proj, out_proj), with ``input_scale`` s_in, s_u and s_H on the Marlin-QQQ linears. W4A16 keeps the prepared fp16
 model's conv1d ([E, 1, K]), dt_proj weight, dt_proj_bias (fp32, as MambaSimple holds it, qMambaLayer.py:63), A_log
 and D (:345-368) and the block norm (folded: ones). The embedding and lm_head are the mode's own fp16 ones
-(``Embedding``, ``Linear``). Reading the export back (checkpoints.quamba1_w4) gives the mode's arrays bit for bit.
+(``Embedding``, ``Linear``). Reading the export back (recipes.quamba.w4.checkpoint_mamba1) gives the mode's arrays bit for bit.
 """
 from __future__ import annotations
 

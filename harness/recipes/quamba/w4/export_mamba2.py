@@ -1,14 +1,14 @@
 """``python -m harness export --recipe w4a8|w4a16`` of a Mamba-2 model: a ``W4A8QMamba2`` / ``W4A16QMamba2`` checkpoint.
 
-The int4 weights are the q2-w4a8 / q2-w4a16 mode's GPTQ (runner.gptq_q2, its cache shared with capture), packed
+The int4 weights are the q2-w4a8 / q2-w4a16 mode's GPTQ (recipes.quamba.w4.calibrate_mamba2, its cache shared with capture), packed
 as Marlin-QQQ / Marlin (kernels.marlin; in_proj's channel scales carry the splits' output scales, as
 ``w4a8_quantize(out_scales=)`` fuses them, enyac-group/Quamba c474646 quamba/marlin_utils.py:254-256). W4A8's
-activation path is q2-w8a8's (checkpoints.quamba2.q2_state_dict without its int8 linears; ``W4A8QMamba2``
+activation path is q2-w8a8's (recipes.quamba.q2.checkpoint.q2_state_dict without its int8 linears; ``W4A8QMamba2``
 builds W8A8's conv1d, qchunk_scan, norm and had, qMamba2.py:800-824), with ``input_scale`` s_in and s_H on the
 linears (qLinearLayer.py:139-215, 420-505). W4A16 keeps the rotated fp16 model's conv1d, dt_bias, A_log, D and
 gated-norm weight (qMamba2.py:447-485: A_log fp16 as the fp16 model holds it, D fp32). The embedding and lm_head
 are the mode's own fp16 ones (``Embedding``, ``Linear``): W4 embeddings and heads are not written. Reading
-the export back (checkpoints.quamba2_w4ckpt) gives the mode's arrays bit for bit.
+the export back (recipes.quamba.w4.checkpoint_mamba2) gives the mode's arrays bit for bit.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Quamba's ``apply_gptq`` of a Mamba-1 model, on CPU (enyac-group/Quamba c474646 quamba/modelutils_mamba.py:388-476).
 
-As for Mamba-2 (emulation.q2_gptq), layer by layer over the calibration windows, on the model ``configure_model``
+As for Mamba-2 (recipes.quamba.w4.gptq_mamba2), layer by layer over the calibration windows, on the model ``configure_model``
 prepared (:58-81, the rotated fp16 ``MambaSimple`` blocks, Hadamards fused into in_proj and out_proj by
 ``fuse_had_matrices`` before GPTQ, :828-833): Quamba1's preparation, the harness's prep=quamba calibration model
 (build.build_block with calibration=True, the fp16 model its W8A8 scales are observed on):
@@ -10,7 +10,7 @@ prepared (:58-81, the rotated fp16 ``MambaSimple`` blocks, Hadamards fused into 
    into in_proj) and of out_proj (its input: the online Hadamard's output), one ``add_batch`` per sequence
    (:443-455);
 3. ``fasterquant`` of in_proj, then out_proj (:460-465), emulation.gptq. x_proj and dt_proj are not GPTQ'd
-   (:443-446); the W4 mixers quantize x_proj by round to nearest (ops.marlin_rtn) and keep dt_proj (fp16 or W8A8).
+   (:443-446); the W4 mixers quantize x_proj by round to nearest (kernels.int4) and keep dt_proj (fp16 or W8A8).
 
 The calibration text is the run's calibration windows (Quamba draws 128 x 1024 tokens of wikitext2, :391-401).
 The lm_head GPTQ (:478-507) is not run: the W4 modes keep the fp16 head (docs/modes.md).

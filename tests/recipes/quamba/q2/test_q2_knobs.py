@@ -127,7 +127,7 @@ def _percentile_written_out(bank, windows, calib, alpha: float = 0.9995) -> floa
 
 
 def test_ssm_impl_reference_is_ssd_ref_on_the_same_inputs(model):
-    """ssm_impl (the existing knob) on q2-w8a8: reference is ops.ssd.ssd_ref, kernel ops.ssd.ssd_chunked, both on
+    """ssm_impl (the existing knob) on q2-w8a8: reference is kernels.ssd.ssd_ref, kernel kernels.ssd.ssd_chunked, both on
     the SSD's dequantized inputs as the taps hold them; everything up to the SSD is bit-identical."""
     bank, windows, calib = model
     d = bank.dims

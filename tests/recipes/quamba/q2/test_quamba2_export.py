@@ -14,7 +14,7 @@ from harness.recipes.quamba.q2.checkpoint import open_quamba2
 from harness.recipes.quamba.q2.order import match_rows
 from harness.cli import capture_main, main
 from harness.runner.calibration import CalibrationSettings
-from harness.recipes.quamba.export import ExportConfig, export
+from harness.runner.export import ExportConfig, export
 from helpers import FAST_CALIB, run_cli
 from mamba2_fixtures import make_mamba2
 from quamba2_fixture import handmade_q2_config, handmade_q2_state_dict

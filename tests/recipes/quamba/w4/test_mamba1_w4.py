@@ -18,7 +18,7 @@ from harness.architectures.mamba1.build import build_block
 from harness.emulation.gptq import gptq_int4, to_int4_weight
 from harness.recipes.quamba.w4.block_mamba1 import EmuW4A8O8Linear, with_output_scale
 from harness.kernels.int4 import Int4Weight
-from harness.kernels.marlin_rtn import rtn_int4
+from harness.kernels.int4 import rtn_int4
 from harness.kernels.w4_linear import w4a8_linear_ref, w4a8_values, w4a16_linear_ref
 from harness.modes import CALIBRATION_RECIPES, ModeError
 from harness.recipes.quamba.families import calibrate_key

@@ -1,5 +1,5 @@
 """`export --recipe w4a8|w4a16` of a Mamba-1 model writes Quamba2's W4A8QMamba / W4A16QMamba checkpoint
-(runner.export_m1w4): its keys, dtypes and shapes are those of the checkpoint written by hand from Quamba's source
+(recipes.quamba.w4.export_mamba1): its keys, dtypes and shapes are those of the checkpoint written by hand from Quamba's source
 (tests/fixtures/quamba1_w4_fixture.py), its in_proj and out_proj are the GPTQ cache's codes packed by the test's Marlin
 packing (tests/fixtures/marlin_fixture.py), and capturing from it gives every tap of the mode bit for bit as capturing from
 the float model (calibration and GPTQ)."""
@@ -14,7 +14,7 @@ import torch
 from conftest import make_hf_model, write_hf_dir
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main, main
-from harness.kernels.marlin_rtn import rtn_int4
+from harness.kernels.int4 import rtn_int4
 from harness.runner.weightbank import WeightBank
 from helpers import run_cli
 from marlin_fixture import pack_given

@@ -96,7 +96,7 @@ def test_bad_w4_checkpoint_names_the_key(case, tmp_path):
 
 
 def test_a_run_refuses_hybrid_checkpoints_naming_the_layers(tmp_path):
-    """A hybrid checkpoint is refused (checkpoints.quamba2_w4ckpt): its layers' recipes and what is supported."""
+    """A hybrid checkpoint is refused (recipes.quamba.w4.checkpoint_mamba2): its layers' recipes and what is supported."""
     recipes = [["W4A8"], ["W4A8", "W4A16"]]
     sd, _ = w4_state_dict(recipes, hybrid=True)
     path = _write(tmp_path / "q", sd, w4_config(recipes, hybrid=True))

@@ -121,7 +121,7 @@ def test_match_nearest_takes_each_rows_most_similar_partner():
 
 @pytest.mark.parametrize("recipe", ["W4A8", "W4A16"])
 def test_the_w4_export_is_the_hand_packed_checkpoint(recipe, runs):
-    """`export --recipe w4a8|w4a16` (runner.export_q2w4, its own Marlin packing) writes, key for key and bit for bit,
+    """`export --recipe w4a8|w4a16` (recipes.quamba.w4.export_mamba2, its own Marlin packing) writes, key for key and bit for bit,
     the checkpoint packed above with the test's packing from Quamba's source; capturing from it gives the mode's
     arrays from the float model."""
     root, f, cap, common, files = runs

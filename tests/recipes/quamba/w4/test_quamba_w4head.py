@@ -61,7 +61,7 @@ def _mode(arch: str, recipe: str):
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1"])
 def test_the_embedding_rows_are_the_int4_rows_the_harness_computes_from_the_fp16_table(arch, ckpts):
     """W4O16Embedding.from_fp16 as Quamba writes it (the fixture) unpacked and looked up as the kernel does is the
-    harness's embedding=int4 emulation of the same fp16 table (emulation.q2_head): codes, scales and rows."""
+    harness's embedding=int4 emulation of the same fp16 table (kernels.embedding_head): codes, scales and rows."""
     path, sd, truth = ckpts[(arch, "W4A16")]
     ckpt = open_any_quamba(path) if arch == "mamba2" else open_models(path, None).quamba
     rows = ckpt.embedding()
@@ -185,7 +185,7 @@ def test_a_malformed_w4_head_is_exit_2_naming_the_key(arch, recipe, edit, messag
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_head_in_vocabulary_slices_is_the_whole_gemm(recipe, ckpts):
-    """emulation.q2_head.w4_lm_head_logits runs the head `rows` out-features at a time: any slicing (here one
+    """kernels.embedding_head.w4_lm_head_logits runs the head `rows` out-features at a time: any slicing (here one
     that does not divide the vocabulary) gives the single GEMM's logits bit for bit."""
     from harness.kernels.embedding_head import w4_lm_head_logits
     from harness.spec import QTensor
