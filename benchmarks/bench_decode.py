@@ -83,7 +83,7 @@ def whole_run(args: argparse.Namespace) -> dict:
     side --repeat times (alternating, so both see the same load); medians with min and max."""
     from transformers import MambaForCausalLM
 
-    from harness.checkpoints.loading import load_tokenizer
+    from harness.checkpoints.tokenizer import load_tokenizer
     from harness.checkpoints.text import DEFAULT_TEXT_FILE, read_sample
     from harness.modes import PRESETS
 

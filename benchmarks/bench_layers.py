@@ -52,7 +52,7 @@ def _write_ids(model: Path, seq_len: int, calib: tuple[int, int], work: Path) ->
 
     from harness.runner.calibration import CalibrationSettings
     from harness.checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
-    from harness.checkpoints.loading import load_tokenizer
+    from harness.checkpoints.tokenizer import load_tokenizer
 
     tok, settings = load_tokenizer(model), CalibrationSettings(*calib)
     np.save(work / "ids.npy", read_sample(tok, DEFAULT_TEXT_FILE, seq_len).ids.numpy())

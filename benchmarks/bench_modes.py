@@ -60,7 +60,8 @@ def _child_harness(a: dict) -> dict:
 
 def _prepare(a: dict):
     from harness.checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
-    from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+    from harness.checkpoints.tokenizer import load_tokenizer
+    from harness.checkpoints.loading import open_checkpoint
 
     ckpt = open_checkpoint(a["model"])
     tok = load_tokenizer(a["model"])

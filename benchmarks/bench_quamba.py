@@ -54,7 +54,7 @@ def _child_quamba(a: dict) -> dict:
 def _child_floor(a: dict) -> dict:
     from harness.runner.backbone import build_backbone
     from harness.checkpoints.text import DEFAULT_TEXT_FILE, read_sample
-    from harness.checkpoints.loading import load_tokenizer
+    from harness.checkpoints.tokenizer import load_tokenizer
     from harness.recipes.registry import get_mode
     from harness.runner.pairing import checkpoint_calibration, open_models
 

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import harness.recipes.quamba.q2.block as q2_block  # noqa: E402
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint  # noqa: E402
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint  # noqa: E402
 from harness.checkpoints.text import DEFAULT_TEXT_FILE, tokenize_file  # noqa: E402
 from harness.runner.backbone import build_backbone  # noqa: E402
 from harness.emulation.capture import capture  # noqa: E402

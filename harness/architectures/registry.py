@@ -35,7 +35,11 @@ class Architecture:
     raises ``ValueError`` for a recipe the block cannot take; prepare_layer: ``(raw, weights, rotate, prep, fp16)
     -> params``, one block's weights as a recipe needs them (raw(): the checkpoint's tensors; fp16(): the same
     block's fp16 variant, for int8 weights quantized from it); extra: what a recipe may ask of it by key
-    (``formats``: its blocks apply the number-format knobs).
+    (``formats``: its blocks apply the number-format knobs); open_config: ``(ckpt, config, error) -> bool``, the
+    float checkpoint reader of the architecture's own layout: True when `config` (config.json) is one of its
+    models, after it has set the just-indexed checkpoint's tensor table, format and dims (checkpoints.loading
+    asks every architecture that has one; the Mamba-1 layout is the loader's own); it raises `error` for a
+    config or tensor it cannot use.
     """
 
     name: str
@@ -45,6 +49,7 @@ class Architecture:
     prepare_layer: Callable[..., Any]
     presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    open_config: Callable[..., bool] | None = None
 
 
 _ARCHITECTURES: dict[str, Architecture] = {}

@@ -27,14 +27,12 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
 
 from ..spec import ModelDims
-from ..architectures.mamba2.config import open_mamba2
+from ..architectures.registry import architecture_names, get_architecture
 from ..store.files import is_regular, open_regular, read_regular
 
-__all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint", "load_tokenizer", "Tokenizer",
+__all__ = ["ModelDirError", "Checkpoint", "MappedSafetensors", "open_checkpoint",
            "LAYER_TENSORS", "MODEL_DIR_CONTENTS", "check_dims"]
 
 MODEL_DIR_CONTENTS = ("a model directory must contain config.json (transformers Mamba keys hidden_size, "
@@ -81,8 +79,8 @@ class Checkpoint:
     """A Mamba-1 checkpoint directory whose tensors are read on demand."""
 
     def __init__(self, path: Path, key_file: dict[str, Path], embed_key: str, handles: dict[Path, object]) -> None:
-        self.path, self.format, self.dims = path, "?", None  # dims: ModelDims, or Mamba2Dims (checkpoints.mamba2)
-        self.layer_tensors, self.optional = LAYER_TENSORS, _OPTIONAL  # a Mamba-2's own (checkpoints.mamba2)
+        self.path, self.format, self.dims = path, "?", None  # dims: ModelDims, or Mamba2Dims (architectures.mamba2.config)
+        self.layer_tensors, self.optional = LAYER_TENSORS, _OPTIONAL  # a Mamba-2's own (architectures.mamba2.config)
         self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
         self.tensors_read: dict[str, int] = {}  # key -> bytes, for every tensor read so far
         self._embedding: torch.Tensor | None = None
@@ -370,8 +368,10 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         raise ModelDirError(f"{path}: no embedding tensor (backbone.embeddings.weight or backbone.embedding.weight); "
                             f"is this a Mamba checkpoint? {MODEL_DIR_CONTENTS}")
     ckpt = Checkpoint(path, key_file, embed_key, handles)
-    if open_mamba2(ckpt, cfg, ModelDirError):  # a Mamba-2 config: its own tensors, dims and checks
-        return ckpt
+    for name in architecture_names():  # an architecture with a layout of its own (Mamba-2): its tensors, dims, checks
+        opener = get_architecture(name).open_config
+        if opener is not None and opener(ckpt, cfg, ModelDirError):
+            return ckpt
     try:
         ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
     except ModelDirError:
@@ -381,40 +381,3 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     check_dims(path, ckpt.dims)
     _check_shapes(ckpt)
     return ckpt
-
-
-class Tokenizer:
-    """A `tokenizers` tokenizer plus the id that separates documents (None if it has no end-of-text token)."""
-
-    def __init__(self, tok, path: Path) -> None:
-        self.tok, self.path = tok, path
-        self.eos_id = next((tok.token_to_id(t) for t in ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
-                            if tok.token_to_id(t) is not None), None)
-
-    def encode_documents(self, docs: list[str]) -> list[list[int]]:
-        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets: faster, same ids
-        return [enc.ids for enc in encode(docs, add_special_tokens=False)]
-
-
-def load_tokenizer(model_dir: Path, tokenizer_dir: Path | None = None) -> Tokenizer:
-    """tokenizer.json (or vocab.json + merges.txt, byte-level BPE) from tokenizer_dir or the model directory."""
-    where = Path(tokenizer_dir) if tokenizer_dir is not None else Path(model_dir)
-    if not where.is_dir():
-        raise ModelDirError(f"tokenizer directory {where} does not exist; it must contain tokenizer.json "
-                            f"(or vocab.json and merges.txt)")
-    if is_regular(tok_file := where / "tokenizer.json", refuse_in(tok_file)):
-        try:  # read here, then parsed: the file is checked on the descriptor that reads it
-            return Tokenizer(HFTokenizer.from_str(read_regular(tok_file, 1 << 30).decode("utf-8")), tok_file)
-        except Exception as e:
-            raise ModelDirError(f"{tok_file} cannot be read as a tokenizer ({e})") from None
-    if all([is_regular(where / n, refuse_in(where / n)) for n in ("vocab.json", "merges.txt")]):
-        try:
-            tok = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
-        except Exception as e:
-            raise ModelDirError(f"{where}: vocab.json and merges.txt cannot be read as a byte-level BPE tokenizer "
-                                f"({e}); vocab.json must map tokens to ids, merges.txt list merges") from None
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        return Tokenizer(tok, where / "vocab.json")
-    hint = "" if tokenizer_dir is not None else "; pass --tokenizer DIR to use another directory"
-    raise ModelDirError(f"no tokenizer in {where}: it must contain tokenizer.json (or vocab.json and merges.txt){hint}")

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 
 from ..store.files import file_sha256, open_regular
-from .loading import Tokenizer
+from .tokenizer import Tokenizer
 
 __all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
            "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE", "check_token_ids", "capped", "chars_for"]

@@ -21,12 +21,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..spec import QTensor
 from .conv1d import silu_kernel
-from . import portable
 from .portable import exp as portable_exp
 from .quant import fma_f32
-from .rounding import round_half_away, round_half_even
+from .rounding import round_half_away
 
 __all__ = ["x_channel_scales", "x_channel_scales_ref", "conv_out_scales", "q2_conv1d",
            "q2_conv1d_ref", "q2_conv1d_values", "q2_conv1d_quantize"]

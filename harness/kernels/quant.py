@@ -21,7 +21,7 @@ import torch
 
 from ..spec import INT8_BOUNDS, FloatOut, FormatOut, OutSpec, QTensor, QuantOut, Rounding
 from .formats import fake_quantize
-from .rounding import round_half_away, round_half_even, round_with
+from .rounding import round_half_even, round_with
 
 __all__ = [
     "saturate_int8",

@@ -11,7 +11,7 @@ from .knobs import FORMAT_KNOBS, KNOBS, Q2_HEAD_KNOBS, Q2_KNOBS, ModeError
 from .recipe import ModeRecipe
 from .registry import BUILTIN_MODES
 
-__all__ = ["load_modes_file", "resolve_modes"]
+__all__ = ["load_modes_file"]
 
 
 def load_modes_file(path: Path) -> list[ModeRecipe]:

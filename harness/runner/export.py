@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..checkpoints.loading import ModelDirError, load_tokenizer, open_checkpoint, refuse_in
+from ..checkpoints.loading import ModelDirError, open_checkpoint, refuse_in
+from ..checkpoints.tokenizer import load_tokenizer
 from ..checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows
 from ..recipes.registry import Exporter, checkpoint_formats, exporters, get_exporter
 from ..runtime.guard import Progress

@@ -14,12 +14,11 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from .calibration import CalibrationResult
 from ..runtime.log import warn
 from ..modes import Prep, Rotate, Weights
-from ..checkpoints.loading import Checkpoint, ModelDirError, Tokenizer, load_tokenizer, open_checkpoint, refuse_in
+from ..checkpoints.loading import Checkpoint, ModelDirError, open_checkpoint, refuse_in
+from ..checkpoints.tokenizer import Tokenizer, load_tokenizer
 from ..recipes.registry import CheckpointFormat, checkpoint_formats
 from ..store.files import is_regular
 from .weightbank import WeightBank

@@ -123,7 +123,7 @@ def test_sample_tokenized_one_document_at_a_time_has_the_same_ids(extra):
     the whole file's stream (documents encoded two at a time, joined by end-of-text)."""
     from conftest import SHIPPED
     from harness.checkpoints.text import DEFAULT_TEXT_FILE, read_sample, tokenize_file
-    from harness.checkpoints.loading import load_tokenizer
+    from harness.checkpoints.tokenizer import load_tokenizer
 
     tok = load_tokenizer(SHIPPED)
     stream = tokenize_file(tok, DEFAULT_TEXT_FILE)

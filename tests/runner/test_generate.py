@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import make_hf_model, write_hf_dir
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
 from harness.modes import BUILTIN_MODES
 from harness.runner.forwards import Forward

@@ -8,7 +8,8 @@ from harness.runner.backbone import build_backbone
 from harness.recipes.quamba.calibration import run_observers
 from harness.emulation.capture import capture
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE, calibration_windows, read_sample
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 from harness.modes import BUILTIN_MODES
 from harness.runner.weightbank import WeightBank
 from helpers import run_modes

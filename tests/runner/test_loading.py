@@ -4,7 +4,8 @@ import shutil
 import pytest
 import torch
 
-from harness.checkpoints.loading import LAYER_TENSORS, ModelDirError, load_tokenizer, open_checkpoint
+from harness.checkpoints.loading import LAYER_TENSORS, ModelDirError, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
 
 
 def test_both_formats_give_the_same_model(hf_dir, ssm_dir):

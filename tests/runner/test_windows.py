@@ -6,7 +6,7 @@ import torch
 
 from conftest import SHIPPED
 from harness.checkpoints.text import DataError, calibration_windows, read_sample
-from harness.checkpoints.loading import load_tokenizer
+from harness.checkpoints.tokenizer import load_tokenizer
 
 SEQLEN = 8
 

@@ -21,7 +21,7 @@ from conftest import ROOT, make_hf_model, write_hf_dir
 from harness.cli import capture_main
 from harness.store.reader import load_capture
 from helpers import FAST_CLI, run_cli
-from pairs import WORKER_FIELDS, assert_identical, digest  # noqa: F401  (test_ray and test_plugins too)
+from pairs import assert_identical
 from quamba_fixture import write_handmade
 
 pytestmark = pytest.mark.usefixtures("one_thread")

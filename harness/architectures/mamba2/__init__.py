@@ -8,6 +8,7 @@ from ...modes.knobs import MAMBA2_PRESETS
 from ...spec import FLOAT_DTYPES
 from ..registry import Architecture, register_architecture
 from .build import build_blocks
+from .config import open_mamba2
 from .weights import float_layer_mamba2
 
 __all__ = ["MAMBA2"]
@@ -19,4 +20,5 @@ def prepare_layer(raw, weights: str, rotate: bool, prep: str, fp16):
 
 
 MAMBA2 = register_architecture(Architecture(
-    "mamba2", "Mamba-2 (SSD)", MAMBA2_POINTS, build_blocks, prepare_layer, presets=MAMBA2_PRESETS))
+    "mamba2", "Mamba-2 (SSD)", MAMBA2_POINTS, build_blocks, prepare_layer, presets=MAMBA2_PRESETS,
+    open_config=open_mamba2))

@@ -86,7 +86,7 @@ def test_read_documents_formats_and_errors(tmp_path):
 
 def test_sample_records_where_it_came_from(tmp_path):
     from conftest import SHIPPED
-    from harness.checkpoints.loading import load_tokenizer
+    from harness.checkpoints.tokenizer import load_tokenizer
     tok = load_tokenizer(SHIPPED)
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"text": " ".join(["the"] * 10)}) + "\n")
@@ -173,7 +173,7 @@ def test_an_empty_document_list_tokenizes_to_an_empty_int64_stream(tmp_path):
     """torch.tensor([]) is float32: the ids' dtype is stated, not inferred (a mutant without it survived: any
     non-empty stream infers int64)."""
     from harness.checkpoints.text import tokenize_file
-    from harness.checkpoints.loading import load_tokenizer
+    from harness.checkpoints.tokenizer import load_tokenizer
     from conftest import SHIPPED
     (tmp_path / "empty.jsonl").write_text("\n")
     ids = tokenize_file(load_tokenizer(SHIPPED), tmp_path / "empty.jsonl")

@@ -5,7 +5,8 @@ import torch
 
 from conftest import SHIPPED
 from harness.checkpoints.text import DEFAULT_TEXT_FILE, tokenize_file
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 
 
 def test_size_and_files():

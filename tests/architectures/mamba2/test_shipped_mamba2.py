@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from conftest import ROOT
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 from harness.checkpoints.text import DEFAULT_TEXT_FILE, tokenize_file
 from harness.cli import capture_main
 from harness.store.reader import load_capture

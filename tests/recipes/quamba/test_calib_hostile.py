@@ -14,7 +14,8 @@ import torch
 from conftest import ROOT
 from helpers import FAST_CALIB, FAST_CLI, cache_entry, run_cli
 
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 from harness.checkpoints.text import DataError, _token_stream, read_documents
 from harness.cli import capture_main, main
 from harness.recipes.quamba.families import calibrate_key as calibrate

@@ -8,7 +8,8 @@ from harness.runner.calibration import CalibrationSettings
 from harness.recipes.quamba.calibration import run_observers
 from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, DataError, calibration_windows, read_documents, tokenize_file
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 from harness.runner.weightbank import WeightBank
 from conftest import SHIPPED
 from helpers import FAST_CALIB, run_modes

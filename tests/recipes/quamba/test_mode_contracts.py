@@ -10,7 +10,8 @@ from harness.runner.backbone import build_backbone
 from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.emulation.capture import capture
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 from harness.recipes.registry import get_mode
 from harness.kernels.quant import quantize
 from harness.spec import Rounding

@@ -17,7 +17,8 @@ from harness.recipes.quamba.families import calibrate_key as calibrate
 from harness.checkpoints.text import DEFAULT_CALIB_FILE, calibration_windows
 from harness.cli import capture_main, main
 from harness.runner.export import ExportConfig, export
-from harness.checkpoints.loading import load_tokenizer, open_checkpoint
+from harness.checkpoints.tokenizer import load_tokenizer
+from harness.checkpoints.loading import open_checkpoint
 from harness.kernels.quant import quantize_rows_signed_max_fp16
 from harness.recipes.quamba.checkpoint import open_quamba
 from harness.store.reader import load_capture

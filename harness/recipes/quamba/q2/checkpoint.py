@@ -23,9 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ....checkpoints.loading import ModelDirError
-from ..checkpoint import (QUAMBA_MIXERS, SUPPORTED, QuambaCheckpoint, describe_kind, kind_ok, read_config, check_spec,
-                     open_quamba, open_w8a8, pad16)
+from ..checkpoint import QuambaCheckpoint, check_spec, describe_kind, kind_ok, open_w8a8, pad16
 from .checkpoint_checks import NONE, SUPPORTED2, check_q2_values, q2_config_dims, q2_layer_spec
 from ..checkpoint_checks import check_values
 from .grouping import GroupReorder
