@@ -277,3 +277,51 @@ def test_a_failing_entry_point_is_exit_2_naming_it(tmp_path, monkeypatch, capsys
     assert main(["points"]) == 2
     err = capsys.readouterr().err
     assert "error: plugin entry point 'bad'" in err and "plugtest_missing_dependency" in err
+
+
+CALIBRATED = '''
+from harness.modes import ModeRecipe
+from harness.recipes.registry import Recipe, register_recipe
+from harness.runner.calibration import CalibrationResult
+
+SEEN = []
+
+
+class Amax(Recipe):
+    """A family with a calibration of its own: fp16 blocks whose in_proj weight is divided by the layer's scale."""
+    name = "amax-test"
+    modes = (ModeRecipe("amax", "fp16, in_proj over a calibrated number", weights="fp16", rotate="no", norm_out="fp",
+                        in_proj_out="fp", conv_in="static", conv_out="fp32", ssm_u="fp32", ssm_impl="reference",
+                        had_out="fp", act_dtype="fp16", prep="exact", family="amax-test"),)
+
+    def calibration_key(self, mode):
+        return "amax-test"
+
+    def calibrate(self, key, bank, windows, settings, depth, prefix_hashes, cache_dir, *, progress=None):
+        SEEN.append((key, int(windows.numel())))
+        return CalibrationResult([2.0] * (depth + 1), {"prep": key, "source": "computed", "tokens": int(windows.numel())})
+
+    def build_blocks(self, mode, bank, scales, depth, calibration=False):
+        blocks = super().build_blocks(mode, bank, None, depth, calibration)
+        for block, s in zip(blocks, scales):
+            block.in_proj.weight = block.in_proj.weight / s
+        return blocks
+
+
+register_recipe(Amax())
+'''
+
+
+def test_a_plugin_family_with_its_own_calibration_gets_its_scales(model, tmp_path):
+    """recipe_for(mode).calibration_key/calibrate decide, not the knobs: a float-knob mode of a family with a
+    calibration of its own reads the calibration text, gets its result in its blocks and in the stats."""
+    plugin = tmp_path / "amax.py"
+    plugin.write_text(CALIBRATED)
+    out = tmp_path / "run" / "run.npz"
+    assert capture(out, "--model", model, "--plugin", plugin, "--modes", "1", "amax", "--reference", "1") == 0
+    stats = json.loads(out.with_name("run_stats.json").read_text())
+    info = stats["provenance"]["calibration_by_prep"]["amax-test"]
+    assert info["source"] == "computed" and info["tokens"] > 0
+    assert stats["modes"]["amax"]["status"] == "ok" and stats["modes"]["amax"]["recipe"]["family"] == "amax-test"
+    cap = load_capture(out)
+    assert not np.array_equal(cap.array("amax", "output"), cap.array("1", "output"))  # the scale reached in_proj

@@ -46,10 +46,11 @@ class RunContext:
 
     def scales(self, recipe: ModeRecipe) -> list[LayerScales] | None:
         """The calibrated scales of the recipe's prep (None for float recipes); a failed calibration raises."""
-        calib = self.calibs.get(recipe_for(recipe).calibration_key(recipe))
-        if recipe.needs_calibration and isinstance(calib, Exception):
+        key = recipe_for(recipe).calibration_key(recipe)  # None: the mode reads no calibration
+        calib = self.calibs.get(key) if key is not None else None
+        if isinstance(calib, Exception):
             raise RuntimeError(f"calibration failed: {calib}")
-        return calib.scales if isinstance(calib, CalibrationResult) and recipe.needs_calibration else None
+        return calib.scales if isinstance(calib, CalibrationResult) else None
 
     def head_scale(self, recipe: ModeRecipe) -> float | None:
         """lm_head=quantized: the lm_head:input scale observed with the recipe's calibration (recipes.quamba.q2.head_scale)."""

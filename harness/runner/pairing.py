@@ -19,7 +19,7 @@ from ..runtime.log import warn
 from ..modes import Prep, Rotate, Weights
 from ..checkpoints.loading import Checkpoint, ModelDirError, open_checkpoint, refuse_in
 from ..checkpoints.tokenizer import Tokenizer, load_tokenizer
-from ..recipes.registry import CheckpointFormat, checkpoint_formats
+from ..recipes.registry import CheckpointFormat, checkpoint_formats, recipe_for
 from ..store.files import is_regular
 from .weightbank import WeightBank
 
@@ -49,7 +49,8 @@ class Models:
 
     def needs_calibration(self, recipes) -> bool:
         """Whether some recipe needs scales that must be calibrated (so the calibration text is read)."""
-        return any(r.needs_calibration and not self.gives_scales(r.calibration_key) for r in recipes)
+        keys = [recipe_for(r).calibration_key(r) for r in recipes]
+        return any(k is not None and not self.gives_scales(k) for k in keys)
 
     def tokenizer(self, tokenizer_dir: Path | None = None) -> Tokenizer:
         """--tokenizer, else the model directory, else (Quamba checkpoints carry none) the float model's."""

@@ -336,8 +336,9 @@ def _calibrate(cfg: RunConfig, calib_text, bank: WeightBank, prefix: list[str], 
         return e
     result.info.update(calib_file=str(calib_text.path), calib_file_sha256=calib_text.sha256,
                        calib_documents_used=calib_text.documents_used)
-    emit(f"calibration (prep={prep}): {result.info['source']} ({cfg.calib.num_samples} samples x {cfg.calib.seqlen} tokens, "
-         f"alpha {cfg.calib.alpha}, layers 0..{depth}, {result.info['seconds']} s)")
+    info = result.info  # a family's own: "source" and "seconds" where it says them
+    emit(f"calibration (prep={prep}): {info.get('source', 'done')} ({cfg.calib.num_samples} samples x "
+         f"{cfg.calib.seqlen} tokens, alpha {cfg.calib.alpha}, layers 0..{depth}, {info.get('seconds', '?')} s)")
     return result
 
 

@@ -35,7 +35,8 @@ from dataclasses import replace
 import torch
 
 from ...emulation.build import act_dtype
-from ...emulation.modules import ConvInput, EmuConv1d, EmuHadamard, EmuLinear, EmuMambaBlock, EmuRMSNorm, EmuSelectiveScan, UInput
+from ...emulation.modules import (ConvInput, EmuConv1d, EmuHadamard, EmuLinear, EmuMambaBlock, EmuRMSNorm,
+                                  EmuSelectiveScan, UInput)
 from ...emulation.state import StateRule
 from ...kernels.formats import FORMATS, fake_quantize
 from ...kernels.linear import Epilogue
