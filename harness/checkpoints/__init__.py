@@ -1,3 +1,4 @@
-"""What the harness reads from disk besides captures: transformers and mamba_ssm checkpoints
-(loading), Quamba W8A8 checkpoints in and out (quamba), and text samples (text).
+"""What the harness reads from disk besides captures: float checkpoints in the transformers and mamba_ssm
+layouts (loading; an architecture with a layout of its own reads it through its open_config), tokenizers
+(tokenizer) and text samples (text). Quantized checkpoints are their recipe family's (harness.recipes).
 """

@@ -1,4 +1,4 @@
-"""The numeric core: the W8A8 kernels as pure-PyTorch ops (ops/), the emulated Mamba block and its
-modules (modules), calibration observers, the recipe interpreter (build), weight preparation as
-Quamba does it (weights) and the names of the capture points (capture). Imports spec and modes only.
+"""The emulated modules every architecture composes (modules: linear, norm, conv, scan, Hadamard, the Mamba-1
+block, the backbone, each with its hook points), decode state, GPTQ of one linear, what every recipe's blocks
+share (build) and the names of the capture points (capture). Imports spec, modes and kernels only.
 """
