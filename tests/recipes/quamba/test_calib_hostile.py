@@ -131,7 +131,7 @@ def test_a_50_mb_line_is_not_tokenized_whole(tmp_path):
     words = ("the quick brown fox jumps over the lazy dog " * ((20 << 20) // 44 + 1))[: 20 << 20]
     path.write_text(json.dumps({"text": words}) + "\n" + json.dumps({"text": "tiny"}) + "\n")
     code = ("import resource, sys; from pathlib import Path\n"
-            "from harness.checkpoints.loading import load_tokenizer\n"
+            "from harness.checkpoints.tokenizer import load_tokenizer\n"
             "from harness.checkpoints.text import calibration_windows\n"
             "tok = load_tokenizer(Path('models/mamba-tiny'))\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
