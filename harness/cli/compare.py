@@ -42,15 +42,13 @@ def _compare(argv: list[str] | None, prog: str | None, progress) -> int:
         return importlib.import_module("harness.runner.crossrun").command(args, print)
     from ..metrics.compare import CompareError, compare_modes, compared_pairs, fail_if_violations, same_basis
     from ..report.compare_text import compare_output, gate_line
-    from ..store.format import StorageError, check_output, check_writable, pending_path, stats_path, write_json
+    from ..store.format import StorageError, check_json_output, stats_path, write_json
     from ..store.reader import load_capture
 
     out = args.json or args.save_comparison
     try:
         if out is not None:
-            check_writable(out)
-            check_output(out, {"the capture file": args.file, "the capture's stats file": stats_path(args.file),
-                               "the capture's pending stats file": pending_path(args.file)})
+            check_json_output(out, {"the capture": args.file})
         if args.fail_if is not None:
             fail_if_violations(args.fail_if, {"modes": {}})  # a bad expression is exit 2 before any work
         cf = load_capture(args.file)

@@ -38,7 +38,7 @@ def build_sweep_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def _sweep_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..report.formats import SweepError, format_table, sweep_file, sweep_tables
-    from ..store.format import StorageError, check_output, check_writable, json_text, pending_path, stats_path, write_json
+    from ..store.format import StorageError, check_json_output, json_text, write_json
 
     args = build_sweep_parser(prog).parse_args(argv)
     if not plugins_loaded(args.plugin):
@@ -52,9 +52,7 @@ def _sweep_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     to_stdout = args.json is not None and str(args.json) == "-"
     try:
         if args.json is not None and not to_stdout:
-            check_writable(args.json)
-            check_output(args.json, {"the capture file": args.file, "the capture's stats file": stats_path(args.file),
-                                     "the capture's pending stats file": pending_path(args.file)})
+            check_json_output(args.json, {"the capture": args.file})
         result = sweep_file(args.file, args.formats, args.modes, args.tensors)
     except (StorageError, SweepError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..store.files import StorageError, check_output, open_regular
+from ..store.files import StorageError, check_output, open_regular, same_file
 from ..store.format import pending_path, stats_path
 from .html import GENERATOR, MARK
 
@@ -41,17 +41,6 @@ def written_by_report(path: Path) -> bool:
     return any(head.startswith(start) and mark in head for start, mark in _OWN)
 
 
-def _same(a: Path, b: Path) -> bool:
-    """One file under two names: the same path once links are resolved (also when it does not exist yet),
-    or the same inode (a hard link)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def check_target(path: Path, capture: Path, others: dict[str, Path] | None = None) -> None:
     """Refuse to write the report page or a figure file at `path` (StorageError) unless nothing is there or
     the report wrote what is there. others: more paths it must not be, by what they are."""
@@ -60,7 +49,7 @@ def check_target(path: Path, capture: Path, others: dict[str, Path] | None = Non
     keep = {"the capture file": capture, "the capture's stats file": stats_path(capture),
             "the capture's pending stats file": pending_path(capture), **(others or {})}
     for what, other in keep.items():
-        if _same(path, other):
+        if same_file(path, other):
             raise StorageError(f"cannot write {path}: it is {what} of this report ({other}); the report never "
                                f"writes over its input: choose another path (default: {report_path(capture).name})")
     if os.path.islink(path):

@@ -14,7 +14,7 @@ import numpy as np
 from ..metrics.crossrun import compare_runs
 from ..runtime.log import error
 from ..store.reader import CaptureFile, load_capture
-from ..store.format import StorageError, check_output, check_writable, stats_path, write_json
+from ..store.format import StorageError, check_json_output, write_json
 
 __all__ = ["CrossRunError", "compare_files", "crossrun_text", "command"]
 
@@ -74,9 +74,7 @@ def command(args: argparse.Namespace, emit: Callable[[str], None]) -> int:
     out = args.json or args.save_comparison
     try:
         if out is not None:
-            check_writable(out)
-            check_output(out, {"the capture file": args.file, "the --against file": args.against,
-                               "the capture's stats file": stats_path(args.file)})
+            check_json_output(out, {"the capture": args.file, "the --against capture": args.against})
         result = compare_files(args.file, args.against, atol=args.atol, rtol=args.rtol, modes=args.modes)
     except (StorageError, CrossRunError) as e:
         error(str(e))

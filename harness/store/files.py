@@ -15,7 +15,8 @@ from typing import BinaryIO, Callable
 from ..runtime.guard import fault_point
 
 __all__ = ["StorageError", "check_output", "check_writable", "file_sha256", "file_kind", "temp_file", "write_file",
-           "fsync_dir", "remove_files", "atomic_write", "TrailingSha256", "open_regular", "read_regular", "is_regular"]
+           "fsync_dir", "remove_files", "atomic_write", "TrailingSha256", "open_regular", "read_regular", "is_regular",
+           "same_file"]
 
 
 class StorageError(ValueError):
@@ -82,6 +83,17 @@ def is_regular(path: Path | str, refuse: Refusal | None = None) -> bool:
     if kind is not None:
         raise (refuse or _not_regular(path))(f"{kind}, not a regular file")
     return True
+
+
+def same_file(a: Path | str, b: Path | str) -> bool:
+    """One file under two names: the same path once links are resolved (also when it does not exist yet),
+    or the same inode (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def check_output(path: Path, inputs: dict[str, Path | None] | None = None) -> None:

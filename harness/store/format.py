@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from .files import (StorageError, TrailingSha256, atomic_write, check_output, check_writable, file_sha256,
-    fsync_dir, open_regular, remove_files, temp_file, write_file)
+    fsync_dir, open_regular, remove_files, same_file, temp_file, write_file)
 from ..emulation.capture import array_key, parse_array_key, tensor_name  # the one naming authority
 from ..runtime.guard import Progress, deferred_signals, fault_point
 
@@ -49,7 +49,7 @@ __all__ = ["SCHEMA_VERSION", "SUPPORTED_SCHEMA_VERSIONS", "StorageError", "array
            "tensor_name", "stats_path", "write_npz", "write_json", "read_json", "dedup_arrays",
            "check_writable", "json_safe", "json_text", "METADATA_KEYS", "write_pair", "check_output",
            "pending_path", "file_sha256", "MAX_MANIFEST_BYTES", "RESEARCH_STAT_KEYS",
-           "research_stats", "PairWriter", "array_digest"]
+           "research_stats", "PairWriter", "array_digest", "check_json_output", "is_capture_stats"]
 
 SCHEMA_VERSION = 3
 SUPPORTED_SCHEMA_VERSIONS = (0, 1, 2, 3)
@@ -285,3 +285,42 @@ def dedup_arrays(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], 
         kept[key] = arr
     return kept, aliases
 
+
+def is_capture_stats(path: Path) -> bool:
+    """Whether `path` is a capture's stats file: ``<name>_stats.json`` or ``.<name>_stats.json.pending`` beside
+    a ``<name>.npz`` (written there, it would be read as that capture's manifest), or a JSON object with
+    ``schema_version`` or ``npz``."""
+    path = Path(path)
+    name = path.name[1:-len(".pending")] if path.name.startswith(".") and path.name.endswith(".pending") else path.name
+    if name.endswith("_stats.json") and os.path.lexists(path.with_name(name[:-len("_stats.json")] + ".npz")):
+        return True
+    try:
+        with open_regular(path) as f:
+            if not f.read(64).lstrip().startswith(b"{"):
+                return False
+        return bool({"schema_version", "npz"} & set(read_json(path)))
+    except (OSError, StorageError):
+        return False
+
+
+def check_json_output(path: Path, captures: dict[str, Path | None]) -> None:
+    """Refuse (StorageError) the --json path of a command that reads `captures` ("the capture" -> .npz), before any
+    work: a path that cannot be written or is a special file, one of the captures' own files (the .npz, its
+    _stats.json, its pending stats), any existing .npz or any capture's stats file (``is_capture_stats``). A previous --json
+    output (or any other file) is replaced."""
+    path = Path(path)
+    check_writable(path)
+    for what, npz in captures.items():
+        if npz is None:
+            continue
+        for kind, other in ((" file", npz), ("'s stats file", stats_path(npz)),
+                            ("'s pending stats file", pending_path(npz))):
+            if same_file(path, other):
+                raise StorageError(f"cannot write {path}: it is {what}{kind} of this run ({other}); the output "
+                                   f"is never written over a file the command reads: choose another path")
+    if path.name.endswith(".npz") and os.path.lexists(path):
+        raise StorageError(f"cannot write {path}: it is a capture file (.npz), so it is left alone: choose "
+                           f"another path, e.g. comparison.json")
+    if is_capture_stats(path):
+        raise StorageError(f"cannot write {path}: it is a capture's stats file (the manifest of the .npz beside it, "
+                           f"or a JSON with schema_version/npz fields), so it is left alone: choose another path")

@@ -82,6 +82,34 @@ def test_the_command_prints_and_writes_the_comparison(two_runs, capsys):
     assert json.loads(out.read_text())["modes"]["0"]["first_differing"]["step"] == 2
 
 
+def _files(d) -> dict:
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+
+
+def test_the_comparison_json_never_replaces_a_capture_or_its_stats(two_runs, capsys):
+    """compare A --against B --json B_stats.json replaced B's stats (exit 0) and `compare B` then read the
+    comparison as B's manifest: every file of either capture, and any capture's stats, is refused first."""
+    a, b, d = two_runs
+    (d / "other").mkdir(exist_ok=True)
+    other = d / "other" / "kept.json"  # another capture's manifest, under a name of its own
+    other.write_text(json.dumps({"schema_version": 3, "npz": {"sha256": "0" * 64}, "modes": {}}))
+    before = _files(d)
+    for argv in ([a, "--against", b], [a], [b]):
+        for out in (d / "B_stats.json", d / "A_stats.json", a, b, d / ".A_stats.json.pending",
+                    d / ".B_stats.json.pending", other):
+            assert run_cli(compare_main, [*argv, "--json", out]) == 2, (argv, out)
+            err = capsys.readouterr().err
+            assert f"cannot write {out}: it is " in err and "choose another path" in err and "Traceback" not in err
+    assert _files(d) == before and not (d / "B_stats.json").exists() and other.read_text().startswith('{"schema')
+    assert "the --against capture's stats file of this run" in (run_cli(compare_main, [a, "--against", b, "--json",
+                                                                  d / "B_stats.json"]), capsys.readouterr().err)[1]
+    # a previous comparison (no schema_version, no npz, no .npz beside it) is replaced as before
+    out = d / "cmp_again.json"
+    for _ in range(2):
+        assert run_cli(compare_main, [a, "--against", b, "--json", out]) == 0
+    assert json.loads(out.read_text())["modes"]["0"]["first_differing"]["step"] == 2
+
+
 def _cells(html: str, anchor: str) -> str:
     return html[html.index(f'<section id="{anchor}">'):].split("</section>")[0]
 
