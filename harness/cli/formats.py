@@ -8,7 +8,9 @@ from pathlib import Path
 
 from .options import add_plugin_option, plugins_loaded
 
-__all__ = ["formats_main", "build_sweep_parser"]
+__all__ = ["formats_main", "build_formats_parser", "build_sweep_parser"]
+
+_SUGGEST_ONLY = ("model", "seq_len", "output")
 
 
 def formats_main(argv: list[str]) -> int:
@@ -17,31 +19,50 @@ def formats_main(argv: list[str]) -> int:
 
     try:
         with handle_signals():
-            return _suggest_main(argv) if "--suggest" in argv else _sweep_main(argv, "python -m harness formats")
+            args = build_formats_parser("python -m harness formats").parse_args(argv)
+            if not plugins_loaded(args.plugin):
+                return 2
+            return _suggest_main(args) if args.suggest is not None else _sweep_main(args)
     except Interrupted as e:
         print(f"interrupted by {e.name}; nothing was written", file=sys.stderr)
         return e.exit_code
 
 
-def build_sweep_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_formats_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """Both forms of the command: the sweep (no FILE: the list) and --suggest BUDGET."""
+    from ..runner.suggest import DEFAULT_LADDER
+
     p = argparse.ArgumentParser(prog=prog, description="Without FILE: list the number formats. With FILE: the "
                                 "error of every captured tensor in each format (MSE, rel L2, SQNR, max |err|, "
-                                "overflow / underflow / saturated fractions, blocks whose scale one outlier set).")
+                                "overflow / underflow / saturated fractions, blocks whose scale one outlier set). "
+                                "With --suggest BUDGET: the cheapest per-layer formats whose end-to-end KL stays "
+                                "within BUDGET (a sensitivity study per format, then one verifying run).")
     p.add_argument("file", type=Path, nargs="?", default=None, help="capture .npz (this harness's or the research tool's)")
-    for name, what in (("formats", "formats (default: all)"), ("modes", "modes (default: all)"),
-                       ("tensors", "tensors, e.g. output L0.ssm.u (default: all)")):
+    p.add_argument("--formats", nargs="+", default=None, help="sweep only these formats (default: all); with "
+                   f"--suggest, the candidates (default: {' '.join(DEFAULT_LADDER)})")
+    for name, what in (("modes", "modes (default: all)"), ("tensors", "tensors, e.g. output L0.ssm.u (default: all)")):
         p.add_argument(f"--{name}", nargs="+", default=None, help=f"sweep only these {what}")
     p.add_argument("--json", type=Path, default=None, help="write the sweep to this JSON file ('-': standard output)")
+    g = p.add_argument_group("per-layer suggestion (--suggest BUDGET; takes no FILE)")
+    g.add_argument("--suggest", type=float, default=None, metavar="BUDGET", help="end-to-end KL budget (nats, >= 0)")
+    g.add_argument("--model", type=Path, default=None, help="float model directory (default: the shipped one)")
+    g.add_argument("--seq_len", "--seq-len", dest="seq_len", type=int, default=None, help="tokens (default 512)")
+    g.add_argument("--output", type=Path, default=None, help="the modes file to write (default: "
+                   "suggested_modes.json; an existing file is replaced only if it is a previous suggestion)")
     add_plugin_option(p)
     return p
 
 
-def _sweep_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+build_sweep_parser = build_formats_parser  # its earlier name
+
+
+def _sweep_main(args: argparse.Namespace) -> int:
     from ..report.formats import SweepError, format_table, sweep_file, sweep_tables
     from ..store.format import StorageError, check_json_output, json_text, write_json
 
-    args = build_sweep_parser(prog).parse_args(argv)
-    if not plugins_loaded(args.plugin):
+    given = [f"--{n}" for n in _SUGGEST_ONLY if getattr(args, n) is not None]
+    if given:
+        print(f"error: {', '.join(given)} only apply with --suggest BUDGET", file=sys.stderr)
         return 2
     if args.file is None:
         if args.modes or args.tensors or args.json:
@@ -67,45 +88,43 @@ def _sweep_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
-def _suggest_parser(prog: str) -> argparse.ArgumentParser:
-    from ..runner.suggest import DEFAULT_LADDER
-
-    p = argparse.ArgumentParser(prog=prog, description="Propose the cheapest per-layer formats whose end-to-end KL "
-                                "stays within BUDGET (a sensitivity study per format, then one verifying run).")
-    p.add_argument("--suggest", type=float, required=True, metavar="BUDGET", help="end-to-end KL budget (nats)")
-    p.add_argument("--model", type=Path, default=None, help="float model directory (default: the shipped one)")
-    p.add_argument("--formats", nargs="+", default=list(DEFAULT_LADDER), help="candidate formats")
-    p.add_argument("--seq_len", "--seq-len", dest="seq_len", type=int, default=512, help="tokens (default 512)")
-    p.add_argument("--output", type=Path, default=Path("suggested_modes.json"), help="the modes file to write")
-    add_plugin_option(p)
-    return p
-
-
-def _suggest_main(argv: list[str], prog: str = "python -m harness formats") -> int:
+def _suggest_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options of --suggest (checked before any work), or None."""
     from ..kernels.formats import FORMATS
-    from ..modes import ModeError
-    from ..runner.pipeline import InputError
-    from ..runner.suggest import SUGGESTED, suggest
-    from ..store.format import StorageError, check_output, write_json
 
-    args = _suggest_parser(prog).parse_args(argv)
-    if not plugins_loaded(args.plugin):
+    bad = [f for f in args.formats or [] if f not in FORMATS]
+    if bad:
+        return f"--formats {' '.join(bad)} unknown (valid: {', '.join(FORMATS)})"
+    if args.file is not None or args.modes or args.tensors or args.json is not None:
+        return "--suggest takes no capture FILE, --modes, --tensors or --json (it runs the model itself)"
+    if not args.suggest >= 0 or args.suggest == float("inf"):
+        return f"--suggest needs a finite KL budget >= 0 (nats), got {args.suggest}"
+    if args.seq_len is not None and args.seq_len < 1:
+        return f"--seq_len must be a positive integer, got {args.seq_len}"
+    return None
+
+
+def _suggest_main(args: argparse.Namespace) -> int:
+    from ..runner.pipeline import InputError
+    from ..runner.suggest import DEFAULT_LADDER, SUGGESTED, check_suggestion_output, suggest
+    from ..store.format import write_json
+
+    problem = _suggest_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    bad = [f for f in args.formats if f not in FORMATS]
-    if bad or not args.suggest >= 0 or args.seq_len < 1:
-        print(f"error: --formats {' '.join(bad)} unknown (valid: {', '.join(FORMATS)})" if bad else
-              "error: --suggest needs a KL budget >= 0 and --seq_len a positive integer", file=sys.stderr)
-        return 2
+    output = args.output or Path("suggested_modes.json")
     try:
-        check_output(args.output)
-        result = suggest(args.model, args.formats, args.suggest, seq_len=args.seq_len, emit=print)
-    except (InputError, ModeError, StorageError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        check_suggestion_output(output, args.model)
+        result = suggest(args.model, args.formats or list(DEFAULT_LADDER), args.suggest,
+                         seq_len=args.seq_len or 512, emit=print)
+    except InputError as e:  # a tuple of the runner's input errors (ModeError, StorageError among them)
+        print(f"error: formats --suggest: {e}", file=sys.stderr)
         return 2
-    write_json(args.output, result["modes"])
+    write_json(output, result["modes"])
     for i, f in result["assignment"].items():
         print(f"block {i}: {f}  (KL alone: {result['kl_by_format'][f][i]:.3g})")
     print(f"mean bits/value {result['bits']:.2f}; verified end-to-end KL {result['verified_kl']:.4g} "
           f"({'within' if result['within_budget'] else 'OVER'} the budget {args.suggest})")
-    print(f"wrote {args.output} (run it: --modes fp32 {SUGGESTED} --modes_file {args.output})")
+    print(f"wrote {output} (run it: --modes fp32 {SUGGESTED} --modes_file {output})")
     return 0

@@ -7,18 +7,25 @@ stays within BUDGET, proposed from a sensitivity study and verified by one run o
    the budget, the move (one block to a cheaper format) with the smallest KL increase per bit saved is taken.
 3. The proposal is written as a modes file (``layers`` table) and run once end to end; its measured KL is
    reported beside the budget (per-block KLs do not add exactly: the verification is the answer).
+
+Where the modes file may go (``check_suggestion_output``, before any work): a path whose directory exists
+and that is nothing yet, or a previous suggestion (``is_suggestion``: a JSON object holding only the mode
+``suggested``), which is replaced. Any other existing file (the model's config.json or weights, the text,
+a modes file of your own), a directory or a special file is refused: nothing a user has is overwritten.
 """
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
 from ..kernels.formats import FORMATS
-from .config import RunConfig
+from ..store.files import StorageError, check_writable, read_regular, same_file
+from .config import DEFAULT_MODEL, RunConfig
 from .pipeline import run
 
-__all__ = ["DEFAULT_LADDER", "SUGGESTED", "choose", "suggest"]
+__all__ = ["DEFAULT_LADDER", "SUGGESTED", "choose", "suggest", "is_suggestion", "check_suggestion_output"]
 
 DEFAULT_LADDER = ("bf16", "mxfp8_e4m3", "mxfp6_e2m3", "mxfp4_e2m1")
 SUGGESTED = "suggested"
@@ -51,6 +58,36 @@ def choose(kl: dict[str, dict[int, float]], budget: float) -> dict[int, str]:
 def _modes_file(path: Path, modes: dict) -> Path:
     path.write_text(json.dumps({"modes": modes}))
     return path
+
+
+def is_suggestion(path: Path) -> bool:
+    """Whether `path` holds a modes file this command wrote: {"modes": {"suggested": {..., "layers": ...}}}."""
+    try:
+        data = json.loads(read_regular(path, 1 << 20))
+    except (OSError, StorageError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    modes = data.get("modes") if isinstance(data, dict) else None
+    return (isinstance(modes, dict) and set(data) == {"modes"} and set(modes) == {SUGGESTED}
+            and isinstance(modes[SUGGESTED], dict) and "layers" in modes[SUGGESTED])
+
+
+def _what_it_is(path: Path, model: Path) -> str:
+    defaults = RunConfig()
+    if os.path.realpath(path.parent) == os.path.realpath(model):
+        return f"a file of the model directory {model}"
+    for what, other in (("the text file", defaults.text_file), ("the calibration file", defaults.calib_file)):
+        if same_file(path, other):
+            return f"{what} of the run ({other})"
+    return "a file this command did not write"
+
+
+def check_suggestion_output(path: Path, model: Path | None = None) -> None:
+    """Refuse (StorageError) an --output the command may not write, before any work (see the module docstring)."""
+    path, model = Path(path), Path(model or DEFAULT_MODEL)
+    check_writable(path)  # its directory exists and is writable; not a directory or special file
+    if os.path.lexists(path) and not is_suggestion(path):
+        raise StorageError(f"cannot write --output {path}: it is {_what_it_is(path, model)} and not a previous "
+                           f"suggestion, so it is left alone; choose a new file name, e.g. suggested_modes.json")
 
 
 def suggest(model: Path | None, formats: list[str], budget: float, *, seq_len: int = 512, emit=lambda _s: None) -> dict:
