@@ -11,7 +11,8 @@ For x (a captured float32 tensor) and y = fake_quantize(x, fmt), over the finite
                 the second largest: one element set the group's scale, at least one binade above the rest
 
 A y - x that overflows makes mse, max_abs infinite and sqnr -inf; an x with no finite element gives NaN mse,
-sqnr and max_abs, rel_l2 0 and no element counted as overflowing, flushed or saturated. Tensors whose last dimension does not fit a format's block are reported as not applicable.
+sqnr and max_abs, rel_l2 0 and no element counted as overflowing, flushed or saturated. Tensors whose last dimension does not fit a format's block are reported as not applicable, and so are empty
+tensors (a dimension of size 0: nothing to represent; ``empty_tensor``).
 """
 from __future__ import annotations
 
@@ -22,14 +23,22 @@ import torch
 
 from ..kernels.formats import FORMATS, check_shape, fake_quantize_with_limit, scale_groups
 
-__all__ = ["FORMAT_METRICS", "format_errors", "not_applicable", "reference", "Reference"]
+__all__ = ["FORMAT_METRICS", "format_errors", "not_applicable", "empty_tensor", "reference", "Reference"]
 
 FORMAT_METRICS = ("mse", "rel_l2", "sqnr_db", "max_abs", "overflow", "underflow", "saturated", "outlier_blocks")
 OUTLIER_RATIO = 2.0
 
 
+def empty_tensor(x_shape: tuple[int, ...]) -> str | None:
+    """Why a tensor of this shape has no values to represent (a dimension of size 0), else None."""
+    return f"the tensor is empty (shape {list(x_shape)}): it holds no values to represent" if 0 in x_shape else None
+
+
 def not_applicable(x_shape: tuple[int, ...], fmt: str) -> str | None:
-    """Why `fmt` cannot represent a tensor of this shape (its last dim is not a multiple of the block), else None."""
+    """Why `fmt` cannot represent a tensor of this shape (empty, or its last dim is not a multiple of the
+    block), else None."""
+    if (empty := empty_tensor(x_shape)) is not None:
+        return empty
     try:
         check_shape(torch.empty(x_shape[-1:] if x_shape else ()), fmt)
     except ValueError as e:

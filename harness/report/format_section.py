@@ -8,9 +8,9 @@ import torch
 from matplotlib.figure import Figure
 
 from ..kernels.formats import fake_quantize
-from ..metrics.formats import format_errors, not_applicable, reference
+from ..metrics.formats import empty_tensor, format_errors, not_applicable, reference
 from .data import ReportData
-from .html import section, table
+from .html import esc, section, table
 from .sections import Figures
 
 __all__ = ["DEFAULT_REPORT_FORMATS", "format_section"]
@@ -86,6 +86,9 @@ def format_section(d: ReportData, figs: Figures, formats: list[str], tensors: li
     parts.append(figs.embed(f"formats_hist_{first}", _histogram_figure(first, arrays[first], formats),
                             f"values of {first} under each format"))
     for t, per_fmt in rows.items():
+        if (empty := empty_tensor(tuple(arrays[t].shape))) is not None:  # a row that says so, no metrics
+            parts.append(f"<p>{esc(t)}: {esc(empty)}</p>")
+            continue
         body = [[f, *(("n/a",) * 6 if "n/a" in m else (m["sqnr_db"], m["rel_l2"], m["max_abs"],
                                                        *(100 * m[r] for r in _RATES)))] for f, m in per_fmt.items()]
         parts.append(f"<details><summary>{t}</summary>" + table(

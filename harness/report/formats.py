@@ -17,7 +17,7 @@ import torch
 from tabulate import tabulate
 
 from ..kernels.formats import FORMATS
-from ..metrics.formats import FORMAT_METRICS, format_errors, not_applicable, reference
+from ..metrics.formats import FORMAT_METRICS, empty_tensor, format_errors, not_applicable, reference
 from ..store.format import StorageError
 from ..store.reader import load_capture
 
@@ -43,7 +43,8 @@ def sweep_file(path: Path, formats: list[str] | None = None, modes: list[str] | 
                tensors: list[str] | None = None) -> dict:
     """{"file", "formats", "modes": {mode: {tensor: {format: metrics | {"not_applicable": why}}}}} of a capture.
 
-    Arrays that are not floating point (token ids) are left out. StorageError for an unreadable file,
+    Arrays that are not floating point (token ids) are left out; an empty array (a dimension of size 0) is
+    not applicable in every format, the reason saying it is empty. StorageError for an unreadable file,
     SweepError for a name that matches nothing, or, when both formats and tensors are named, for a tensor
     whose last dimension is not a multiple of a named format's block (otherwise that row says why)."""
     explicit = formats is not None and tensors is not None
@@ -63,6 +64,9 @@ def sweep_file(path: Path, formats: list[str] | None = None, modes: list[str] | 
                 continue
             arr = cf.array(mode, tensor)
             if arr.dtype.kind != "f":
+                continue
+            if (empty := empty_tensor(arr.shape)) is not None:  # a row that says so, in every format
+                out["modes"].setdefault(mode, {})[tensor] = {fmt: {"not_applicable": empty} for fmt in formats}
                 continue
             x = torch.from_numpy(arr.astype("float32", copy=False))
             row, ref = {}, reference(x)  # what the metrics need of x alone, once for every format
@@ -91,6 +95,11 @@ def sweep_tables(result: dict) -> str:
     for mode, rows in result["modes"].items():
         table, notes = [], {}
         for tensor, per_fmt in rows.items():
+            empty = next(iter(per_fmt.values()), {}).get("not_applicable", "")
+            if empty.startswith("the tensor is empty"):  # one row: no format has anything to represent
+                table.append([tensor, "all", *["empty"] * len(FORMAT_METRICS)])
+                notes[f"{tensor}: {empty}"] = None
+                continue
             for fmt, m in per_fmt.items():
                 if "not_applicable" in m:
                     table.append([tensor, fmt, *["n/a"] * len(FORMAT_METRICS)])
@@ -99,5 +108,6 @@ def sweep_tables(result: dict) -> str:
                     table.append([tensor, fmt, *(_cell(k, m[k]) for k in FORMAT_METRICS)])
         parts.append(f"mode {mode}\n" + tabulate(table, headers=["tensor", "format", *FORMAT_METRICS],
                                                  disable_numparse=True)
-                     + "".join(f"\nn/a: {f} needs a last dimension that is a multiple of {b}" for f, b in notes.items()))
+                     + "".join(f"\nn/a: {f} needs a last dimension that is a multiple of {b}" if b else f"\n{f}"
+                               for f, b in notes.items()))
     return "\n\n".join(parts) if parts else "no floating-point tensors matched"

@@ -31,3 +31,15 @@ def test_report_cli_formats_option(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         report_main([str(path), "--formats", "fp7"])
     assert e.value.code == 2 and "invalid choice: 'fp7'" in capsys.readouterr().err
+
+
+def test_report_formats_with_an_empty_tensor_says_it_is_empty(tmp_path):
+    x = np.random.default_rng(4).standard_normal((1, 8, 64)).astype(np.float32)
+    for shape in ((1, 0, 128), (1, 8, 0)):
+        path = tmp_path / "e.npz"
+        np.savez(path, mode_fp32_input=np.zeros(shape, np.float32), mode_fp32_output=x, **{"mode_0_output": x + 1})
+        html, names = build_report(path, "fp32", formats=["bf16", "mxfp4_e2m1"])
+        assert f"input: the tensor is empty (shape {list(shape)}): it holds no values to represent" in html
+        sqnr = format_errors(torch.from_numpy(x), "mxfp4_e2m1")["sqnr_db"]
+        assert f"<td>{fmt_value(sqnr)}</td>" in html and "formats_rates" in names
+        assert report_main([str(path), "-o", str(tmp_path / "e.html"), "--formats"]) == 0

@@ -176,3 +176,24 @@ def test_cli_missing_file_and_json_over_input_exit_2(tmp_path, capsys):
     assert run_cli(main, ["formats", path, "--json", path]) == 2
     assert path.read_bytes() == before
     assert run_cli(main, ["formats", "--modes", "0"]) == 2
+
+
+def test_an_empty_tensor_gets_a_row_saying_so(tmp_path, capsys):
+    """Shapes [1, 0, 128] and [1, 8, 0]: a RuntimeError / IndexError traceback before; now every format says
+    the tensor is empty, in the table, in --json and when the tensor and formats are named."""
+    x = np.random.default_rng(3).standard_normal((1, 4, 64)).astype(np.float32)
+    path = tmp_path / "e.npz"
+    np.savez(path, mode_fp32_input=np.zeros((1, 0, 128), np.float32), mode_fp32_output=x,
+             **{"mode_0_output": np.zeros((1, 8, 0), np.float32), "mode_0_input": x})
+    result = sweep_file(path, ["bf16", "mxfp4_e2m1", "nvfp4"])
+    for mode, tensor, shape in (("fp32", "input", [1, 0, 128]), ("0", "output", [1, 8, 0])):
+        assert result["modes"][mode][tensor] == {f: {"not_applicable": f"the tensor is empty (shape {shape}): it "
+                                                     "holds no values to represent"} for f in result["formats"]}
+    assert result["modes"]["fp32"]["output"]["bf16"] == format_errors(torch.from_numpy(x), "bf16")
+    assert run_cli(main, ["formats", path, "--json", tmp_path / "e.json"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^input +all +empty", out, re.M) and re.search(r"^output +all +empty", out, re.M)
+    assert "input: the tensor is empty (shape [1, 0, 128])" in out and "output: the tensor is empty (shape [1, 8, 0])" in out
+    assert json.loads((tmp_path / "e.json").read_text())["modes"]["0"]["output"]["int8"]["not_applicable"]
+    assert run_cli(main, ["formats", path, "--tensors", "output", "--formats", "mxfp8_e4m3"]) == 0
+    assert "output: the tensor is empty" in capsys.readouterr().out
