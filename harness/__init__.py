@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it (imported on first access, PEP 562)
 _EXPORTS = {"run": "runner.pipeline", "RunConfig": "runner.config", "compare_modes": "metrics.compare",
             "get_mode": "recipes.registry", "list_modes": "recipes.registry", "load_capture": "store.reader",
-            "CaptureFile": "store.reader"}
+            "CaptureFile": "store.reader", "CalibrationSettings": "runner.calibration"}
 
 __all__ = ["__version__", *_EXPORTS]
 

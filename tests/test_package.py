@@ -30,6 +30,9 @@ def test_public_names_load_on_first_use():
     from harness.runner.pipeline import RunConfig, run
     from harness.store.reader import load_capture
     assert harness.RunConfig is RunConfig and harness.run is run and harness.load_capture is load_capture
+    from harness import CalibrationSettings  # the README tells users to pass one as RunConfig.calib
+    from harness.runner.calibration import CalibrationSettings as defined
+    assert CalibrationSettings is defined and RunConfig(calib=CalibrationSettings()).calib == defined()
     assert set(harness.__all__) <= set(dir(harness))
     try:
         harness.no_such_name
