@@ -35,7 +35,8 @@ commands:
   export    calibrate and write a Quamba W8A8 checkpoint
   modes     list the built-in modes with their knobs, and the presets
   points    list the capture points (taps) and what each one holds
-  formats   list the number formats; with FILE.npz, the error of every captured tensor in each format"""
+  formats   list the number formats; with FILE.npz, the error of every captured tensor in each format;
+            with --suggest BUDGET, the cheapest per-layer formats within an end-to-end KL budget"""
 
 
 # the modules a command imports when it runs (torch with them): the entry points load them while the

@@ -175,6 +175,15 @@ def test_cli_missing_file_and_json_over_input_exit_2(tmp_path, capsys):
     before = path.read_bytes()
     assert run_cli(main, ["formats", path, "--json", path]) == 2
     assert path.read_bytes() == before
+    # another capture's stats (a NAME_stats.json beside a NAME.npz, or one with schema_version): left alone
+    (tmp_path / "o").mkdir()
+    other, _ = _ours(tmp_path / "o")
+    kept = tmp_path / "kept.json"
+    kept.write_bytes(other.with_name("ours_stats.json").read_bytes())
+    for target in (other.with_name("ours_stats.json"), kept, other):
+        before = target.read_bytes()
+        assert run_cli(main, ["formats", path, "--json", target]) == 2
+        assert target.read_bytes() == before and "cannot write" in capsys.readouterr().err
     assert run_cli(main, ["formats", "--modes", "0"]) == 2
 
 
