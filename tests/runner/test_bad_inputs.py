@@ -46,6 +46,12 @@ def ctx(tmp_path_factory):
     _model_variant(c, "nan-eps", lambda cfg: cfg.update(layer_norm_epsilon="nan"))
     _model_variant(c, "zero-layers", lambda cfg: cfg.update(num_hidden_layers=0))
     _model_variant(c, "three-layers", lambda cfg: cfg.update(num_hidden_layers=3))
+    _model_variant(c, "architectures-int", lambda cfg: cfg.update(architectures=5))
+    _model_variant(c, "inf-state", lambda cfg: cfg.update(state_size=float("inf")))
+    _model_variant(c, "fraction-expand", lambda cfg: cfg.update(expand=2.5, intermediate_size=None))
+    huge = json.dumps(json.loads((c / "m" / "config.json").read_text())).replace('"conv_kernel": 4',
+                                                                               '"conv_kernel": ' + "4" * 5000)
+    _model_variant(c, "huge-int", extra={"config.json": huge})
     _model_variant(c, "no-config", drop=["config.json"])
     _model_variant(c, "bad-json", extra={"config.json": "{not json"})
     _model_variant(c, "list-config", extra={"config.json": "[1, 2]"})
@@ -157,6 +163,10 @@ CASES = [
     ("config-nan-eps", C, ["--model", "{c}/nan-eps"], "the norm epsilon must be a finite number in (0, 1), got nan"),
     ("config-zero-layers", C, ["--model", "{c}/zero-layers"], "sizes must be positive integers up to 2^20, got n_layer=0"),
     ("config-more-layers", C, ["--model", "{c}/three-layers"], "config.json says the model has 3 blocks"),
+    ("config-architectures-int", C, ["--model", "{c}/architectures-int"], "'architectures' must be a list of class"),
+    ("config-inf-size", C, ["--model", "{c}/inf-state"], "'state_size' must be an integer (a JSON number such as 2"),
+    ("config-fraction", C, ["--model", "{c}/fraction-expand"], "'expand' must be an integer (a JSON number such as 2"),
+    ("config-huge-int", C, ["--model", "{c}/huge-int"], "'conv_kernel' is an integer of 5000 digits"),
     ("weights-garbage", C, ["--model", "{c}/garbage-weights"], "model.safetensors: cannot read weights"),
     ("shard-missing", C, ["--model", "{c}/missing-shard"], "shard model-00001.safetensors"),
     ("shard-escapes", C, ["--model", "{c}/escaping-shard"], "shard entries must be file names inside"),
