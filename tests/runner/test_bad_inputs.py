@@ -74,7 +74,10 @@ def ctx(tmp_path_factory):
     (c / "short.txt").write_text("to be or not to be " * 20)
     (c / "x_stats.json").write_text("{}")
     modes = {"base-list": {"modes": {"u": {"base": ["2-4"]}}}, "int-knob": {"modes": {"u": {"base": "2-4", "conv_in": 1}}},
-             "title-list": {"modes": {"u": {"base": "2-4", "title": ["x"]}}}, "ok": {"modes": {"u": {"base": "2-4"}}}}
+             "title-list": {"modes": {"u": {"base": "2-4", "title": ["x"]}}}, "ok": {"modes": {"u": {"base": "2-4"}}},
+             "far-layer": {"modes": {"u": {"base": "fp32", "layers": {"0": {"act_format": "bf16"},
+                                                                      "99": {"act_format": "bf16"}}}}},
+             "far-open-range": {"modes": {"u": {"base": "fp32", "layers": {"2-": {"act_format": "bf16"}}}}}}
     for name, body in modes.items():
         (c / f"{name}.json").write_text(json.dumps(body))
     (c / "latin1.json").write_bytes(b'{"modes": {"\xe9": {}}}')
@@ -189,6 +192,10 @@ CASES = [
     ("modes-base-list", C, [*M, "--modes_file", "{c}/base-list.json"], "unknown base ['2-4']"),
     ("modes-knob-int", C, [*M, "--modes_file", "{c}/int-knob.json"], "knob values must be strings (conv_in)"),
     ("modes-title-list", C, [*M, "--modes_file", "{c}/title-list.json"], "title must be a string, got list"),
+    ("modes-layers-beyond", C, ["--model", "{c}/m", "--modes", "fp32", "u", "--modes_file", "{c}/far-layer.json"],
+     "mode 'u': layers range '99' names no block of the model, which has 2 blocks (valid: ranges within 0..1"),
+    ("modes-layers-open-beyond", C, ["--model", "{c}/m", "--modes", "fp32", "u", "--modes_file",
+                                     "{c}/far-open-range.json"], "layers range '2-' names no block of the model"),
     ("resume-mismatch", C, [*M, "--resume", "--output_file", "{c}/mismatch.npz"], "does not match"),
     ("resume-no-stats", C, [*M, "--resume", "--output_file", "{c}/nostats.npz"], "has no stats file"),
     ("resume-stats-only", C, [*M, "--resume", "--stats-only", "--output_file", "{c}/good.npz"],
@@ -251,3 +258,16 @@ def test_bad_input(ctx, tmp_path, capsys, case, main, args, fragment):
 
 def test_the_table_is_large_enough():
     assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_a_layers_range_that_reaches_into_the_model_is_kept():
+    """check_layers refuses only ranges that name no block: '1-99' on 2 blocks still names block 1."""
+    from dataclasses import replace
+
+    from harness.modes import ModeError
+    from harness.recipes.registry import get_mode
+
+    r = replace(get_mode("fp32"), name="u", layers={"1-99": {"act_format": "bf16"}, "0": {"act_format": "bf16"}})
+    r.check_layers(2)
+    with pytest.raises(ModeError, match="layers range '1-99' names no block of the model, which has 1 blocks"):
+        r.check_layers(1)
