@@ -194,6 +194,7 @@ class MappedSafetensors:
             raise ValueError(f"header length {n} exceeds the file size")
         header = json.loads(self._map[8:8 + n].decode("utf-8"))
         header.pop("__metadata__", None)
+        _check_overlaps(header)
         self._base, self._header = 8 + n, header
 
     def keys(self) -> list[str]:
@@ -238,6 +239,17 @@ class MappedSafetensors:
             return torch.empty(info["shape"], dtype=dtype)
         flat = torch.frombuffer(self._map, dtype=dtype, count=count, offset=self._base + begin)
         return flat.reshape(info["shape"])
+
+
+def _check_overlaps(header: dict) -> None:
+    """No two tensors' byte ranges overlap (safetensors requires it; each would read the other's bytes)."""
+    spans = sorted((r[0], r[1], k) for k, info in header.items() if isinstance(info, dict)
+                   and isinstance(r := info.get("data_offsets"), list) and len(r) == 2
+                   and all(type(v) is int for v in r) and r[0] < r[1])
+    for (b0, e0, k0), (b1, e1, k1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise ValueError(f"tensors {k0!r} (data_offsets [{b0}, {e0}]) and {k1!r} ([{b1}, {e1}]) overlap; each "
+                             f"tensor must have bytes of its own")
 
 
 def _open_weights(file: Path):
