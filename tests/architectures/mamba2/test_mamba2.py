@@ -278,3 +278,28 @@ def test_an_integral_float_size_is_read_as_the_integer(m2_dirs, tmp_path):
     """docs/models.md: num_heads 8.0 is the integer 8 (JSON has one number type); the same model as 8."""
     _edit_config(m2_dirs / "tf", tmp_path / "m", {"num_heads": 8.0, "n_groups": 2.0})
     assert open_checkpoint(tmp_path / "m").dims == open_checkpoint(m2_dirs / "tf").dims
+
+
+def test_an_infinite_size_is_exit_2_in_points_export_and_the_shell_wrapper(m2_dirs, tmp_path, capsys):
+    """"n_groups": Infinity was an OverflowError traceback in every command that opens a model directory."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from harness.cli import main
+
+    model = tmp_path / "m"
+    _edit_config(m2_dirs / "tf", model, {"n_groups": float("inf")})
+    fragment = "'n_groups' must be an integer (a JSON number such as 2, or 2.0), got inf"
+    assert main(["points", "--model", str(model)]) == 2
+    assert fragment in capsys.readouterr().err
+    assert main(["export", "--model", str(model), "--output_dir", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err and not (tmp_path / "q").exists()
+    env = {**os.environ, "QUAMBA_HARNESS_CACHE": str(tmp_path / "cache"), "PYTHON": sys.executable,
+           "MODEL": str(model), "OUTPUT_FILE": str(tmp_path / "w.npz")}
+    r = subprocess.run(["bash", str(ROOT / "capture_first_layer.sh"), "fp32"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "w.npz").exists()
