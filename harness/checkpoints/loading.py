@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 
 from ..spec import ModelDims
+from ..architectures.config_values import ConfigValueError, check_config_tables, config_int, config_table, parse_int
 from ..architectures.registry import architecture_names, get_architecture
 from ..store.files import is_regular, open_regular, read_regular
 
@@ -193,6 +194,7 @@ class MappedSafetensors:
             raise ValueError(f"header length {n} exceeds the file size")
         header = json.loads(self._map[8:8 + n].decode("utf-8"))
         header.pop("__metadata__", None)
+        _check_overlaps(header)
         self._base, self._header = 8 + n, header
 
     def keys(self) -> list[str]:
@@ -239,6 +241,17 @@ class MappedSafetensors:
         return flat.reshape(info["shape"])
 
 
+def _check_overlaps(header: dict) -> None:
+    """No two tensors' byte ranges overlap (safetensors requires it; each would read the other's bytes)."""
+    spans = sorted((r[0], r[1], k) for k, info in header.items() if isinstance(info, dict)
+                   and isinstance(r := info.get("data_offsets"), list) and len(r) == 2
+                   and all(type(v) is int for v in r) and r[0] < r[1])
+    for (b0, e0, k0), (b1, e1, k1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise ValueError(f"tensors {k0!r} (data_offsets [{b0}, {e0}]) and {k1!r} ([{b1}, {e1}]) overlap; each "
+                             f"tensor must have bytes of its own")
+
+
 def _open_weights(file: Path):
     if file.suffix == ".safetensors":
         return MappedSafetensors(file)
@@ -257,7 +270,7 @@ def _weight_index(path: Path) -> tuple[dict[str, Path], dict[Path, object]]:
         if name.endswith(".index.json"):
             try:
                 weight_map = json.loads(read_regular(f, 1 << 30, refuse_in(f)).decode("utf-8"))["weight_map"]
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
+            except (ValueError, KeyError, TypeError, RecursionError) as e:  # JSON, UTF-8, over-long ints
                 raise ModelDirError(f"{f}: not a valid weight index ({e}); it needs a 'weight_map' table") from None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ModelDirError(f"{f}: 'weight_map' must be a non-empty table of tensor name -> shard file")
@@ -277,33 +290,36 @@ def _weight_index(path: Path) -> tuple[dict[str, Path], dict[Path, object]]:
     raise ModelDirError(f"{path}: no weight file found; {MODEL_DIR_CONTENTS}")
 
 
+def _dt_rank(table: dict, key: str, d_model: int, prefix: str = "") -> int:
+    rank = table.get(key, "auto")
+    return math.ceil(d_model / 16) if rank == "auto" else config_int(table, key, prefix=prefix)
+
+
 def _dims_from_config(path: Path, cfg: dict, embed: torch.Tensor) -> tuple[str, ModelDims]:
+    """(layout, dims) of a Mamba-1 config.json; a value of the wrong type is a ConfigValueError naming its key."""
     vocab, d_from_embed = embed.shape
     if "hidden_size" in cfg and "num_hidden_layers" in cfg:
         if cfg.get("use_bias"):
             raise ModelDirError(f"{path}: use_bias=true (biased in_proj/out_proj) is not supported by Quamba's W8A8 kernels")
-        d_model = int(cfg["hidden_size"])
-        d_inner = int(cfg.get("intermediate_size") or cfg.get("expand", 2) * d_model)
-        rank = cfg.get("time_step_rank", "auto")
+        d_model = config_int(cfg, "hidden_size")
+        d_inner = config_int(cfg, "intermediate_size", 0) or config_int(cfg, "expand", 2) * d_model
         return "transformers", ModelDims(
-            d_model=d_model, d_inner=d_inner, d_state=int(cfg.get("state_size", 16)),
-            d_conv=int(cfg.get("conv_kernel", 4)),
-            dt_rank=math.ceil(d_model / 16) if rank == "auto" else int(rank),
-            n_layer=int(cfg["num_hidden_layers"]), vocab_size=int(vocab),
+            d_model=d_model, d_inner=d_inner, d_state=config_int(cfg, "state_size", 16),
+            d_conv=config_int(cfg, "conv_kernel", 4), dt_rank=_dt_rank(cfg, "time_step_rank", d_model),
+            n_layer=config_int(cfg, "num_hidden_layers"), vocab_size=int(vocab),
             norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)))
     if "d_model" in cfg and "n_layer" in cfg:
-        ssm = cfg.get("ssm_cfg") or {}
+        ssm = config_table(cfg, "ssm_cfg")
         if ssm.get("layer", "Mamba1") != "Mamba1":
             raise ModelDirError(f"{path}: ssm_cfg.layer={ssm['layer']!r}; only Mamba1 blocks are supported")
         if not cfg.get("rms_norm", True):
             raise ModelDirError(f"{path}: rms_norm=false (LayerNorm blocks) is not supported; Quamba uses RMSNorm")
-        d_model = int(cfg["d_model"])
-        rank = ssm.get("dt_rank", "auto")
+        d_model, s = config_int(cfg, "d_model"), "ssm_cfg."
         return "mamba_ssm", ModelDims(
-            d_model=d_model, d_inner=int(ssm.get("expand", 2)) * d_model, d_state=int(ssm.get("d_state", 16)),
-            d_conv=int(ssm.get("d_conv", 4)),
-            dt_rank=math.ceil(d_model / 16) if rank == "auto" else int(rank),
-            n_layer=int(cfg["n_layer"]), vocab_size=int(vocab), norm_eps=float(cfg.get("norm_epsilon", 1e-5)))
+            d_model=d_model, d_inner=config_int(ssm, "expand", 2, prefix=s) * d_model,
+            d_state=config_int(ssm, "d_state", 16, prefix=s), d_conv=config_int(ssm, "d_conv", 4, prefix=s),
+            dt_rank=_dt_rank(ssm, "dt_rank", d_model, s), n_layer=config_int(cfg, "n_layer"), vocab_size=int(vocab),
+            norm_eps=float(cfg.get("norm_epsilon", 1e-5)))
     raise ModelDirError(f"{path}/config.json has neither transformers keys (hidden_size, num_hidden_layers) "
                         f"nor mamba_ssm keys (d_model, n_layer); {MODEL_DIR_CONTENTS}")
 
@@ -357,11 +373,15 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     if not is_regular(cfg_file, refuse_in(cfg_file)):
         raise ModelDirError(f"{path}: config.json is missing; {MODEL_DIR_CONTENTS}")
     try:
-        cfg = json.loads(read_regular(cfg_file, 1 << 20, refuse_in(cfg_file)).decode("utf-8"))
+        cfg = json.loads(read_regular(cfg_file, 1 << 20, refuse_in(cfg_file)).decode("utf-8"), parse_int=parse_int)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ModelDirError(f"{cfg_file} is not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ModelDirError(f"{cfg_file} must hold a JSON object")
+    try:
+        check_config_tables(cfg)
+    except ConfigValueError as e:
+        raise ModelDirError(f"{cfg_file}: {e}") from None
     key_file, handles = _weight_index(path)
     embed_key = next((k for k in ("backbone.embeddings.weight", "backbone.embedding.weight") if k in key_file), None)
     if embed_key is None:
@@ -376,7 +396,9 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
         ckpt.format, ckpt.dims = _dims_from_config(path, cfg, ckpt.embedding())
     except ModelDirError:
         raise
-    except (TypeError, ValueError, AttributeError) as e:  # AttributeError: a table of the wrong type (ssm_cfg: [1])
+    except ConfigValueError as e:
+        raise ModelDirError(f"{cfg_file}: {e}") from None
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
         raise ModelDirError(f"{cfg_file}: malformed value ({e})") from None
     check_dims(path, ckpt.dims)
     _check_shapes(ckpt)

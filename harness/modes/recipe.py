@@ -90,6 +90,15 @@ class ModeRecipe:
                 values.update(kv)
         return replace(self, layers=(), **values) if values else replace(self, layers=())
 
+    def check_layers(self, n_layer: int) -> None:
+        """Every `layers` range names some block of a model of n_layer blocks; ModeError naming it otherwise
+        (a range past the last block would apply to nothing, silently)."""
+        for text, _ in self.layers:
+            if parse_layer_range(text)[0] >= n_layer:
+                raise ModeError(f"mode {self.name!r}: layers range {text!r} names no block of the model, which has "
+                                f"{n_layer} blocks (valid: ranges within 0..{n_layer - 1}, e.g. '0-{n_layer - 1}' "
+                                f"or '{n_layer - 1}-')")
+
     @property
     def has_formats(self) -> bool:
         return bool(self.layers) or any(getattr(self, k) != NumberFormat.NONE for k in FORMAT_KNOBS)

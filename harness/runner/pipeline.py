@@ -167,6 +167,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
                        f"from the float model observes, but {cfg.model} is a Quamba2 checkpoint (its x scales are the "
                        f"grouped table): run them with the float model as --model")
     n_layer = ckpt.dims.n_layer
+    for r in recipes:  # a modes file's per-layer range past the last block would apply to nothing
+        r.check_layers(n_layer)
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
     depth = max(parse_point(p)[0] for p in points)

@@ -9,8 +9,16 @@ from ..architectures.registry import architecture_names, get_architecture
 from ..checkpoints.loading import ModelDirError, open_checkpoint
 from ..emulation.capture import DERIVED_POINTS
 from ..plugins import PluginError, load_all
+from ..recipes.registry import checkpoint_formats
 
 __all__ = ["points_main"]
+
+
+def _architecture_of(model: Path) -> str:
+    """The architecture of a model directory, opened as runner.pairing.open_models does: through the registered
+    checkpoint format that detects it (a Quamba1 or Quamba2 checkpoint), else as a float checkpoint."""
+    fmt = next((f for f in checkpoint_formats() if f.detect(model)), None)
+    return (fmt.open(model) if fmt is not None else open_checkpoint(model)).dims.architecture
 
 
 def points_main(argv: list[str], out: Callable[[str], None], err: Callable[[str], None]) -> int:
@@ -28,7 +36,7 @@ def points_main(argv: list[str], out: Callable[[str], None], err: Callable[[str]
     args = parser.parse_args(argv)
     try:
         load_all(args.plugin)
-        arch = open_checkpoint(args.model).dims.architecture if args.model is not None else args.architecture
+        arch = _architecture_of(args.model) if args.model is not None else args.architecture
     except (PluginError, ModelDirError) as e:
         err(f"error: {e}")
         return 2

@@ -46,6 +46,12 @@ def ctx(tmp_path_factory):
     _model_variant(c, "nan-eps", lambda cfg: cfg.update(layer_norm_epsilon="nan"))
     _model_variant(c, "zero-layers", lambda cfg: cfg.update(num_hidden_layers=0))
     _model_variant(c, "three-layers", lambda cfg: cfg.update(num_hidden_layers=3))
+    _model_variant(c, "architectures-int", lambda cfg: cfg.update(architectures=5))
+    _model_variant(c, "inf-state", lambda cfg: cfg.update(state_size=float("inf")))
+    _model_variant(c, "fraction-expand", lambda cfg: cfg.update(expand=2.5, intermediate_size=None))
+    huge = json.dumps(json.loads((c / "m" / "config.json").read_text())).replace('"conv_kernel": 4',
+                                                                               '"conv_kernel": ' + "4" * 5000)
+    _model_variant(c, "huge-int", extra={"config.json": huge})
     _model_variant(c, "no-config", drop=["config.json"])
     _model_variant(c, "bad-json", extra={"config.json": "{not json"})
     _model_variant(c, "list-config", extra={"config.json": "[1, 2]"})
@@ -68,7 +74,10 @@ def ctx(tmp_path_factory):
     (c / "short.txt").write_text("to be or not to be " * 20)
     (c / "x_stats.json").write_text("{}")
     modes = {"base-list": {"modes": {"u": {"base": ["2-4"]}}}, "int-knob": {"modes": {"u": {"base": "2-4", "conv_in": 1}}},
-             "title-list": {"modes": {"u": {"base": "2-4", "title": ["x"]}}}, "ok": {"modes": {"u": {"base": "2-4"}}}}
+             "title-list": {"modes": {"u": {"base": "2-4", "title": ["x"]}}}, "ok": {"modes": {"u": {"base": "2-4"}}},
+             "far-layer": {"modes": {"u": {"base": "fp32", "layers": {"0": {"act_format": "bf16"},
+                                                                      "99": {"act_format": "bf16"}}}}},
+             "far-open-range": {"modes": {"u": {"base": "fp32", "layers": {"2-": {"act_format": "bf16"}}}}}}
     for name, body in modes.items():
         (c / f"{name}.json").write_text(json.dumps(body))
     (c / "latin1.json").write_bytes(b'{"modes": {"\xe9": {}}}')
@@ -157,6 +166,10 @@ CASES = [
     ("config-nan-eps", C, ["--model", "{c}/nan-eps"], "the norm epsilon must be a finite number in (0, 1), got nan"),
     ("config-zero-layers", C, ["--model", "{c}/zero-layers"], "sizes must be positive integers up to 2^20, got n_layer=0"),
     ("config-more-layers", C, ["--model", "{c}/three-layers"], "config.json says the model has 3 blocks"),
+    ("config-architectures-int", C, ["--model", "{c}/architectures-int"], "'architectures' must be a list of class"),
+    ("config-inf-size", C, ["--model", "{c}/inf-state"], "'state_size' must be an integer (a JSON number such as 2"),
+    ("config-fraction", C, ["--model", "{c}/fraction-expand"], "'expand' must be an integer (a JSON number such as 2"),
+    ("config-huge-int", C, ["--model", "{c}/huge-int"], "'conv_kernel' is an integer of 5000 digits"),
     ("weights-garbage", C, ["--model", "{c}/garbage-weights"], "model.safetensors: cannot read weights"),
     ("shard-missing", C, ["--model", "{c}/missing-shard"], "shard model-00001.safetensors"),
     ("shard-escapes", C, ["--model", "{c}/escaping-shard"], "shard entries must be file names inside"),
@@ -179,6 +192,10 @@ CASES = [
     ("modes-base-list", C, [*M, "--modes_file", "{c}/base-list.json"], "unknown base ['2-4']"),
     ("modes-knob-int", C, [*M, "--modes_file", "{c}/int-knob.json"], "knob values must be strings (conv_in)"),
     ("modes-title-list", C, [*M, "--modes_file", "{c}/title-list.json"], "title must be a string, got list"),
+    ("modes-layers-beyond", C, ["--model", "{c}/m", "--modes", "fp32", "u", "--modes_file", "{c}/far-layer.json"],
+     "mode 'u': layers range '99' names no block of the model, which has 2 blocks (valid: ranges within 0..1"),
+    ("modes-layers-open-beyond", C, ["--model", "{c}/m", "--modes", "fp32", "u", "--modes_file",
+                                     "{c}/far-open-range.json"], "layers range '2-' names no block of the model"),
     ("resume-mismatch", C, [*M, "--resume", "--output_file", "{c}/mismatch.npz"], "does not match"),
     ("resume-no-stats", C, [*M, "--resume", "--output_file", "{c}/nostats.npz"], "has no stats file"),
     ("resume-stats-only", C, [*M, "--resume", "--stats-only", "--output_file", "{c}/good.npz"],
@@ -241,3 +258,16 @@ def test_bad_input(ctx, tmp_path, capsys, case, main, args, fragment):
 
 def test_the_table_is_large_enough():
     assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_a_layers_range_that_reaches_into_the_model_is_kept():
+    """check_layers refuses only ranges that name no block: '1-99' on 2 blocks still names block 1."""
+    from dataclasses import replace
+
+    from harness.modes import ModeError
+    from harness.recipes.registry import get_mode
+
+    r = replace(get_mode("fp32"), name="u", layers={"1-99": {"act_format": "bf16"}, "0": {"act_format": "bf16"}})
+    r.check_layers(2)
+    with pytest.raises(ModeError, match="layers range '1-99' names no block of the model, which has 1 blocks"):
+        r.check_layers(1)

@@ -104,3 +104,42 @@ def test_dropping_the_mapped_pages_keeps_every_tensor_and_its_values(hf_dir):
     assert all(torch.equal(before[k], v) for k, v in copies.items())
     assert all(torch.equal(ckpt.raw_layer(0)[k], v) for k, v in copies.items())
     assert isinstance(release_freed(), bool)
+
+
+def _rewrite_header(file, edit) -> None:
+    """A safetensors file with its JSON header edited in place (the data bytes kept as they are)."""
+    import struct
+
+    raw = file.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    file.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+
+
+def test_tensors_that_share_bytes_are_refused_naming_both(hf_dir, tmp_path):
+    """Two header entries with the same data_offsets loaded without complaint (each read the other's values)."""
+    d = tmp_path / "m"
+    shutil.copytree(hf_dir, d)
+    a, b = "backbone.layers.0.mixer.D", "backbone.layers.1.mixer.D"
+
+    def share(header):
+        header[b]["data_offsets"] = list(header[a]["data_offsets"])
+
+    _rewrite_header(d / "model.safetensors", share)
+    with pytest.raises(ModelDirError, match=rf"model.safetensors: cannot read weights \(ValueError: tensors "
+                                            rf"'{a}' \(data_offsets \[\d+, \d+\]\) and '{b}' \(\[\d+, \d+\]\) overlap"):
+        open_checkpoint(d)
+
+    def straddle(header):  # a range that starts inside another one
+        begin, end = header[a]["data_offsets"]
+        header[b]["data_offsets"] = [begin + 4, end + 4]
+
+    shutil.copy(hf_dir / "model.safetensors", d / "model.safetensors")
+    _rewrite_header(d / "model.safetensors", straddle)
+    with pytest.raises(ModelDirError, match="overlap; each tensor must have bytes of its own"):
+        open_checkpoint(d)
+    shutil.copy(hf_dir / "model.safetensors", d / "model.safetensors")
+    _rewrite_header(d / "model.safetensors", lambda header: None)  # the rewrite itself keeps a valid file
+    assert torch.equal(open_checkpoint(d).tensor(b), open_checkpoint(hf_dir).tensor(b))

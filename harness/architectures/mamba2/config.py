@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 from ...spec import Mamba2Dims
+from ..config_values import REQUIRED, config_int, config_table
 
 __all__ = ["MAMBA2_LAYER_TENSORS", "MAMBA2_OPTIONAL", "Mamba2ConfigError", "is_mamba2_config", "mamba2_dims",
            "mamba2_expected_shapes", "check_mamba2_shapes", "open_mamba2"]
@@ -45,8 +46,8 @@ class Mamba2ConfigError(ValueError):
 
 
 def is_mamba2_config(cfg: dict) -> bool:
-    ssm = cfg.get("ssm_cfg") or {}
-    return cfg.get("model_type") == "mamba2" or "Mamba2ForCausalLM" in (cfg.get("architectures") or []) \
+    ssm, archs = cfg.get("ssm_cfg"), cfg.get("architectures")
+    return cfg.get("model_type") == "mamba2" or (isinstance(archs, list) and "Mamba2ForCausalLM" in archs) \
         or (isinstance(ssm, dict) and ssm.get("layer") == "Mamba2")
 
 
@@ -60,21 +61,25 @@ def _no_limit(limit) -> bool:
                              and _number(limit[1]) > 0)
 
 
+_TF = "the transformers Mamba-2 layout (model_type mamba2: hidden_size, num_hidden_layers, ...)"
+
+
 def _transformers(cfg: dict, vocab: int) -> Mamba2Dims:
     if cfg.get("use_bias"):
         raise Mamba2ConfigError("use_bias=true (biased in_proj/out_proj) is not supported")
     if not _no_limit(cfg.get("time_step_limit")):
         raise Mamba2ConfigError(f"time_step_limit={cfg['time_step_limit']} is not supported (only (0, inf))")
-    d_model, eps = int(cfg["hidden_size"]), float(cfg.get("layer_norm_epsilon", 1e-5))
+    get = lambda key, default: config_int(cfg, key, default, layout=_TF)  # noqa: E731
+    d_model, eps = get("hidden_size", REQUIRED), float(cfg.get("layer_norm_epsilon", 1e-5))
     return Mamba2Dims(
-        d_model=d_model, d_inner=int(cfg.get("expand", 2)) * d_model, d_state=int(cfg.get("state_size", 128)),
-        d_conv=int(cfg.get("conv_kernel", 4)), n_layer=int(cfg["num_hidden_layers"]), vocab_size=vocab,
-        norm_eps=eps, ngroups=int(cfg.get("n_groups", 8)), headdim=int(cfg.get("head_dim", 64)),
-        nheads=int(cfg.get("num_heads", 128)), chunk_size=int(cfg.get("chunk_size", 256)), gnorm_eps=eps)
+        d_model=d_model, d_inner=get("expand", 2) * d_model, d_state=get("state_size", 128),
+        d_conv=get("conv_kernel", 4), n_layer=get("num_hidden_layers", REQUIRED), vocab_size=vocab,
+        norm_eps=eps, ngroups=get("n_groups", 8), headdim=get("head_dim", 64),
+        nheads=get("num_heads", 128), chunk_size=get("chunk_size", 256), gnorm_eps=eps)
 
 
 def _mamba_ssm(cfg: dict, vocab: int) -> Mamba2Dims:
-    ssm = cfg.get("ssm_cfg") or {}
+    ssm = config_table(cfg, "ssm_cfg")
     refused = {"d_intermediate": cfg.get("d_intermediate", 0), "attn_layer_idx": cfg.get("attn_layer_idx") or [],
                "ssm_cfg.bias": ssm.get("bias", False), "ssm_cfg.norm_before_gate": ssm.get("norm_before_gate", False),
                "ssm_cfg.D_has_hdim": ssm.get("D_has_hdim", False), "rms_norm=false": not cfg.get("rms_norm", True),
@@ -85,16 +90,17 @@ def _mamba_ssm(cfg: dict, vocab: int) -> Mamba2Dims:
                                 f"norm_before_gate, per-channel D and LayerNorm blocks are not emulated)")
     if not _no_limit(ssm.get("dt_limit")):
         raise Mamba2ConfigError(f"ssm_cfg.dt_limit={ssm['dt_limit']} is not supported (only (0, inf))")
-    d_model = int(cfg["d_model"])
-    d_inner = int(ssm.get("expand", 2)) * d_model
+    get = lambda key, default: config_int(ssm, key, default, prefix="ssm_cfg.")  # noqa: E731
+    d_model = config_int(cfg, "d_model")
+    d_inner = get("expand", 2) * d_model
     if ssm.get("d_ssm") not in (None, d_inner):
         raise Mamba2ConfigError(f"ssm_cfg.d_ssm={ssm['d_ssm']} != expand * d_model = {d_inner} is not supported")
-    headdim = int(ssm.get("headdim", 64))
+    headdim = get("headdim", 64)
     return Mamba2Dims(
-        d_model=d_model, d_inner=d_inner, d_state=int(ssm.get("d_state", 128)), d_conv=int(ssm.get("d_conv", 4)),
-        n_layer=int(cfg["n_layer"]), vocab_size=vocab, norm_eps=float(cfg.get("norm_epsilon", 1e-5)),
-        ngroups=int(ssm.get("ngroups", 1)), headdim=headdim, nheads=d_inner // headdim if headdim > 0 else 0,
-        chunk_size=int(ssm.get("chunk_size", 256)), gnorm_eps=1e-5)
+        d_model=d_model, d_inner=d_inner, d_state=get("d_state", 128), d_conv=get("d_conv", 4),
+        n_layer=config_int(cfg, "n_layer"), vocab_size=vocab, norm_eps=float(cfg.get("norm_epsilon", 1e-5)),
+        ngroups=get("ngroups", 1), headdim=headdim, nheads=d_inner // headdim if headdim > 0 else 0,
+        chunk_size=get("chunk_size", 256), gnorm_eps=1e-5)
 
 
 def mamba2_dims(path: Path, cfg: dict, vocab: int) -> tuple[str, Mamba2Dims]:
@@ -162,7 +168,7 @@ def open_mamba2(ckpt, cfg: dict, error: type[Exception]) -> bool:
     ckpt.layer_tensors, ckpt.optional = MAMBA2_LAYER_TENSORS, MAMBA2_OPTIONAL
     try:
         ckpt.format, ckpt.dims = mamba2_dims(ckpt.path, cfg, int(ckpt.embedding().shape[0]))
-    except (TypeError, ValueError, KeyError) as e:  # Mamba2ConfigError is a ValueError
+    except (TypeError, ValueError, KeyError, OverflowError) as e:  # Mamba2ConfigError, ConfigValueError: ValueErrors
         raise error(f"{ckpt.path}/config.json (Mamba-2): {e}") from None
     try:
         check_mamba2_shapes(ckpt)

@@ -209,3 +209,97 @@ def test_the_fp16_model_holds_A_log_in_fp16_and_D_in_fp32(model):
     assert torch.equal(fp16.A_log, raw["A_log"].to(torch.float16).float())
     assert torch.equal(fp32.A_log, raw["A_log"].float())
     assert torch.equal(fp16.D, raw["D"].float()) and torch.equal(fp32.D, raw["D"].float())
+
+
+@pytest.fixture(scope="module")
+def m2_dirs(tmp_path_factory):
+    """One small Mamba-2 model in both layouts (its tokenizer is never reached: config.json is refused first)."""
+    out = tmp_path_factory.mktemp("m2cfg")
+    make_mamba2(out / "tf", layers=1, seed=3)
+    to_mamba_ssm_layout(out / "tf", out / "ssm")
+    return out
+
+
+HUGE = "1" * 5000  # over Python's int-string limit (4300 digits)
+BAD_CONFIGS = [  # (case, layout, edit of config.json (or a text replacement), fragment of the message)
+    ("n_groups-inf", "tf", {"n_groups": float("inf")}, "'n_groups' must be an integer (a JSON number such as 2"),
+    ("expand-inf", "tf", {"expand": float("inf")}, "'expand' must be an integer"),
+    ("architectures-int", "tf", {"architectures": 5}, "'architectures' must be a list of class names"),
+    ("ssm_cfg-list", "ssm", {"ssm_cfg": [1], "model_type": "mamba2"}, "'ssm_cfg' must be a table"),
+    ("huge-int", "tf", ('"hidden_size": 32', f'"hidden_size": {HUGE}'),
+     "'hidden_size' is an integer of 5000 digits, too long to read"),
+    ("huge-int-nested", "ssm", ('"d_state": 8', f'"d_state": {HUGE}'), "'ssm_cfg.d_state' is an integer of 5000"),
+    ("expand-fraction", "tf", {"expand": 2.5}, "'expand' must be an integer (a JSON number such as 2, or 2.0), got 2.5"),
+    ("ssm-expand-fraction", "ssm", {"ssm_cfg": {"layer": "Mamba2", "expand": 2.5}}, "'ssm_cfg.expand' must be an "
+                                                                                    "integer"),
+    ("n_groups-string", "tf", {"n_groups": "2"}, "'n_groups' must be an integer (a JSON number such as 2, or 2.0), "
+                                                 "got '2'"),
+    ("num_heads-fraction", "tf", {"num_heads": 8.5}, "'num_heads' must be an integer"),
+    ("no-num_hidden_layers", "tf", {"num_hidden_layers": None}, "'num_hidden_layers' is missing; the transformers "
+                                                                "Mamba-2 layout (model_type mamba2"),
+]
+
+
+def _edit_config(src, dst, edit) -> None:
+    import shutil
+    shutil.copytree(src, dst)
+    text = (dst / "config.json").read_text()
+    if isinstance(edit, tuple):
+        text = json.dumps(json.loads(text))
+        assert edit[0] in text
+        text = text.replace(*edit)
+    else:
+        cfg = json.loads(text)
+        cfg.update(edit)
+        cfg = {k: v for k, v in cfg.items() if v is not None}
+        text = json.dumps(cfg)
+    (dst / "config.json").write_text(text)
+
+
+@pytest.mark.parametrize("case,layout,edit,fragment", BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+def test_a_bad_mamba2_config_value_is_exit_2_naming_the_key(m2_dirs, tmp_path, capsys, case, layout, edit, fragment):
+    """Each was a traceback (OverflowError, TypeError, AttributeError, ValueError), a silent truncation
+    (expand 2.5 ran as 2) or a bare key name; now exit 2, naming the key and what is valid, no file."""
+    from harness.cli import capture_main
+    from helpers import run_cli
+
+    model = tmp_path / "m"
+    _edit_config(m2_dirs / layout, model, edit)
+    out = tmp_path / "o"
+    out.mkdir()
+    rc = run_cli(capture_main, ["--model", model, "--modes", "fp32", "--no_cache", "--output_file", out / "x.npz"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert fragment in err and "Traceback" not in err
+    assert list(out.iterdir()) == []
+
+
+def test_an_integral_float_size_is_read_as_the_integer(m2_dirs, tmp_path):
+    """docs/models.md: num_heads 8.0 is the integer 8 (JSON has one number type); the same model as 8."""
+    _edit_config(m2_dirs / "tf", tmp_path / "m", {"num_heads": 8.0, "n_groups": 2.0})
+    assert open_checkpoint(tmp_path / "m").dims == open_checkpoint(m2_dirs / "tf").dims
+
+
+def test_an_infinite_size_is_exit_2_in_points_export_and_the_shell_wrapper(m2_dirs, tmp_path, capsys):
+    """"n_groups": Infinity was an OverflowError traceback in every command that opens a model directory."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from harness.cli import main
+
+    model = tmp_path / "m"
+    _edit_config(m2_dirs / "tf", model, {"n_groups": float("inf")})
+    fragment = "'n_groups' must be an integer (a JSON number such as 2, or 2.0), got inf"
+    assert main(["points", "--model", str(model)]) == 2
+    assert fragment in capsys.readouterr().err
+    assert main(["export", "--model", str(model), "--output_dir", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err and not (tmp_path / "q").exists()
+    env = {**os.environ, "QUAMBA_HARNESS_CACHE": str(tmp_path / "cache"), "PYTHON": sys.executable,
+           "MODEL": str(model), "OUTPUT_FILE": str(tmp_path / "w.npz")}
+    r = subprocess.run(["bash", str(ROOT / "capture_first_layer.sh"), "fp32"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "w.npz").exists()

@@ -24,7 +24,8 @@ import torch
 
 from ....spec import HookPoint, Mamba2Dims
 from ....architectures.mamba2.build import build_mamba2_block
-from .grouping import group_wise_sort_indices
+from ....architectures.mamba2.config import MAMBA2_LAYER_TENSORS
+from .grouping import GroupReorder, group_wise_sort_indices
 from ....emulation.modules import EmuBackbone
 from ..observers import MinMaxObserver, PercentileObserver
 from .observers import CachedStatesObserver, CrossHeadMinmaxObserver
@@ -32,7 +33,7 @@ from ....kernels import portable
 from .params import Q2Scales, reorder_raw
 from ....architectures.mamba2.weights import float_layer_mamba2
 
-__all__ = ["calibrate_q2", "PerSSDGroupObserver"]
+__all__ = ["calibrate_q2", "check_finite_weights", "PerSSDGroupObserver"]
 
 _MINMAX = {"norm.out": "s_in", "in_proj.z": "s_z", "in_proj.dt": "s_dt", "had.out": "s_H"}
 
@@ -92,6 +93,25 @@ def _channel_stats(model: EmuBackbone, depth: int, windows: torch.Tensor, batch_
     return stats
 
 
+def check_finite_weights(layer: int, raw: dict) -> None:
+    """Every tensor of block `layer` finite; a ValueError naming the first that is not (a NaN would reach the
+    head/dim clustering, whose own message is scikit-learn's about imputers)."""
+    for name, t in raw.items():
+        bad = None if t is None else ~torch.isfinite(t)
+        if bad is not None and bad.any():
+            where = [int(i) for i in bad.nonzero()[0]]
+            raise ValueError(f"layer {layer}: tensor backbone.layers.{layer}.{MAMBA2_LAYER_TENSORS.get(name, name)} "
+                             f"holds {int(bad.sum())} non-finite value(s) (NaN or inf), first at {where}: "
+                             f"{float(t[tuple(where)])}; Quamba2's calibration needs finite weights")
+
+
+def _grouping(layer: int, stats: torch.Tensor, dims: Mamba2Dims) -> GroupReorder:
+    try:
+        return group_wise_sort_indices(stats, dims.headdim, dims.ngroups)
+    except ValueError as e:
+        raise ValueError(f"layer {layer}: {e}") from None
+
+
 def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, windows: torch.Tensor, depth: int,
                  batch_size: int, recipe, *, step: Callable | None = None, alpha: float = 0.9995) -> list[Q2Scales]:
     """Scales of blocks 0..depth. raw(i): block i's checkpoint tensors (fp32); embed(ids): the rotated fp16
@@ -102,8 +122,10 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
                          f"dim groups; this model has {dims.nheads // dims.ngroups} heads per SSD group and headdim "
                          f"{dims.headdim} (at least 4 of each are needed)")
     raws = [raw(i) for i in range(depth + 1)]
+    for i, r in enumerate(raws):
+        check_finite_weights(i, r)
     stats = _channel_stats(_model(dims, raws, embed, recipe), depth, windows, batch_size, step)
-    reorders = [group_wise_sort_indices(st, dims.headdim, dims.ngroups) for st in stats]
+    reorders = [_grouping(i, st, dims) for i, st in enumerate(stats)]
     model = _model(dims, [reorder_raw(r, g, dims.d_inner, dims.nheads) for r, g in zip(raws, reorders)], embed, recipe)
     gs = dims.ngroups * dims.d_state
     obs = [{**{k: MinMaxObserver() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["GroupReorder", "group_wise_sort_indices", "group_ranges"]
+__all__ = ["GroupReorder", "check_grouping_input", "group_wise_sort_indices", "group_ranges"]
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,27 @@ def _run_starts(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.append(starts[1:], len(labels))
 
 
+def check_grouping_input(channel_max: torch.Tensor, headdim: int, ngroups: int) -> None:
+    """The clustering's input: finite statistics, and no head whose vector is all zeros (it is normalised to
+    unit norm); a ValueError naming the first channel or head otherwise (scikit-learn's own is about imputers)."""
+    bad = ~torch.isfinite(channel_max)
+    if bad.any():
+        first = int(bad.nonzero()[0])
+        raise ValueError(f"the x channel statistics (conv1d.x, the head/dim clustering's input) hold {int(bad.sum())} "
+                         f"non-finite value(s), first channel {first} = {float(channel_max[first])}; they must be finite")
+    norms = channel_max.reshape(ngroups, -1, headdim).norm(dim=-1)
+    if (norms == 0).any():
+        g, h = (int(v) for v in (norms == 0).nonzero()[0])
+        raise ValueError(f"the x channel statistics (conv1d.x) of head {h} of SSD group {g} are all zero; the head/dim "
+                         f"clustering normalises each head's statistics, so every head needs a nonzero one")
+
+
 def group_wise_sort_indices(channel_max: torch.Tensor, headdim: int, ngroups: int, nhead_groups: int = 4,
                             ndim_groups: int = 4) -> GroupReorder:
     """channel_max: (ngroups * nheads * headdim,) per-channel statistics of x (module docstring)."""
     from sklearn.cluster import AgglomerativeClustering, KMeans
 
+    check_grouping_input(channel_max, headdim, ngroups)
     per_head = channel_max.reshape(ngroups, -1, headdim)
     nheads = per_head.shape[1]
     dim_order = torch.argsort(per_head, dim=-1)

@@ -65,3 +65,44 @@ def test_cross_head_observer_takes_the_max_of_each_block_over_batches():
     assert torch.equal(empty.scales(), torch.full((1, 2, 2), 1e-6, dtype=torch.float32))  # 1e-5 / 127, clamped
     with pytest.raises(ValueError, match="add up to headdim"):
         CrossHeadMinmaxObserver(1, 4, head_groups, torch.tensor([[[3, 2], [2, 2]]]))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_statistics_are_named_not_left_to_scikit_learn(value):
+    """A NaN reached AgglomerativeClustering, whose message is about imputers; now the channel is named."""
+    stats = _stats()
+    stats[13] = value
+    with pytest.raises(ValueError, match=rf"x channel statistics \(conv1d.x, the head/dim clustering's input\) hold "
+                                         rf"1 non-finite value\(s\), first channel 13 = {value}; they must be finite"):
+        group_wise_sort_indices(stats, headdim=8, ngroups=1)
+
+
+def test_a_head_of_zero_statistics_is_named():
+    stats = torch.cat([_stats(), _stats()])
+    stats[8 * 8 + 16:8 * 8 + 24] = 0.0  # SSD group 1, head 2
+    with pytest.raises(ValueError, match=r"statistics \(conv1d.x\) of head 2 of SSD group 1 are all zero"):
+        group_wise_sort_indices(stats, headdim=8, ngroups=2)
+
+
+def test_a_nan_weight_fails_q2_w8a8_naming_the_layer_and_tensor(tmp_path, capsys):
+    """q2-w8a8 on a Mamba-2 whose block-0 in_proj (its x rows) holds a NaN: the mode fails naming the tensor and
+    the element, before any calibration pass (it failed in scikit-learn's AgglomerativeClustering)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from conftest import ROOT
+    from harness.cli import capture_main
+    from helpers import run_cli
+
+    model = tmp_path / "m"
+    shutil.copytree(ROOT / "models" / "mamba2-tiny", model)
+    weights = load_file(model / "model.safetensors")
+    weights["backbone.layers.0.mixer.in_proj.weight"][400, 5] = float("nan")  # rows 384..767: x
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    code = run_cli(capture_main, ["--model", model, "--modes", "q2-w8a8", "--seq_len", "16", "--calib_data_num", "4",
+                                  "--calib_seqlen", "32", "--no_cache", "--quiet", "--output_file", tmp_path / "x.npz"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and "imput" not in err
+    assert "layer 0: tensor backbone.layers.0.mixer.in_proj.weight holds 1 non-finite value(s) (NaN or inf), first " \
+           "at [400, 5]: nan" in err

@@ -192,3 +192,28 @@ def test_is_hybrid_alone_takes_a_checkpoint_to_the_hybrid_refusal(tmp_path):
                                             r"supported: Quamba's hybrid model \(a W4O16Embedding.*chooses which "
                                             r"mixer each layer runs at run time"):
         open_any_quamba(path)
+
+
+def test_points_of_a_quamba2_checkpoint_lists_the_mamba2_sites(handmade, capsys):
+    """points --model opens the directory through the registered checkpoint formats, as capture does (it said
+    "only Mamba1 blocks are supported" of a Quamba2 checkpoint)."""
+    from harness.cli import main
+
+    assert main(["points", "--model", str(handmade)]) == 0
+    listed = capsys.readouterr().out
+    assert main(["points", "--architecture", "mamba2"]) == 0
+    assert capsys.readouterr().out == listed and "L<i>.ssd.state" in listed
+
+
+def test_points_of_a_broken_quamba2_checkpoint_is_exit_2(handmade, tmp_path, capsys):
+    from harness.cli import main
+
+    bad = tmp_path / "q2"
+    bad.mkdir()
+    (bad / "pytorch_model.bin").symlink_to(handmade / "pytorch_model.bin")
+    cfg = handmade_q2_config()
+    cfg["ssm_cfg"]["headdim"] = "8"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    assert main(["points", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "'ssm_cfg.headdim' must be an integer" in err and "Traceback" not in err
