@@ -218,3 +218,19 @@ def test_close_ends_a_stopped_worker_by_its_sigterm(tmp_path, monkeypatch):
         pool.close()
     assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2
     assert [_state(w.pid) for w in workers] == ["", ""]
+
+
+def test_sensitivity_stats_do_not_depend_on_the_drivers_thread_count(model, tmp_path):
+    """A serial run on 2 torch threads against --workers 2 (one thread per worker): the KLs (torch's full sum
+    split its work by thread count) are reduced in one fixed order, so kl and kl_share are the same bits."""
+    import torch
+    argv = ["--model", model, "--modes", "fp32", "0", "--samples", "2", "--layers", "all", "--sensitivity",
+            "--end-to-end"]
+    torch.set_num_threads(2)   # the one_thread fixture restores the count afterwards
+    rc_serial, serial = capture(tmp_path / "serial", argv)
+    torch.set_num_threads(1)
+    rc, par = capture(tmp_path / "par", argv, "--workers", "2")
+    assert (rc_serial, rc) == (0, 0)
+    a, b = (json.loads(p.with_name("run_stats.json").read_text()) for p in (serial, par))
+    assert a["sensitivity"] == b["sensitivity"] and set(a["sensitivity"]["0"]) == {"0", "1", "2"}
+    assert a["end_to_end"] == b["end_to_end"]
