@@ -79,18 +79,30 @@ def test_the_report_shows_the_generation(generated):
         assert f'<td class="l">{mode}</td><td class="l">{"none" if first is None else first}</td>' in html
 
 
-def _nan_head_model(tmp_path):
+def _nan_head_model(tmp_path, arch: str = "mamba1"):
     """A float model whose final norm holds one NaN weight: every logit of every mode is NaN."""
+    if arch == "mamba2":
+        import shutil
+        from conftest import TOKENIZER
+        from mamba2_fixtures import make_mamba2
+        path = tmp_path / "nan2"
+        model = make_mamba2(path, vocab=4096, layers=2, seed=3)
+        with torch.no_grad():
+            model.backbone.norm_f.weight[0] = float("nan")
+        model.save_pretrained(path)
+        shutil.copy(TOKENIZER, path / "tokenizer.json")
+        return path
     model = make_hf_model(d_model=16, n_layer=2, d_state=4, seed=5)
     with torch.no_grad():
         model.backbone.norm_f.weight[0] = float("nan")
     return write_hf_dir(tmp_path / "nan", model)
 
 
-def test_generation_with_nan_logits_fails_the_mode(tmp_path):
+@pytest.mark.parametrize("arch", ["mamba1", "mamba2"])
+def test_generation_with_nan_logits_fails_the_mode(tmp_path, arch):
     """NaN is never a pass: ids from NaN logits (argmax 0 everywhere) used to agree 1.0 and exit 0."""
     out = tmp_path / "N.npz"
-    rc = run_cli(capture_main, ["--model", _nan_head_model(tmp_path), "--modes", "fp32", "--generate", 4,
+    rc = run_cli(capture_main, ["--model", _nan_head_model(tmp_path, arch), "--modes", "fp32", "--generate", 4,
                                 *FAST_CLI, "--output_file", out, "--quiet"])
     stats = json.loads(stats_path(out).read_text())
     assert rc == 1
