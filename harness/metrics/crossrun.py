@@ -18,7 +18,7 @@ import numpy as np
 from ..emulation.capture import DECODE_PREFIX, DERIVED_POINTS, MAMBA2_POINTS, POINTS, RESEARCH_TENSORS
 from .errors import error_metrics
 
-__all__ = ["execution_key", "compare_runs", "bad_mask", "locate"]
+__all__ = ["execution_key", "compare_runs", "bad_mask", "locate", "no_difference_text"]
 
 _SITES = list(POINTS)   # Mamba-2's own sites before had.out, as capture.point_sort_key orders them
 _SITES[_SITES.index("had.out"):_SITES.index("had.out")] = [p for p in MAMBA2_POINTS if p not in POINTS]
@@ -85,11 +85,24 @@ def _row(a: np.ndarray, b: np.ndarray, tensor: str, atol: float, rtol: float) ->
     return row
 
 
+def no_difference_text(entry: dict) -> str:
+    """What a mode entry without a first differing tensor says: all within tolerance only when no common
+    tensor was skipped (a skipped tensor was not compared and is never claimed to agree)."""
+    skipped = len(entry.get("skipped", {}))
+    if not skipped:
+        return "none: every common tensor is within tolerance"
+    compared = len(entry.get("tensors", {}))
+    return (f"none among the {compared} compared tensors; {skipped} common tensor"
+            f"{'s were' if skipped > 1 else ' was'} skipped (not compared)")
+
+
 def compare_runs(tensors: Mapping[str, tuple[list[str], list[str]]], get_a: Callable[[str, str], np.ndarray],
-                 get_b: Callable[[str, str], np.ndarray], *, atol: float = 0.0, rtol: float = 0.0) -> dict:
+                 get_b: Callable[[str, str], np.ndarray], *, atol: float = 0.0, rtol: float = 0.0,
+                 comparable: Callable[[str, str], str | None] | None = None) -> dict:
     """Per mode: every metric of A against B for each tensor both have, and the first bad tensor.
 
-    tensors: mode -> (A's tensor names, B's); get_a / get_b(mode, tensor) -> array.
+    tensors: mode -> (A's tensor names, B's); get_a / get_b(mode, tensor) -> array; comparable(mode, tensor):
+    None, or why the tensor is skipped (e.g. its recorded bases differ).
     Returns {"atol", "rtol", "modes": {mode: {"tensors": {tensor: row}, "first_differing": {"tensor", "step"}
     or None, "skipped": {tensor: reason}, "only_in_a": [...], "only_in_b": [...]}}}.
     """
@@ -101,6 +114,10 @@ def compare_runs(tensors: Mapping[str, tuple[list[str], list[str]]], get_a: Call
                        "only_in_b": [t for t in names_b if t not in set(names_a)]}
         first: tuple | None = None
         for tensor in sorted(common, key=execution_key):
+            why = comparable(mode, tensor) if comparable is not None else None
+            if why is not None:
+                entry["skipped"][tensor] = why
+                continue
             a, b = get_a(mode, tensor), get_b(mode, tensor)
             if a.shape != b.shape:
                 entry["skipped"][tensor] = f"shape {list(a.shape)} in A, {list(b.shape)} in B"

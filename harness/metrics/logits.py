@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 __all__ = ["log_probs", "kl_divergence", "top1_agreement", "cross_entropy", "end_to_end_metrics", "pooled_perplexity"]
 
 
 _CHUNK = 64  # positions per float64 log_softmax: [64, vocab] buffers instead of [seq, vocab]
+
+
+def _fixed_sum(x: torch.Tensor) -> float:
+    """The sum of a (rows, n) float64 tensor in one fixed order whatever torch's thread count: numpy's pairwise
+    sum of each row, then of the row sums (torch's full-tensor sum splits its work by thread count, so a
+    worker with one thread and a driver with several disagreed in the last bit)."""
+    return float(np.sum(np.sum(x.detach().cpu().numpy(), axis=-1)))
 
 
 def log_probs(logits) -> torch.Tensor:
@@ -37,7 +45,7 @@ def kl_divergence(ref_logits, logits) -> float:
     total = 0.0
     for start in range(0, ref.shape[0], _CHUNK):
         lp_ref, lp = log_probs(ref[start:start + _CHUNK]), log_probs(mode[start:start + _CHUNK])
-        total += float((lp_ref.exp() * (lp_ref - lp)).sum())
+        total += _fixed_sum(lp_ref.exp() * (lp_ref - lp))
     return total / ref.shape[0]
 
 
@@ -55,7 +63,7 @@ def cross_entropy(logits, ids) -> float:
     total = 0.0
     for start in range(0, rows.shape[0], _CHUNK):
         lp = log_probs(rows[start:start + _CHUNK])
-        total -= float(lp.gather(-1, target[start:start + _CHUNK, None]).sum())
+        total -= _fixed_sum(lp.gather(-1, target[start:start + _CHUNK, None]))
     return total / target.numel()
 
 
@@ -82,10 +90,10 @@ def _kl_and_ce(ref: torch.Tensor, mode: torch.Tensor, ids: torch.Tensor) -> tupl
     for start in range(0, positions, _CHUNK):
         lp = log_probs(mode[start:start + _CHUNK])
         lp_ref = lp if one else log_probs(ref[start:start + _CHUNK])
-        kl += float((lp_ref.exp() * (lp_ref - lp)).sum())
+        kl += _fixed_sum(lp_ref.exp() * (lp_ref - lp))
         rows = min(_CHUNK, target.numel() - start)  # cross_entropy's chunk: positions with a next token
         if rows > 0:
-            ce -= float(lp[:rows].gather(-1, target[start:start + rows, None]).sum())
+            ce -= _fixed_sum(lp[:rows].gather(-1, target[start:start + rows, None]))
     return kl / positions, (ce / target.numel() if target.numel() else math.nan)
 
 

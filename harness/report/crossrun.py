@@ -4,7 +4,7 @@ execution order. The comparison itself is ``compare A.npz --against B.npz``'s di
 with the files' names); this module only lays it out."""
 from __future__ import annotations
 
-from ..metrics.crossrun import locate
+from ..metrics.crossrun import locate, no_difference_text
 from .html import esc, facts, section, table
 
 __all__ = ["crossrun_section", "CONTEXT_BEFORE", "ROWS"]
@@ -15,9 +15,10 @@ _METRICS = (("rel_l2", "rel L2"), ("sqnr_db", "SQNR dB"), ("max_abs", "max|err|"
             ("cosine", "cosine"), ("mse", "MSE"))
 
 
-def _where(first: dict | None) -> list[tuple[str, object]]:
+def _where(entry: dict) -> list[tuple[str, object]]:
+    first = entry["first_differing"]
     if first is None:
-        return [("first differing tensor", "none: every common tensor is within tolerance")]
+        return [("first differing tensor", no_difference_text(entry))]
     layer, point = locate(first["tensor"])
     return [("first differing tensor", first["tensor"]), ("layer", layer), ("point", point),
             ("decode step", first["step"])]
@@ -25,7 +26,7 @@ def _where(first: dict | None) -> list[tuple[str, object]]:
 
 def _first_facts(entry: dict) -> str:
     first = entry["first_differing"]
-    pairs = _where(first)
+    pairs = _where(entry)
     if first is not None:
         row = entry["tensors"][first["tensor"]]
         at_step = row.get("at_first_bad_step")

@@ -16,30 +16,49 @@ from ..emulation.state import BlockState
 from .forwards import Forward, build_head
 from .weightbank import WeightBank
 
-__all__ = ["GENERATED", "greedy_ids", "divergence"]
+__all__ = ["GENERATED", "greedy_ids", "greedy_run", "divergence"]
 
 GENERATED = "generated_ids"  # the tensor name (capture.array_key: mode_{m}__generated_ids)
 
 
-@torch.no_grad()
 def greedy_ids(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank,
                prefill: tuple[torch.Tensor, list[BlockState]] | None = None) -> np.ndarray:
     """N greedy tokens of fwd's mode after prompt (1, L): int64 (1, N). Ties go to the lowest id (torch.argmax).
 
     prefill: (the residual after the last block, every block's state) of the mode's prefill over prompt, handed
     over by the capture run (``forwards.run_mode(keep_states=True)`` of the whole model); None runs it here."""
+    return greedy_run(fwd, prompt, steps, bank, prefill)[0]
+
+
+def _nonfinite(logits: torch.Tensor, step: int) -> str | None:
+    """A line naming the NaN/Inf in one step's logits (1, 1, vocab), None when all are finite."""
+    nan, inf = int(torch.isnan(logits).sum()), int(torch.isinf(logits).sum())
+    if not nan and not inf:
+        return None
+    return f"generation logits at step {step}: {nan} NaN and {inf} Inf of {logits.numel()} values"
+
+
+@torch.no_grad()
+def greedy_run(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank,
+               prefill: tuple[torch.Tensor, list[BlockState]] | None = None) -> tuple[np.ndarray, list[str]]:
+    """greedy_ids and the NaN policy's lines (``checks.record_nonfinite``): one per generation step whose
+    logits hold NaN or Inf (the argmax of such logits is no token the mode chose: never a pass)."""
     model = build_backbone(fwd.recipe, bank, fwd.scales, bank.dims.n_layer - 1)
     head = build_head(fwd.recipe, bank)
     if prefill is None or len(prefill[1]) != len(model.blocks):  # a capture of fewer blocks cannot hand over
         prefill = model.prefill(prompt)
     residual, states = prefill
-    token = head(residual[:, -1:]).argmax(-1)                     # (1, 1)
+    logits = head(residual[:, -1:])
+    problems = [p for p in [_nonfinite(logits, 0)] if p]
+    token = logits.argmax(-1)                                     # (1, 1)
     out = [token]
-    for _ in range(steps - 1):
+    for k in range(1, steps):
         residual, states = model.step(token, states)
-        token = head(residual).argmax(-1)
+        logits = head(residual)
+        problems += [p for p in [_nonfinite(logits, k)] if p]
+        token = logits.argmax(-1)
         out.append(token)
-    return torch.cat(out, dim=1).to(torch.int64).numpy()
+    return torch.cat(out, dim=1).to(torch.int64).numpy(), problems
 
 
 def divergence(ref_ids: np.ndarray, ids: np.ndarray) -> dict:

@@ -19,7 +19,7 @@ from ..architectures.mamba1.build import layer_formats
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
 from .decode import decode_mode
-from .generate import GENERATED, divergence, greedy_ids
+from .generate import GENERATED, divergence, greedy_run
 from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
 from ..modes import ModeRecipe, Rotate
@@ -103,16 +103,18 @@ class _ModeRun:
 
 
 def _generate(ctx: RunContext, forward: Forward, entry: dict, collector: Collector, loop: ModeLoopResult,
-              is_ref: bool, prefill: tuple | None = None) -> None:
+              is_ref: bool, prefill: tuple | None = None) -> list[str]:
     """--generate N: the mode's greedy ids (stored, not compared as numbers) and where they leave the reference's.
-    prefill: the capture run's (final residual, states), None to run the prefill again."""
-    ids = greedy_ids(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank, prefill)
+    prefill: the capture run's (final residual, states), None to run the prefill again. Returns the NaN
+    policy's lines for generation logits holding NaN/Inf (the mode then fails: ``checks.record_nonfinite``)."""
+    ids, problems = greedy_run(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank, prefill)
     collector.store_only(forward.recipe.name, {GENERATED: ids})
     entry["generate"] = {"ids": ids[0].tolist()}
     if is_ref:
         loop.ref_generated = ids
     elif loop.ref_generated is not None:
         entry["generate"].update(divergence(loop.ref_generated, ids))
+    return problems
 
 
 def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
@@ -160,8 +162,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
                         None if is_ref or not collector.has_reference else (collector.ref_get, collector.ref_names),
                         run.states)  # the capture prefill's states: no second prefill over the prompt
         if cfg.generate:
-            _generate(ctx, forward, entry, collector, loop, is_ref,
-                      None if run.states is None else (run.final_residual, run.states))
+            problems += _generate(ctx, forward, entry, collector, loop, is_ref,
+                                  None if run.states is None else (run.final_residual, run.states))
         if is_ref:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         if run.x_groups:  # Quamba2's x group diagnostics (metrics.q2groups)

@@ -10,8 +10,11 @@ The driver hands a unit to an idle worker through a pipe and waits on the pipes 
 sentinels together, so it knows which unit a dead worker held: that unit is queued once more on a new
 worker, and a second death makes it a ``UnitFailed`` with the reason (the signal or exit code). An
 exception raised by the unit itself is its result (the mode fails as it would in a serial run), not
-retried. Workers ignore SIGINT (a Ctrl-C reaches the whole process group): the driver decides, and
-``close`` (in the pipeline's ``finally``) terminates them, so an interrupted run leaves no process behind.
+retried; the driver prints one line per dead worker (multiprocessing's handle-sharing thread, which would
+report a worker killed mid-transfer with a traceback, is quiet: ``guard.quiet_handle_sharing``). Workers
+keep SIGTERM's default action (``close`` ends them with it, no message) and ignore SIGINT (a Ctrl-C
+reaches the whole process group): the driver decides, and ``close`` (in the pipeline's ``finally``)
+terminates them, so an interrupted run leaves no process behind.
 Each worker loads the run's plugins (``--plugin``, the entry points) before it reads its first unit.
 """
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Callable
 import numpy as np
 
 from ..plugins import PluginError, load_all
-from ..runtime.guard import FAULT_ENV
+from ..runtime.guard import FAULT_ENV, quiet_handle_sharing
+from ..runtime.log import warn
 from .units import FileBlob, UnitFailed, timed, unit_label, worker_setup
 
 __all__ = ["LocalPool"]
@@ -42,6 +46,7 @@ CLOSE_SECONDS = 10.0  # close(): how long the workers together get to exit on SI
 
 def _worker_main(conn, plugins: tuple[str, ...] = ()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # close() ends a worker with SIGTERM: quietly, no handler
     worker_setup()
     try:  # before the first unit is unpickled: it may hold the plugins' objects (their modules' names)
         load_all(plugins)
@@ -127,6 +132,7 @@ class LocalPool:
         self._done: dict[int, tuple[bool, object]] = {}
         self.retried: list[dict] = []
         self._next = 0
+        quiet_handle_sharing()  # a worker dying mid-transfer: the one line of _died, no background traceback
 
     @property
     def name(self) -> str:
@@ -189,6 +195,7 @@ class LocalPool:
         reason = f"worker {w.proc.pid} {why} while running unit {label}"
         self.retried.append({"unit": label, "attempt": self._attempts[uid], "reason": reason})
         if self._attempts[uid] < 2:
+            warn(f"{reason}: running it again")
             self._queue.appendleft(uid)
         else:
             first = next((r["reason"] for r in self.retried[:-1] if r["unit"] == label), "?")

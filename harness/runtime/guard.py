@@ -34,7 +34,7 @@ from typing import Iterator
 from .progress import PhaseDisplay
 
 __all__ = ["Interrupted", "LockError", "OutputLock", "handle_signals", "deferred_signals", "fault_point",
-           "Progress", "FAULT_ENV"]
+           "quiet_handle_sharing", "Progress", "FAULT_ENV"]
 
 FAULT_ENV = "QUAMBA_HARNESS_FAULT"
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
@@ -117,6 +117,31 @@ class Progress:
 
 _deferring = False
 _pending: int | None = None
+
+
+def _from_resource_sharer(tb) -> bool:
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(os.path.join("multiprocessing", "resource_sharer.py")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def quiet_handle_sharing() -> None:
+    """From now on sys.excepthook drops the reports of multiprocessing's handle-sharing thread
+    (multiprocessing/resource_sharer.py calls it when a peer process dies mid-transfer): the worker pool says
+    in one line which worker died (``runner.workers``). Every other report goes to the hook in place. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "_quiet_handle_sharing", False):
+        return
+
+    def hook(tp, value, tb) -> None:
+        if threading.current_thread() is not threading.main_thread() and _from_resource_sharer(tb):
+            return
+        previous(tp, value, tb)
+
+    hook._quiet_handle_sharing = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _quiet_excepthook(*_exc) -> None:

@@ -8,6 +8,9 @@
 * ``imported()``: the imports are done; the quiet handler then exits with ``sys.exit`` until
   the run installs its own (``guard.handle_signals``), or, with ``restore=True``, Python's
   defaults come back.
+* In a multiprocessing child (a ``--workers`` process importing the script as ``__mp_main__``) ``begin()``
+  installs nothing: the driver ends its workers with SIGTERM on a normal close, and a worker is no command
+  line, so it has no "interrupted" line to print.
 * numpy's OpenBLAS threads spin after every BLAS call and compete with torch's threads
   (measured: the next layer forward ran up to 2x slower); the harness does its heavy math in
   torch, so ``begin()`` gives numpy one BLAS thread unless the user set OPENBLAS_NUM_THREADS.
@@ -34,10 +37,18 @@ def _quiet_exit(signum: int, _frame: object) -> None:
     sys.exit(128 + signum)
 
 
+def _in_child_process() -> bool:
+    """A multiprocessing child, also while it imports the parent's main module (spawn/forkserver ``prepare``)."""
+    import multiprocessing
+
+    current = multiprocessing.current_process()
+    return bool(getattr(current, "_inheriting", False)) or multiprocessing.parent_process() is not None
+
+
 def begin() -> None:
     """Call first in an entry point, before importing torch, numpy or the rest of the harness."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or _in_child_process():
         return
     installed = tuple(s for s, default in _DEFAULTS.items() if signal.getsignal(s) is default)
     for s in installed:

@@ -155,3 +155,62 @@ def test_report_against_on_the_command_line(two_runs, capsys):
     capsys.readouterr()
     assert main(["report", str(a), "--against", str(c), "-o", str(d / "x.html")]) == 2
     assert "token ids differ" in capsys.readouterr().err and not (d / "x.html").exists()
+
+
+def _rewrite(src, dst, change):
+    """A copy of capture src (without its stats: a GPU dump) whose arrays `change` edits in place."""
+    with np.load(src) as z:
+        arrays = {k: np.array(z[k]) for k in z.files}
+    change(arrays)
+    np.savez(dst, **arrays)
+    return dst
+
+
+def test_fail_if_applies_to_the_cross_run_rows(two_runs, capsys):
+    """--fail-if with --against used to be ignored (even a malformed expression exited 0)."""
+    a, b, _ = two_runs
+    assert run_cli(compare_main, [a, "--against", b, "--fail-if", "sqnr_db <"]) == 2
+    assert "--fail-if" in capsys.readouterr().err
+    assert run_cli(compare_main, [a, "--against", b, "--fail-if", "max_abs > 1e-3"]) == 1
+    err = capsys.readouterr().err
+    assert "for: 0 decode.L0.block.out" in err and "fp32" not in err.split("for:")[1]
+    assert run_cli(compare_main, [a, "--against", b, "--fail-if", "max_abs > 1e-1"]) == 0
+    assert run_cli(compare_main, [a, "--against", b, "--fail-if", "mode == '0' and not identical"]) == 1
+    assert run_cli(compare_main, [a, "--against", a, "--fail-if", "not identical"]) == 0
+
+
+def test_a_tensor_skipped_for_its_shape_is_never_called_within_tolerance(two_runs, capsys):
+    a, b, d = two_runs
+    c = _rewrite(b, d / "S.npz", lambda z: z.update({array_key("fp32", "decode.L0.block.out"):
+                                                     z[array_key("fp32", "decode.L0.block.out")][:, :2]}))
+    result = compare_files(a, c)
+    entry = result["modes"]["fp32"]
+    assert entry["first_differing"] is None and list(entry["skipped"]) == ["decode.L0.block.out"]
+    assert run_cli(compare_main, [a, "--against", c]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("mode fp32:"))
+    assert "within tolerance" not in line and "1 common tensor was skipped (not compared)" in line
+    assert "decode.L0.block.out" in out and "skipped: shape [1, 4, " in out
+    assert run_cli(compare_main, [a, "--against", c, "--fail-if", "max_abs > 1"]) == 1   # not compared: no pass
+    assert "fp32 decode.L0.block.out" in capsys.readouterr().err
+
+
+def test_runs_in_different_bases_warn_and_skip_the_tensors_whose_basis_differs(two_runs, capsys):
+    import shutil
+    from harness.store.format import stats_path
+    a, _, d = two_runs
+    r = d / "R.npz"
+    shutil.copy(a, r)
+    stats = json.loads(stats_path(a).read_text())
+    stats["provenance"]["basis"] = "rotated"
+    stats["modes"]["0"]["tensors"]["L1.block.out"]["basis"] = "rotated"
+    stats_path(r).write_text(json.dumps(stats))
+    result = compare_files(a, r)
+    assert result["warnings"] and "A --basis original, B --basis rotated" in result["warnings"][0]
+    assert result["modes"]["0"]["skipped"] == {"L1.block.out": "basis differs (original in A, rotated in B)"}
+    assert "L1.block.out" not in result["modes"]["0"]["tensors"]
+    assert run_cli(compare_main, [a, "--against", r]) == 0
+    captured = capsys.readouterr()
+    assert "warning: the runs were captured in different bases" in captured.err
+    assert "warning: the runs were captured in different bases" in captured.out
+    assert compare_files(a, a)["warnings"] == []

@@ -77,3 +77,46 @@ def test_the_report_shows_the_generation(generated):
     for mode in ("1", "0"):
         first = stats["modes"][mode]["generate"]["first_divergence"]
         assert f'<td class="l">{mode}</td><td class="l">{"none" if first is None else first}</td>' in html
+
+
+def _nan_head_model(tmp_path, arch: str = "mamba1"):
+    """A float model whose final norm holds one NaN weight: every logit of every mode is NaN."""
+    if arch == "mamba2":
+        import shutil
+        from conftest import TOKENIZER
+        from mamba2_fixtures import make_mamba2
+        path = tmp_path / "nan2"
+        model = make_mamba2(path, vocab=4096, layers=2, seed=3)
+        with torch.no_grad():
+            model.backbone.norm_f.weight[0] = float("nan")
+        model.save_pretrained(path)
+        shutil.copy(TOKENIZER, path / "tokenizer.json")
+        return path
+    model = make_hf_model(d_model=16, n_layer=2, d_state=4, seed=5)
+    with torch.no_grad():
+        model.backbone.norm_f.weight[0] = float("nan")
+    return write_hf_dir(tmp_path / "nan", model)
+
+
+@pytest.mark.parametrize("arch", ["mamba1", "mamba2"])
+def test_generation_with_nan_logits_fails_the_mode(tmp_path, arch):
+    """NaN is never a pass: ids from NaN logits (argmax 0 everywhere) used to agree 1.0 and exit 0."""
+    out = tmp_path / "N.npz"
+    rc = run_cli(capture_main, ["--model", _nan_head_model(tmp_path, arch), "--modes", "fp32", "--generate", 4,
+                                *FAST_CLI, "--output_file", out, "--quiet"])
+    stats = json.loads(stats_path(out).read_text())
+    assert rc == 1
+    entry = stats["modes"]["fp32"]
+    assert entry["status"] == "error" and "non-finite" in entry["error"]
+    assert entry["nonfinite"][0] == "generation logits at step 0: 4096 NaN and 0 Inf of 4096 values"
+    assert len(entry["nonfinite"]) == 4
+
+
+def test_decode_logits_with_nan_fail_the_mode(tmp_path):
+    """--decode's logits go through the same NaN policy: decode.logits is named among the problems."""
+    out = tmp_path / "D.npz"
+    rc = run_cli(capture_main, ["--model", _nan_head_model(tmp_path), "--modes", "fp32", "--decode", 2,
+                                "--end-to-end", *FAST_CLI, "--output_file", out, "--quiet"])
+    entry = json.loads(stats_path(out).read_text())["modes"]["fp32"]
+    assert rc == 1 and entry["status"] == "error"
+    assert any(p.startswith("decode.logits: ") for p in entry["nonfinite"])

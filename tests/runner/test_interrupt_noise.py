@@ -29,3 +29,30 @@ def test_an_interruption_silences_background_tracebacks(capsys, monkeypatch):
     assert e.value.exit_code == 143
     _report_like_resource_sharer()
     assert capsys.readouterr().err == ""
+
+
+def test_the_worker_pool_silences_the_handle_sharing_threads_reports(capfd, monkeypatch):
+    """A peer dying mid-transfer makes multiprocessing's resource_sharer thread print a traceback through
+    sys.excepthook; the pool (runner.workers) prints its own line instead, so that report is dropped, and only
+    that one: the main thread's reports still print."""
+    import os
+    import threading
+    import time
+    from multiprocessing import current_process, resource_sharer
+    from multiprocessing.connection import Client
+
+    from harness.runner.workers import LocalPool
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    LocalPool(1, spill=".")
+    fd = os.open(os.devnull, os.O_RDONLY)
+    shared = resource_sharer.DupFd(fd)   # starts the sharing thread (a handle a worker would fetch)
+    os.close(fd)
+    before = threading.active_count()
+    with Client(resource_sharer._resource_sharer._address, authkey=current_process().authkey) as c:
+        c.send(42)                       # not a (key, pid) request: its _serve fails and reports it
+    time.sleep(0.3)
+    assert before >= 2 and capfd.readouterr().err == ""
+    _report_like_resource_sharer()       # the main thread's report is not the sharer's
+    assert "Traceback" in capfd.readouterr().err
+    del shared

@@ -11,6 +11,8 @@ bits (measured on this model), so "bit-identical" is to the serial run with one 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,8 +54,13 @@ def test_samples_killed_worker_retried_bit_identical(model, tmp_path, monkeypatc
     workers = json.loads(par.with_name("run_stats.json").read_text())["provenance"]["workers"]
     assert workers["units"] == 4 * 3 and [r["unit"] for r in workers["retried"]] == ["0.s1"]
     assert "killed by SIGKILL" in workers["retried"][0]["reason"]
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("unit mode")]
+    captured = capsys.readouterr()
+    lines = [x for x in captured.out.splitlines() if x.startswith("unit mode")]
     assert len(lines) == 12 and any("mode 0 sample 1" in x and "retry 1" in x for x in lines)
+    died = [x for x in captured.err.splitlines() if "killed by SIGKILL" in x]   # the driver's one line
+    assert len(died) == 1 and re.fullmatch(r"warning: worker \d+ killed by SIGKILL while running unit 0\.s1: "
+                                           r"running it again", died[0]), died
+    assert "Traceback" not in captured.err
 
 
 def test_sensitivity_bit_identical(model, tmp_path):
@@ -218,3 +225,34 @@ def test_close_ends_a_stopped_worker_by_its_sigterm(tmp_path, monkeypatch):
         pool.close()
     assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2
     assert [_state(w.pid) for w in workers] == ["", ""]
+
+
+def test_sensitivity_stats_do_not_depend_on_the_drivers_thread_count(model, tmp_path):
+    """A serial run on 2 torch threads against --workers 2 (one thread per worker): the KLs (torch's full sum
+    split its work by thread count) are reduced in one fixed order, so kl and kl_share are the same bits."""
+    import torch
+    argv = ["--model", model, "--modes", "fp32", "0", "--samples", "2", "--layers", "all", "--sensitivity",
+            "--end-to-end"]
+    torch.set_num_threads(2)   # the one_thread fixture restores the count afterwards
+    rc_serial, serial = capture(tmp_path / "serial", argv)
+    torch.set_num_threads(1)
+    rc, par = capture(tmp_path / "par", argv, "--workers", "2")
+    assert (rc_serial, rc) == (0, 0)
+    a, b = (json.loads(p.with_name("run_stats.json").read_text()) for p in (serial, par))
+    assert a["sensitivity"] == b["sensitivity"] and set(a["sensitivity"]["0"]) == {"0", "1", "2"}
+    assert a["end_to_end"] == b["end_to_end"]
+
+
+def test_a_normal_close_of_the_workers_prints_nothing(model, tmp_path):
+    """save_first_layer_io.py --workers 2: each worker imports the script (as __mp_main__), whose begin() used to
+    install the quiet-start handler there, so close()'s SIGTERM printed "interrupted by SIGTERM while starting:
+    nothing was written" once per worker after a successful run."""
+    out = tmp_path / "run.npz"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "QUAMBA_HARNESS_FAULT"}
+    env.update(PYTHONPATH=str(ROOT), QUAMBA_HARNESS_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, str(ROOT / "save_first_layer_io.py"), "--model", str(model), "--modes",
+                           "fp32", "0", "--samples", "2", *map(str, FAST_CLI), "--no_cache", "--workers", "2",
+                           "--output_file", str(out), "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "interrupted" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads(out.with_name("run_stats.json").read_text())["provenance"]["workers"]["units"] == 4
