@@ -150,4 +150,4 @@ def test_a_float_mamba_ssm_config_with_a_list_for_a_table_is_exit_2(tmp_path, ca
     code = capture_main(["--model", str(model), "--modes", "fp32", "--output_file", str(tmp_path / "o.npz"),
                          "--no_cache", *FAST])
     err = capsys.readouterr().err
-    assert code == 2 and "config.json: malformed value ('list' object has no attribute 'get')" in err, err
+    assert code == 2 and "config.json: 'ssm_cfg' must be a table" in err, err
