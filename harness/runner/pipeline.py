@@ -366,8 +366,9 @@ def _keep_complete_pair(writer: PairWriter) -> None:
     if writer.storage_failure is None or not (out.exists() or stats_path(out).exists()):
         return
     key = writer.storage_failure.partition(":")[0]
-    mode = (parse_array_key(key) or (key,))[0]
-    raise StorageError(f"mode {mode} could not write its arrays ({writer.storage_failure}); nothing was committed: "
+    what = f"mode {parsed[0]} could not write its arrays" if (parsed := parse_array_key(key)) else \
+        f"array {key} could not be written"
+    raise StorageError(f"{what} ({writer.storage_failure}); nothing was committed: "
                        f"the existing pair {out} and {stats_path(out).name} was kept unchanged. Free disk space "
                        f"and run again, or write to another --output_file")
 
