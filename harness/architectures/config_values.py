@@ -12,7 +12,13 @@ from __future__ import annotations
 import math
 import sys
 
-__all__ = ["REQUIRED", "ConfigValueError", "OversizedInt", "parse_int", "config_int", "config_table", "check_config_tables"]
+__all__ = ["REQUIRED", "ConfigValueError", "OversizedInt", "parse_int", "config_int", "config_table", "check_config_tables",
+           "SUPPORTED_MODEL_TYPES", "SUPPORTED_ARCHITECTURES"]
+
+# the transformers model types and class names the harness computes; anything else (falcon_mamba, whose dt/B/C
+# RMSNorms plain Mamba-1 would silently drop, jamba, ...) is refused by name. mamba_ssm configs carry no model_type.
+SUPPORTED_MODEL_TYPES = ("mamba", "mamba2")
+SUPPORTED_ARCHITECTURES = ("MambaForCausalLM", "MambaModel", "Mamba2ForCausalLM", "Mamba2Model", "MambaLMHeadModel")
 
 REQUIRED = object()  # config_int's default for a key that must be there
 _MAX_DIGITS = 4000  # below Python's int-string limit (sys.get_int_max_str_digits(), 4300 by default)
@@ -72,8 +78,8 @@ def config_table(table: dict, key: str, *, prefix: str = "") -> dict:
 
 
 def check_config_tables(cfg: dict) -> None:
-    """The keys that say which layout a config is: architectures (a list of class names), model_type (a
-    string), ssm_cfg (a table); and no integer literal too long to read, wherever it is."""
+    """The keys that say which layout a config is: architectures (a list of class names the harness
+    implements), model_type (a string, one the harness implements), ssm_cfg (a table); and no integer literal too long to read, wherever it is."""
     archs = cfg.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ConfigValueError(f"'architectures' must be a list of class names (e.g. [\"MambaForCausalLM\"]), "
@@ -81,6 +87,14 @@ def check_config_tables(cfg: dict) -> None:
     if cfg.get("model_type") is not None and not isinstance(cfg["model_type"], str):
         raise ConfigValueError(f"'model_type' must be a string (e.g. \"mamba\" or \"mamba2\"), "
                                f"got {_show(cfg['model_type'])}")
+    kind = cfg.get("model_type")
+    if kind is not None and kind not in SUPPORTED_MODEL_TYPES:
+        raise ConfigValueError(f"model_type {kind!r} is not supported; supported model types: "
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)} (or a mamba_ssm config without model_type)")
+    unknown = [a for a in archs or () if a not in SUPPORTED_ARCHITECTURES]
+    if unknown:
+        raise ConfigValueError(f"architectures entry {unknown[0]!r} is not supported; supported: "
+                               f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     config_table(cfg, "ssm_cfg")
     where = _oversized(cfg)
     if where is not None:

@@ -59,6 +59,11 @@ class Recipe:
         runs = self.architectures(mode)
         return None if architecture in runs else f"recipe {self.name!r} runs on {', '.join(runs)}"
 
+    def model_problem(self, mode: ModeRecipe, dims) -> str | None:
+        """Why `mode` cannot run on this model (its dims: a ModelDims or Mamba2Dims), or None; asked by the run
+        right after the model is opened, before any work (default: None)."""
+        return None
+
     def on_architecture(self, mode: ModeRecipe, architecture: str | None) -> ModeRecipe:
         """The mode as it runs on `architecture` (default: unchanged)."""
         return mode

@@ -107,9 +107,21 @@ def _write_dir(out: Path, tok_files: list[Path], write: Callable[[Path], None], 
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if (why := _write_failure(e)) is not None:  # a full disk, an I/O error: one line, nothing left behind
+            raise ExportError(f"cannot write {out}: {why}; nothing was left behind") from None
         raise
+
+
+def _write_failure(e: BaseException) -> str | None:
+    """The errno text of a failed write: an OSError, or torch.save's RuntimeError from its zip writer."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    text = str(e)
+    if isinstance(e, RuntimeError) and "PytorchStreamWriter failed" in text:
+        return text[text.index("PytorchStreamWriter failed"):].splitlines()[0]
+    return None
 
 
 INPUT_ERRORS = (ExportError, ModelDirError, DataError, StorageError)

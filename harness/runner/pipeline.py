@@ -30,7 +30,8 @@ from .context import RunContext
 from .decodeplan import check_decode, generated_text, read_text, state_scales
 from .dispatch import open_units
 from ..architectures.registry import architecture_names
-from ..emulation.capture import ISOLATED, TapError, parse_point, point_name, points_of, resolve_layers, select_points
+from ..emulation.capture import (ISOLATED, TapError, parse_array_key, parse_point, point_name, points_of, resolve_layers,
+                                 select_points)
 from ..checkpoints.text import (
     DataError,
     calibration_windows,
@@ -169,6 +170,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
     n_layer = ckpt.dims.n_layer
     for r in recipes:  # a modes file's per-layer range past the last block would apply to nothing
         r.check_layers(n_layer)
+        if (problem := recipe_for(r).model_problem(r, ckpt.dims)) is not None:  # refused before any work
+            raise RunError(f"mode {r.name} cannot run on {cfg.model}: {problem}")
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
     depth = max(parse_point(p)[0] for p in points)
@@ -356,6 +359,20 @@ def _no_comparison(cfg: RunConfig, ok_modes: list[str]) -> None:
     warn(f"no comparison: reference mode {cfg.reference!r} was not run or failed{hint}")
 
 
+def _keep_complete_pair(writer: PairWriter) -> None:
+    """A mode whose arrays could not be written (disk full) must not let an incomplete pair replace one on disk:
+    nothing is committed, the old pair stays as it was (docs/guarantees.md)."""
+    out = writer.path
+    if writer.storage_failure is None or not (out.exists() or stats_path(out).exists()):
+        return
+    key = writer.storage_failure.partition(":")[0]
+    what = f"mode {parsed[0]} could not write its arrays" if (parsed := parse_array_key(key)) else \
+        f"array {key} could not be written"
+    raise StorageError(f"{what} ({writer.storage_failure}); nothing was committed: "
+                       f"the existing pair {out} and {stats_path(out).name} was kept unchanged. Free disk space "
+                       f"and run again, or write to another --output_file")
+
+
 def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torch.Tensor, *, modes: dict,
             comparison: dict | None, provenance: dict, studies: dict, timestamp: str) -> RunOutcome:
     cfg, emit = ctx.cfg, ctx.emit
@@ -377,6 +394,7 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
     if cfg.end_to_end:  # --no-logits: the end-to-end metrics are there, the logits arrays are not
         stats["logits_stored"] = cfg.store_logits and not cfg.stats_only
     ctx.progress.phase = "writing the files"
+    _keep_complete_pair(writer)
     stats = writer.commit(stats)
     emit(f"\nwrote {cfg.output_file} and {stats_path(cfg.output_file)}"
          + ("; the logits were not stored (--no-logits)" if cfg.end_to_end and not cfg.store_logits else "")

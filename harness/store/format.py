@@ -145,6 +145,7 @@ class PairWriter:
     (pending manifest, then the two renames with signals deferred). Leaving the ``with`` block without a
     commit (an exception, a signal) removes the temporary file: the previous pair is untouched. With
     ``dedup``, an array ("__" key) bit-identical to one added before is not stored again; ``aliases`` maps it.
+    A member that could not be written (StorageError, OSError: a full disk) is named in ``storage_failure``.
     """
 
     def __init__(self, path: Path, compress: bool = False, dedup: bool = False, progress: Progress | None = None) -> None:
@@ -155,6 +156,7 @@ class PairWriter:
         self._tmp: str | None = None
         self._file = self._zip = self._hash = None
         self.stats: dict | None = None
+        self.storage_failure: str | None = None  # the first member that could not be written (disk full, I/O error)
         self.progress = progress  # told when the pair is committed (what an interruption kept)
 
     def __enter__(self) -> "PairWriter":
@@ -175,12 +177,16 @@ class PairWriter:
                 self.aliases[key] = self._seen[sig]
                 return
             self._seen.setdefault(sig, key)
-        check_writable(self.path, arr.nbytes)
-        info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-        info.compress_type = self.method
-        with self._zip.open(info, "w", force_zip64=True) as fh:
-            np.lib.format.write_array(fh, arr, allow_pickle=False)
-        self._file.flush()  # the member is complete (zipfile rewrote its header): hash it behind the writer
+        try:
+            check_writable(self.path, arr.nbytes)
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = self.method
+            with self._zip.open(info, "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, arr, allow_pickle=False)
+            self._file.flush()  # the member is complete (zipfile rewrote its header): hash it behind the writer
+        except (StorageError, OSError) as e:  # a full disk: the caller must not commit over a complete old pair
+            self.storage_failure = self.storage_failure or f"{key}: {type(e).__name__}: {e}"
+            raise
         self._hash.final(self._file.tell())
         self.keys.append(key)
         if len(self.keys) == 1:

@@ -58,6 +58,24 @@ def test_malformed_directories(hf_dir, tmp_path, breakage, message):
         open_checkpoint(d)
 
 
+@pytest.mark.parametrize("edit,message", [
+    ({"model_type": "falcon_mamba", "architectures": ["FalconMambaForCausalLM"]},
+     "model_type 'falcon_mamba' is not supported; supported model types: mamba, mamba2"),
+    ({"model_type": "nope"}, "model_type 'nope' is not supported"),
+    ({"architectures": ["FalconMambaForCausalLM"]}, "architectures entry 'FalconMambaForCausalLM' is not supported"),
+])
+def test_unimplemented_model_kinds_are_refused(hf_dir, tmp_path, edit, message):
+    """A Falcon-Mamba (dt/B/C RMSNorms) is not plain Mamba-1: refused by name, never computed as one."""
+    d = tmp_path / "m"
+    shutil.copytree(hf_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    assert (cfg["model_type"], cfg["architectures"]) == ("mamba", ["MambaForCausalLM"])  # accepted as is
+    cfg.update(edit)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelDirError, match=message):
+        open_checkpoint(d)
+
+
 def test_missing_tensor_is_named(ssm_dir, tmp_path):
     d = tmp_path / "m"
     shutil.copytree(ssm_dir, d)

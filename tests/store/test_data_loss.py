@@ -70,6 +70,42 @@ def test_resume_reruns_a_mode_whose_arrays_are_incomplete(model, tmp_path, capsy
     assert cf.manifest["modes"]["fp32"]["resumed"] and cf.array("0", "residual").shape == (1, 16, 24)
 
 
+def _disk_full_for_mode(monkeypatch, mode):
+    """Writing any array of `mode` into the .npz fails as on a full disk (ENOSPC half-way through the member)."""
+    import errno
+
+    real = np.lib.format.write_array
+
+    def write_array(fh, arr, *args, **kwargs):
+        if getattr(getattr(fh, "_zinfo", None), "filename", "").startswith(f"mode_{mode}_"):
+            fh.write(b"\x93NUMPY")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fh, arr, *args, **kwargs)
+    monkeypatch.setattr(np.lib.format, "write_array", write_array)
+
+
+def test_a_full_disk_keeps_the_complete_old_pair(model, tmp_path, capsys, monkeypatch):
+    """A complete pair, then the same command on a disk that fills up while mode 0 writes its arrays: the old
+    pair stays byte-identical (before, a new pair without mode 0's arrays was committed over it, exit 1)."""
+    out = tmp_path / "p.npz"
+    assert _capture(model, out, ["fp32", "0"], capsys)[0] == 0
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir() if p.is_file())
+    _disk_full_for_mode(monkeypatch, "0")
+    rc, _, err = _capture(model, out, ["fp32", "0"], capsys)
+    monkeypatch.undo()
+    assert rc == 2 and "mode 0 could not write its arrays" in err and "No space left on device" in err
+    assert "nothing was committed: the existing pair" in err and "was kept unchanged" in err
+    assert "Traceback" not in err
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir() if p.is_file()) == before
+    assert load_capture(out).manifest["failed_modes"] == []
+    fresh = tmp_path / "fresh" / "q.npz"  # no pair to keep: the run's pair is written, the mode recorded as failed
+    fresh.parent.mkdir()
+    _disk_full_for_mode(monkeypatch, "0")
+    rc, _, err = _capture(model, fresh, ["fp32", "0"], capsys)
+    assert rc == 1 and "mode 0 failed" in err and "No space left on device" in err
+    assert load_capture(fresh).manifest["failed_modes"] == ["0"]
+
+
 def test_a_mismatched_pair_is_refused_by_every_reader(model, tmp_path, capsys):
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
     assert _capture(model, a, ["fp32"], capsys)[0] == 0

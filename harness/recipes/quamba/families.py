@@ -12,6 +12,7 @@ from ...modes import ModeRecipe, Prep, Weights
 from ..registry import Recipe
 from .calibration import calibrate
 from .q2.build import build_blocks as q2_blocks
+from .q2.calibration import q2_grouping_problem
 from .q2.calibrate import calibrate_quamba2
 from .q2.head_scale import observe_head_scales
 from .w4.build import build_blocks_mamba1, build_blocks_mamba2
@@ -82,6 +83,10 @@ class Quamba2(_Quamba):
                 "(its head-grouped calibration raises NotImplementedError for Mamba-1, quamba/modelutils_mamba.py:"
                 "240-241): run mode 0 there (q2-w4a8 and q2-w4a16 run on both)")
 
+    def model_problem(self, mode: ModeRecipe, dims) -> str | None:
+        """The head/dim grouping export checks (q2.export.check_q2_export), before any work."""
+        return q2_grouping_problem(dims) if dims.architecture == _MAMBA2 else None
+
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
         return q2_blocks(mode, bank, scales, depth, calibration)
 
@@ -107,6 +112,14 @@ class Quamba2W4(_Quamba):
         if architecture == _MAMBA1 and mode.prep == Prep.QUAMBA2:
             return replace(mode, prep=Prep.QUAMBA)
         return mode
+
+    def model_problem(self, mode: ModeRecipe, dims) -> str | None:
+        """W4A8 on Mamba-2: Quamba2's head/dim grouping of the int8 SSD input (as check_q2_export, which
+        export_mamba2's check_q2w4_export adds to); W4A16 quantizes no activation and needs none. Marlin's
+        128-multiples bind the packed export only (the run emulates the packing)."""
+        if dims.architecture != _MAMBA2 or self.calibration_key(mode) != "quamba2-w4a8":
+            return None
+        return q2_grouping_problem(dims)
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
         build = build_blocks_mamba1 if bank.dims.architecture == _MAMBA1 else build_blocks_mamba2

@@ -303,3 +303,39 @@ def test_an_infinite_size_is_exit_2_in_points_export_and_the_shell_wrapper(m2_di
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "w.npz").exists()
+
+
+@pytest.mark.parametrize("shape,problem", [
+    ({"ngroups": 4, "headdim": 8}, "this model has 2 heads per SSD group and headdim 8"),
+    ({"ngroups": 1, "headdim": 2}, "this model has 32 heads per SSD group and headdim 2"),
+], ids=["2-heads-per-group", "headdim-2"])
+def test_a_shape_quamba2_cannot_group_is_refused_before_any_work(tmp_path, capsys, shape, problem):
+    """A Mamba-2 whose SSD input Quamba2 cannot split into 4 head x 4 dim groups: capture ran fp32, failed in
+    calibration and wrote a pair (exit 1), while export refused it up front; now both refuse it before any work,
+    exit 2 naming the mode and the problem. W4A16 quantizes no activation: it is not refused."""
+    from harness.cli import capture_main, main
+    from harness.recipes.registry import recipe_for
+    from helpers import run_cli
+
+    import shutil
+
+    from conftest import TOKENIZER
+
+    model = tmp_path / "m"
+    make_mamba2(model, layers=1, seed=4, vocab=4096, **shape)
+    shutil.copy(TOKENIZER, model / "tokenizer.json")  # a model the run would otherwise go through
+    out = tmp_path / "o"
+    out.mkdir()
+    for mode in ("q2-w8a8", "q2-w4a8"):
+        rc = run_cli(capture_main, ["--model", model, "--modes", "fp32", mode, "--no_cache",
+                                    "--output_file", out / "x.npz", "--seq_len", 16, "--calib_data_num", 4,
+                                    "--calib_seqlen", 16, "--calib_batch_size", 2])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"mode {mode} cannot run on {model}: Quamba2 groups each SSD group's heads" in err
+        assert problem in err and "Traceback" not in err and "calibrat" not in err
+        assert list(out.iterdir()) == []
+    assert run_cli(main, ["export", "--model", model, "--output_dir", tmp_path / "q"]) == 2
+    assert problem in capsys.readouterr().err and not (tmp_path / "q").exists()
+    dims = open_checkpoint(model).dims
+    assert recipe_for(get_mode("q2-w4a16")).model_problem(get_mode("q2-w4a16"), dims) is None
+    assert recipe_for(get_mode("fp32")).model_problem(get_mode("fp32"), dims) is None

@@ -1,6 +1,7 @@
 """Quamba1 W8A8 checkpoints in and out: layout against a hand-written fixture, codes used bit for bit,
 round trip, the float-model pairing, and every bad checkpoint as a clear exit-2 error."""
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -336,6 +337,30 @@ def test_export_never_overwrites(hf_dir, tmp_path, capsys):
     assert main(["export", "--model", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "new")]) == 2
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "new").exists()
 
+
+
+@pytest.mark.parametrize("failure,text", [
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/3: "
+                  "file write failed"), "PytorchStreamWriter failed writing file data/3: file write failed"),
+])
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(hf_dir, tmp_path, capsys, monkeypatch, failure, text):
+    """torch.save failing half-way (a full disk): exit 2, one line naming the directory and the errno text, no
+    temporary directory, no output directory (before, a torch.save traceback)."""
+    import harness.recipes.quamba.checkpoint as ckpt_mod
+
+    def full_disk(obj, path):
+        Path(path).write_bytes(b"PK\x03\x04 half")
+        raise failure
+    monkeypatch.setattr(ckpt_mod.torch, "save", full_disk)
+    out = tmp_path / "exp" / "q"
+    out.parent.mkdir()
+    rc = main(["export", "--model", str(hf_dir), "--output_dir", str(out), "--no_cache",
+               "--calib_data_num", "4", "--calib_seqlen", "16", "--calib_batch_size", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"cannot write {out}: {text}; nothing was left behind" in err
+    assert "Traceback" not in err and len([ln for ln in err.splitlines() if "cannot write" in ln]) == 1
+    assert list(out.parent.iterdir()) == []
 
 
 def test_version_1_stats_files_are_still_read(tmp_path):

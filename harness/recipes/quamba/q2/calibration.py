@@ -33,7 +33,7 @@ from ....kernels import portable
 from .params import Q2Scales, reorder_raw
 from ....architectures.mamba2.weights import float_layer_mamba2
 
-__all__ = ["calibrate_q2", "check_finite_weights", "PerSSDGroupObserver"]
+__all__ = ["calibrate_q2", "check_finite_weights", "q2_grouping_problem", "PerSSDGroupObserver"]
 
 _MINMAX = {"norm.out": "s_in", "in_proj.z": "s_z", "in_proj.dt": "s_dt", "had.out": "s_H"}
 
@@ -112,15 +112,23 @@ def _grouping(layer: int, stats: torch.Tensor, dims: Mamba2Dims) -> GroupReorder
         raise ValueError(f"layer {layer}: {e}") from None
 
 
+def q2_grouping_problem(dims: Mamba2Dims) -> str | None:
+    """Why Quamba2's head/dim grouping of the SSD input cannot split this model, or None (the run, the export and
+    the calibration ask the same question)."""
+    if dims.nheads // dims.ngroups < 4 or dims.headdim < 4:
+        return (f"Quamba2 groups each SSD group's heads into 4 head groups and each head's channels into 4 "
+                f"dim groups; this model has {dims.nheads // dims.ngroups} heads per SSD group and headdim "
+                f"{dims.headdim} (at least 4 of each are needed)")
+    return None
+
+
 def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, windows: torch.Tensor, depth: int,
                  batch_size: int, recipe, *, step: Callable | None = None, alpha: float = 0.9995) -> list[Q2Scales]:
     """Scales of blocks 0..depth. raw(i): block i's checkpoint tensors (fp32); embed(ids): the rotated fp16
     embedding; recipe: the float calibration recipe (fp16 weights and activations, rotated, chunked SSD);
     alpha: the percentile of s_x_tensor (Quamba's non-grouped x observer, modelutils_mamba.py:132)."""
-    if dims.nheads // dims.ngroups < 4 or dims.headdim < 4:
-        raise ValueError(f"Quamba2 groups each SSD group's heads into 4 head groups and each head's channels into 4 "
-                         f"dim groups; this model has {dims.nheads // dims.ngroups} heads per SSD group and headdim "
-                         f"{dims.headdim} (at least 4 of each are needed)")
+    if (problem := q2_grouping_problem(dims)) is not None:
+        raise ValueError(problem)
     raws = [raw(i) for i in range(depth + 1)]
     for i, r in enumerate(raws):
         check_finite_weights(i, r)

@@ -18,6 +18,7 @@ from ....runner.forwards import build_head
 from ....runner.weightbank import WeightBank
 from ..checkpoint import PAD_VOCAB, pad_rows
 from .checkpoint import q2_state_dict, write_quamba2
+from .calibration import q2_grouping_problem
 from .params import q2_params
 from .lm_head_scale import q2_lm_head_scale
 from ....kernels.quant import quantize_rows_signed_max_fp16, quantize_weight_fp16
@@ -37,10 +38,7 @@ def check_q2_export(dims: Mamba2Dims, recipe: str) -> str | None:
     if dims.norm_eps != 1e-5:
         return (f"the model's norm epsilon is {dims.norm_eps}; Quamba's config has no field for it and builds "
                 f"1e-5 (mamba_ssm create_block's default), so the checkpoint would not compute this model")
-    if dims.nheads // dims.ngroups < 4 or dims.headdim < 4:
-        return (f"Quamba2's mixers need at least 4 heads per SSD group and headdim >= 4 (4 head and 4 dim groups); "
-                f"this model has {dims.nheads // dims.ngroups} and {dims.headdim}")
-    return None
+    return q2_grouping_problem(dims)  # the check a run makes before any work (families.Quamba2.model_problem)
 
 
 def q2_config(dims: Mamba2Dims, vocab: int, embedding_layer: str, lm_head_layer: str) -> dict:
