@@ -420,3 +420,17 @@ def test_the_comparison_table_wraps_its_headers_in_small_type_to_fit_1280_px():
     css = page("t", "", [], [])
     assert "table.metrics th{white-space:normal" in css and "table.metrics{font-size:11.5px}" in css
     assert "table.metrics td.l{white-space:normal" in css
+
+
+def test_bit_identical_modes_come_with_a_note_that_insides_can_differ():
+    """Issue "What trying it found" 19: "0 = 2-1 = 2-2" was printed with no word on why (their scans differ by
+    an fp16 ulp at ssm.out that the int8 had.out absorbs)."""
+    from harness.report.text import IDENTICAL_NOTE, identical_text
+
+    line = identical_text({"identical_groups": [["0", "2-1", "2-2"]]})
+    assert "0 = 2-1 = 2-2\n  note: equal in the tensors captured only" in line
+    assert "--taps all" in line and "ssm.out" in line and "docs/modes.md" in line
+    assert "note" not in identical_text({"identical_groups": []})
+    from pathlib import Path
+    assert "### Equal outputs" in (Path(__file__).parents[2] / "docs" / "modes.md").read_text()
+    assert "internal taps differ" in IDENTICAL_NOTE
