@@ -18,7 +18,7 @@ import torch
 from ..store.files import file_sha256, open_regular
 from .tokenizer import Tokenizer
 
-__all__ = ["DataError", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
+__all__ = ["DataError", "ShortText", "TokenText", "read_documents", "tokenize_file", "read_sample", "calibration_windows",
            "DATA_DIR", "DEFAULT_TEXT_FILE", "DEFAULT_CALIB_FILE", "check_token_ids", "capped", "chars_for"]
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "shakespeare"  # the repository root
@@ -29,6 +29,14 @@ MAX_TEXT_BYTES = 1 << 30  # a text file larger than 1 GiB is refused before it i
 
 class DataError(ValueError):
     """A text file is missing, malformed or too short; the message says how much was available."""
+
+
+class ShortText(DataError):
+    """The text gives fewer tokens than asked for: `tokens`, how many it gives."""
+
+    def __init__(self, message: str, tokens: int) -> None:
+        super().__init__(message)
+        self.tokens = tokens
 
 
 @dataclass
@@ -145,8 +153,8 @@ def read_sample(tokenizer: Tokenizer, path: Path, seq_len: int) -> TokenText:
         if len(ids) >= seq_len:
             return TokenText(Path(path), file_sha256(path), len(docs), used,
                              torch.tensor(ids[:seq_len], dtype=torch.int64).unsqueeze(0))
-    raise DataError(f"{path} gives only {len(ids)} tokens with this tokenizer, fewer than --seq_len {seq_len}; "
-                    f"use a shorter --seq_len or a longer --text_file")
+    raise ShortText(f"{path} gives only {len(ids)} tokens with this tokenizer, fewer than --seq_len {seq_len}; "
+                    f"use a shorter --seq_len or a longer --text_file", len(ids))
 
 
 def calibration_windows(tokenizer: Tokenizer, path: Path, num: int, seqlen: int, seed: int) -> TokenText:

@@ -30,7 +30,7 @@ from .html import MARK
 
 __all__ = ["INT8_CLIP", "RC", "style", "render", "tensor_figure", "overflow_per_layer_figure", "error_histogram", "value_distribution",
            "error_vs_magnitude", "error_per_token", "error_per_channel", "taps_figure", "layer_sqnr_figure",
-           "end_to_end_figure", "channel_profile", "mode_colors", "legend_outside", "new_figure"]
+           "end_to_end_figure", "channel_profile", "mode_colors", "legend_outside", "new_figure", "log_axis"]
 
 # Symmetric int8 with round-to-nearest: values beyond ±127.5·scale leave the grid
 # (they round to ±128 and saturate at -128/127), so the clip lines sit there.
@@ -84,7 +84,7 @@ def render(fig: Figure, fmt: str = "png") -> bytes:
     return buf.getvalue()
 
 
-def _log(axis) -> None:
+def log_axis(axis) -> None:
     """A log axis with plain labels (1e+03) and no minor ticks: mathtext labels and minor ticks
     cost more than the rest of a panel."""
     axis.set_major_formatter(LogFormatter(labelOnlyBase=True))
@@ -94,7 +94,7 @@ def _log(axis) -> None:
 def _log_counts(ax, title: str, xlabel: str) -> None:
     """A histogram panel's log count axis, title and labels."""
     ax.set_yscale("log")
-    _log(ax.yaxis)
+    log_axis(ax.yaxis)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("count (log)")
@@ -298,7 +298,7 @@ def taps_figure(title: str, taps: Mapping[str, Mapping[str, dict]], colors: Mapp
         ax.set_title(name)
         if yscale == "log" and any(v for vals in series.values() for v in vals if v):
             ax.set_yscale("log")
-            _log(ax.yaxis)
+            log_axis(ax.yaxis)
     axs[0].legend(loc="upper right", ncols=min(len(modes), 8))
     fig.suptitle(title)
     return fig

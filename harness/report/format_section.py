@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from ..kernels.formats import fake_quantize
 from ..metrics.formats import empty_tensor, format_errors, not_applicable, reference
 from .data import ReportData
+from .figures import log_axis
 from .html import esc, section, table
 from .sections import Figures
 
@@ -63,6 +64,7 @@ def _histogram_figure(name: str, x: torch.Tensor, formats: list[str]) -> Figure 
             counts, _ = np.histogram(y[torch.isfinite(y)].numpy(), bins=bins)
             ax.stairs(counts, edges, label=fmt)
     ax.set_yscale("symlog")
+    log_axis(ax.yaxis)  # plain tick labels (0, 1, 10, 100): the default ones are mathtext, drawn raw here
     ax.set_xlabel("value")
     ax.set_title(f"{name}: values under each format")
     ax.legend(fontsize=7)

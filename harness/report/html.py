@@ -30,6 +30,8 @@ h3{font-size:15px;margin:18px 0 6px}
 table{border-collapse:collapse;margin:6px 0 12px;font-size:12.5px;display:block;overflow-x:auto;max-width:100%}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
+table.metrics{font-size:11.5px}table.metrics th,table.metrics td{padding:2px 4px}
+table.metrics th{white-space:normal;vertical-align:bottom}table.metrics td.l{white-space:normal;min-width:8em}
 td.worst{background:#ffd7d2;font-weight:600}tr.ref td{color:#666}
 figure{margin:8px 0 18px}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:12.5px;color:#444;margin-top:3px}
@@ -61,8 +63,9 @@ def fmt_value(value) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence], left: int = 1, classes: Sequence[Sequence[str]] | None = None,
-          row_classes: Sequence[str] | None = None) -> str:
-    """An HTML table; the first `left` columns are left-aligned; cells are escaped (pass str for pre-made text)."""
+          row_classes: Sequence[str] | None = None, css_class: str = "") -> str:
+    """An HTML table; the first `left` columns are left-aligned; cells are escaped (pass str for pre-made text);
+    `css_class` names the table's class."""
     head = "".join(f'<th class="l">{esc(h)}</th>' if i < left else f"<th>{esc(h)}</th>" for i, h in enumerate(headers))
     head = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
     body = []
@@ -76,7 +79,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence], left: int = 1, class
             cells.append(f"<td{attr}>{esc(fmt_value(cell))}</td>")
         rc = f' class="{row_classes[r]}"' if row_classes and row_classes[r] else ""
         body.append(f"<tr{rc}>{''.join(cells)}</tr>")
-    return f"<table>{head}<tbody>{''.join(body)}</tbody></table>"
+    attr = f' class="{esc(css_class)}"' if css_class else ""
+    return f"<table{attr}>{head}<tbody>{''.join(body)}</tbody></table>"
 
 
 def facts(pairs: Iterable[tuple[str, object]]) -> str:
@@ -121,7 +125,8 @@ def comparison_table(tensor: str, rows: dict[str, dict], reference: str, titles:
         classes.append([""] + ["worst" if worst.get(k) is not None and isinstance(row.get(k), float)
                                and fmt_value(row[k]) == worst[k] else "" for k, _ in _COLUMNS])
     headers = [f"mode vs {reference}"] + [h for _, h in _COLUMNS]
-    return table(headers, body, classes=classes)
+    # 15 columns: smaller type and headers that wrap ("input differs" on two lines) fit 1280 px without scrolling
+    return table(headers, body, classes=classes, css_class="metrics")
 
 
 def page(title: str, subtitle: str, nav: Sequence[tuple[str, str]], sections: Sequence[str]) -> str:

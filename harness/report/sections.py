@@ -18,6 +18,7 @@ from .figures import (
 )
 from .data import ReportData, as_float, block_out_name, layer_and_site
 from .groups import array_key
+from .text import IDENTICAL_NOTE
 from .html import comparison_table, esc, facts, fmt_value, image, section, table
 
 __all__ = ["Figures", "focus_layers", "header_section", "comparison_section", "layers_section", "end_to_end_section",
@@ -98,7 +99,8 @@ def comparison_section(d: ReportData) -> str:
     parts = []
     groups = c.get("identical_groups") or []
     parts.append("<p><b>Bit-identical modes</b> (every shared tensor equal bit for bit): "
-                 + (esc("; ".join(" = ".join(g) for g in groups)) if groups else "none") + "</p>")
+                 + (esc("; ".join(" = ".join(g) for g in groups)) if groups else "none")
+                 + (f' <span class="note">({esc(IDENTICAL_NOTE)})</span>' if groups else "") + "</p>")
     unfolded = _open_tensors(d, list(by_tensor))
     for tensor, rows in by_tensor.items():
         body = comparison_table(tensor, rows, d.reference, titles)

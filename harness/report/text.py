@@ -7,7 +7,7 @@ from tabulate import tabulate
 
 from ..metrics.ranking import ORDER_TEXT, rank_layers
 
-__all__ = ["mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes", "end_to_end_table",
+__all__ = ["IDENTICAL_NOTE", "mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes", "end_to_end_table",
            "sensitivity_tables", "sensitivity_rankings",
            "at_header", "pooled_note", "failed_lines", "sample_mean_table"]
 
@@ -124,12 +124,18 @@ def undefined_notes(comparison: dict) -> list[str]:
     return lines
 
 
+# Why modes can be bit-identical: equal in the tensors captured, not necessarily inside the block.
+IDENTICAL_NOTE = ("equal in the tensors captured only: modes whose internal taps differ can still give equal "
+                  "layer outputs (2-1 and 2-2's scans differ by an fp16 ulp at ssm.out that the int8 had.out "
+                  "absorbs); --taps all shows the internal taps (docs/modes.md, \"Equal outputs\")")
+
+
 def identical_text(comparison: dict) -> str:
     groups = comparison.get("identical_groups", [])
     if not groups:
         return "\nbit-identical modes: none (every mode differs from every other in some tensor)"
-    return "\nbit-identical modes (every shared tensor equal bit for bit): " + "; ".join(
-        " = ".join(g) for g in groups)
+    return ("\nbit-identical modes (every shared tensor equal bit for bit): " + "; ".join(
+        " = ".join(g) for g in groups) + f"\n  note: {IDENTICAL_NOTE}")
 
 
 def failed_lines(failed: dict[str, dict], reference: str) -> list[str]:

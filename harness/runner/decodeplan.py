@@ -3,7 +3,7 @@ the options, the sample's tokens (the prompt and the N tokens the steps are fed)
 re-quantize at (the calibration's provenance), and the generated ids as text."""
 from __future__ import annotations
 
-from ..checkpoints.text import DataError, read_sample
+from ..checkpoints.text import DataError, ShortText, read_sample
 from .config import RunConfig, RunError
 
 __all__ = ["check_decode", "generated_text", "read_text", "state_scales"]
@@ -47,6 +47,15 @@ def read_text(tok, cfg: RunConfig):
         return read_sample(tok, cfg.text_file, cfg.seq_len * cfg.samples)
     try:
         return read_sample(tok, cfg.text_file, cfg.seq_len + cfg.decode)
-    except DataError as e:
-        raise DataError(f"--decode {cfg.decode} needs --seq_len {cfg.seq_len} + {cfg.decode} = "
-                        f"{cfg.seq_len + cfg.decode} tokens of {cfg.text_file}: {e}") from None
+    except ShortText as e:
+        raise DataError(_too_short(cfg, e.tokens)) from None
+
+
+def _too_short(cfg: RunConfig, tokens: int) -> str:
+    """Why the text is too short for --decode N: the steps are fed the N tokens after the prompt."""
+    room = tokens - cfg.seq_len
+    fix = (f"a smaller --decode (at most {room} with --seq_len {cfg.seq_len}), a shorter --seq_len"
+           if room > 0 else "a shorter --seq_len")
+    return (f"--decode {cfg.decode} needs --seq_len {cfg.seq_len} + {cfg.decode} = {cfg.seq_len + cfg.decode} "
+            f"tokens of {cfg.text_file} (--decode N adds N tokens: the prompt's --seq_len tokens, then one more per "
+            f"step), but it gives only {tokens} with this tokenizer; use {fix} or a longer --text_file")

@@ -392,3 +392,45 @@ def test_auto_selection_of_a_big_file_keeps_first_layer_and_worst_layers(tmp_pat
     assert "L5.block.out" in chosen and "L5.norm.out" not in chosen
     assert {t for t in chosen if t.endswith("block.out")} == {f"L{i}.block.out" for i in focus if i}
     assert select_tensors(d, ["all"]) == d.tensors() and select_tensors(d, ["L3.ssm.u"]) == ["L3.ssm.u"]
+
+
+def test_number_format_histogram_ticks_are_plain_text_not_raw_mathtext():
+    """Issue "What trying it found" 17: the symlog count axis kept matplotlib's mathtext labels
+    ($\\mathdefault{10^{3}}$), drawn raw because the report turns math parsing off."""
+    import torch
+
+    from harness.report.format_section import _histogram_figure
+
+    with F.style():
+        fig = _histogram_figure("t", torch.linspace(-300.0, 300.0, 4001) ** 3 / 9e4, ["int8", "fp8_e4m3"])
+        fig.canvas.draw()
+        labels = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels() + ax.get_xticklabels()]
+    assert labels and not any("$" in s or "mathdefault" in s for s in labels), labels
+    assert {"1", "10", "100"} <= set(labels)
+
+
+def test_the_comparison_table_wraps_its_headers_in_small_type_to_fit_1280_px():
+    """Issue "What trying it found" 17: the 15-column table needed horizontal scrolling at 1280 px
+    ("input differs" last): its headers now wrap and its type is smaller."""
+    from harness.report.html import comparison_table, page
+
+    rows = {m: {"mse": 1e-4, "sqnr_db": 30.0, "input_differs": True} for m in ("fp32", "2-4")}
+    html = comparison_table("L0.out", rows, "fp32", {"2-4": "Quamba2 W8A8 with a long title"})
+    assert html.startswith('<table class="metrics"><thead>') and "<th>input differs</th>" in html
+    css = page("t", "", [], [])
+    assert "table.metrics th{white-space:normal" in css and "table.metrics{font-size:11.5px}" in css
+    assert "table.metrics td.l{white-space:normal" in css
+
+
+def test_bit_identical_modes_come_with_a_note_that_insides_can_differ():
+    """Issue "What trying it found" 19: "0 = 2-1 = 2-2" was printed with no word on why (their scans differ by
+    an fp16 ulp at ssm.out that the int8 had.out absorbs)."""
+    from harness.report.text import IDENTICAL_NOTE, identical_text
+
+    line = identical_text({"identical_groups": [["0", "2-1", "2-2"]]})
+    assert "0 = 2-1 = 2-2\n  note: equal in the tensors captured only" in line
+    assert "--taps all" in line and "ssm.out" in line and "docs/modes.md" in line
+    assert "note" not in identical_text({"identical_groups": []})
+    from pathlib import Path
+    assert "### Equal outputs" in (Path(__file__).parents[2] / "docs" / "modes.md").read_text()
+    assert "internal taps differ" in IDENTICAL_NOTE

@@ -1,5 +1,6 @@
 """The teacher-forced decode run (--decode N, runner.decode): keys, shapes, stats, consistency, bad input."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -73,7 +74,12 @@ def test_a_text_too_short_for_the_steps_is_refused(tmp_path, capsys):
     out = tmp_path / "X.npz"
     code = run_cli(capture_main, ["--modes", "fp32", "--seq_len", 16, "--decode", 64, "--text_file", text,
                                   "--output_file", out])
-    assert code == 2 and "--decode 64 needs --seq_len 16 + 64 = 80 tokens" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "--decode 64 needs --seq_len 16 + 64 = 80 tokens" in err
+    # Issue "What trying it found" 19: it said "fewer than --seq_len 80" and suggested only a shorter --seq_len
+    n = int(re.search(r"it gives only (\d+) with this tokenizer", err).group(1))
+    assert "--decode N adds N tokens" in err and "fewer than --seq_len 80" not in err
+    assert f"use a smaller --decode (at most {n - 16} with --seq_len 16), a shorter --seq_len" in err
     assert not out.exists() and not stats_path(out).exists()
 
 

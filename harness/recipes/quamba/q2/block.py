@@ -11,7 +11,10 @@
 The block runs on the reordered channels and heads (recipes.quamba.q2.params). Its taps are real values
 (codes x scales, fp32) put back in the model's own channel and head order, so that they compare with the
 float modes position by position; ``had.out`` cannot be put back (a Hadamard of reordered channels is not a
-reordering of the Hadamard), it stays in the reordered basis (docs/modes.md).
+reordering of the Hadamard), it stays in the reordered basis (docs/modes.md). A tap with one scale (norm.out,
+in_proj.z, in_proj.dt, had.out; conv1d.B and conv1d.C when every SSD group has the same scale) passes its
+HookPoint as a QTensor, so the capture records its codes, scale and saturation as Mamba-1's int8 taps; the
+values are the same (codes x scale in fp32). in_proj.xBC and conv1d.x carry several scales and pass as floats.
 
 Diagnostics (docs/analysis.md "Quamba2 x groups"): ``x_probe``, when a caller sets it, is called after the
 conv with the fp32 values of x that the grouped quantizer saw and their int8 codes, both in the reordered
@@ -23,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ....spec import FloatOut, Mamba2Dims, QuantOut, Rounding
+from ....spec import FloatOut, Mamba2Dims, QTensor, QuantOut, Rounding
 from ....architectures.mamba2.block import EmuMamba2Block
 from ....emulation.modules import EmuHadamard, EmuLinear, EmuRMSNorm
 from ....kernels.linear import Epilogue
@@ -115,9 +118,9 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         d, s = self.dims, self.s
         z, xBC, dt = proj.split([d.d_inner, d.conv_dim, d.nheads], dim=-1)
         xBC_real = xBC.to(torch.float32) * self._conv_in_scales()
-        self._at("in_proj.z", self._ch(z.to(torch.float32) * torch.tensor(s.s_z, dtype=torch.float32)))
+        self._at("in_proj.z", QTensor(self._ch(z), s.s_z))              # codes x s_z, as the capture records it
         self._at("in_proj.xBC", torch.cat([self._ch(xBC_real[..., :d.d_inner]), xBC_real[..., d.d_inner:]], -1))
-        self._at("in_proj.dt", (dt.to(torch.float32) * torch.tensor(s.s_dt, dtype=torch.float32))[..., self.head_back])
+        self._at("in_proj.dt", QTensor(dt[..., self.head_back], s.s_dt))
         return z, xBC, dt
 
     def _conv_in_scales(self) -> torch.Tensor:
@@ -131,9 +134,15 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         gs = d.ngroups * d.d_state
         q_x, q_B, q_C = conv.split([d.d_inner, gs, gs], dim=-1)
         self._at("conv1d.x", self._ch(q_x.to(torch.float32) * q.x_scales))
-        self._at("conv1d.B", q_B.to(torch.float32) * s.B_scales.repeat_interleave(d.d_state))
-        self._at("conv1d.C", q_C.to(torch.float32) * s.C_scales.repeat_interleave(d.d_state))
+        self._at("conv1d.B", self._per_group(q_B, s.B_scales))
+        self._at("conv1d.C", self._per_group(q_C, s.C_scales))
         return q_x, q_B, q_C
+
+    def _per_group(self, codes: torch.Tensor, scales: torch.Tensor) -> QTensor | torch.Tensor:
+        """B or C codes with one scale per SSD group: a QTensor when the groups share one scale, else real values."""
+        if bool((scales == scales[0]).all()):
+            return QTensor(codes, float(scales[0]))
+        return codes.to(torch.float32) * scales.repeat_interleave(self.dims.d_state)
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, residual: torch.Tensor, step: bool):
         """The gated norm, the Hadamard and out_proj (the GEMV on one token: EmuLinear.step, W8A8B16O16's
@@ -143,7 +152,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         g = q2_gated_norm(y, z, s.s_z, q.fp16.gnorm_weight, d.ngroups, Q2_GNORM_EPS)    # fp16 values, reordered
         self._at("gnorm.out", self._ch(g))
         hq = self.had(g)                                                               # QTensor at s_H
-        self._at("had.out", hq.dequantize())
+        self._at("had.out", hq)
         out = self._at("out_proj.out", self.out_proj.step(hq) if step else self.out_proj(hq))   # fp16 values
         out = self._at("block.out", out)
         return out, self._at("block.residual", residual + out)
@@ -156,7 +165,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         q, s = self.q, self.s
         residual = self._at("block.in", residual)
         normed = self.norm(residual)                                                   # QTensor at s_in
-        self._at("norm.out", normed.dequantize())
+        self._at("norm.out", normed)
         z, xBC, dt = self._tap_proj(self._in_proj(normed))                            # int8 codes, reordered
         w_codes, w_scales, b_codes, b_scales = q.conv
         values = q2_conv1d_values(xBC, (s.s_x, s.s_B, s.s_C), w_codes, w_scales, b_codes, b_scales,
@@ -200,7 +209,7 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         d, q, s = self.dims, self.q, self.s
         residual = self._at("block.in", residual)
         normed = self.norm(residual)
-        self._at("norm.out", normed.dequantize())
+        self._at("norm.out", normed)
         z, xBC, dt = self._tap_proj(self._step_in_proj(normed))
         conv, window = q2_conv_update(state.conv_codes, xBC[:, 0], (s.s_x, s.s_B, s.s_C), q.conv, q.conv_out,
                                       x_dim=d.d_inner)

@@ -347,3 +347,44 @@ def test_decode_with_the_w4_modes_keeps_only_the_one_sample_refusal(tmp_path, ca
         err = capsys.readouterr().err
         assert code == 2 and "--decode and --generate run one sample" in err and "Marlin" not in err, err
     assert not list(tmp_path.iterdir())
+
+
+def test_int8_taps_are_recorded_as_int8_with_their_scale(tmp_path, capsys):
+    """Issue "What trying it found" 11: q2-w8a8's int8 taps were stored with kind "float", quantized false and no
+    scale, although every value is a code times one scale. They are now recorded as Mamba-1's int8 taps are
+    (kind, scale, saturation); the arrays are the real values as before, integer multiples of that scale."""
+    out = tmp_path / "q2.npz"
+    code = run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "q2-w8a8", "--layers", "0", "--taps", "all",
+                                  "--seq_len", "32", "--calib_data_num", "4", "--calib_seqlen", "32", "--no_cache",
+                                  "--quiet", "--output_file", out])
+    assert code == 0, capsys.readouterr().err
+    cap = load_capture(out)
+    layer = cap.manifest["provenance"]["calibration_by_prep"]["quamba2"]["layers"][0]
+    tensors = cap.manifest["modes"]["q2-w8a8"]["tensors"]
+    for point, key in (("norm.out", "s_in"), ("in_proj.z", "s_z"), ("in_proj.dt", "s_dt"), ("had.out", "s_H")):
+        st = tensors[f"L0.{point}"]
+        assert st["kind"] == "int8" and st["quantized"] is True, (point, st)
+        assert np.float32(st["scale"]) == np.float32(layer[key]), point
+        assert 0.0 <= st["saturated_fraction"] < 0.05 and "overflow_upper" not in st
+        assert on_grid(cap.array("q2-w8a8", f"L0.{point}"), st["scale"]), point
+    assert tensors["L0.gnorm.out"]["kind"] == "float" and "scale" not in tensors["L0.gnorm.out"]
+    fp32 = cap.manifest["modes"]["fp32"]["tensors"]["L0.norm.out"]
+    assert fp32["kind"] == "float" and fp32["quantized"] is False
+
+
+def test_conv_B_and_C_are_int8_taps_when_the_ssd_groups_share_one_scale(model):
+    """conv1d.B and conv1d.C carry one scale per SSD group: one group, one scale, an int8 tap (issue 11)."""
+    bank, windows, calib = model
+    s = calib.scales[0]
+    bb = build_backbone(get_mode("q2-w8a8"), bank, calib.scales, 0)
+    with capture(bb, ["L0.conv1d.B", "L0.conv1d.C", "L0.conv1d.x", "L0.norm.out"]) as cap:
+        bb(windows[:2])
+    assert cap["L0.norm.out"].quantized and cap["L0.norm.out"].scale == s.s_in
+    assert not cap["L0.conv1d.x"].quantized                           # a scale per channel group
+    for point, scales in (("conv1d.B", s.B_scales), ("conv1d.C", s.C_scales)):
+        c = cap[f"L0.{point}"]
+        if bank.dims.ngroups == 1:
+            assert c.quantized and c.scale == float(scales[0])
+            assert torch.equal(c.codes.float() * torch.tensor(c.scale, dtype=torch.float32), c.values)
+        else:
+            assert len(set(scales.tolist())) > 1 and not c.quantized
