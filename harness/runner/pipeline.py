@@ -121,8 +121,9 @@ def _input_files(cfg: RunConfig, models, tok) -> dict[str, Path | None]:
 
 def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress | None = None) -> RunOutcome:
     """Run the modes of `cfg` and write the pair. emit: where the tables go (print); progress: told what
-    the run is doing and what is on disk, for a caller that reports an interruption (a new one if None)."""
-    progress = Progress() if progress is None else progress
+    the run is doing and what is on disk, for a caller that reports an interruption; None (a library caller):
+    one showing the long phases on stderr as the command line does (pass ``Progress()`` for silence)."""
+    progress = Progress.on_stderr() if progress is None else progress
     progress.reset(Path(cfg.output_file))
     progress.phase = "checking the inputs"
     load_all(cfg.plugins)  # the installed entry points and --plugin: their modes resolve like the built-in ones

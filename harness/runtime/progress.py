@@ -1,7 +1,7 @@
 """What a long phase shows while it runs, on standard error.
 
 A run's ``guard.Progress`` forwards its phases to a ``PhaseDisplay`` when the command line gives it one
-(none with ``--quiet``, none for library callers of ``run``):
+(none with ``--quiet``; a library caller of ``run`` gets one unless it passes its own ``Progress``):
 
 * on a terminal (``isatty()``): one line per phase, redrawn in place at most every ``interval`` seconds,
   with a bar, the steps done (layers, batches, forwards) and an estimate of the time left, from the rate
