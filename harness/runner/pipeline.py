@@ -42,7 +42,7 @@ from ..plugins import PluginError, canonical, load_all
 from ..recipes.registry import Recipe, recipe_for, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
 from ..report.target import check_target, report_path
-from ..report.text import sample_mean_table, sensitivity_tables, short_comparison
+from ..report.text import generation_table, sample_mean_table, sensitivity_tables, short_comparison
 from .studies import run_studies
 from .modeloop import run_todo
 from .resume import ResumeError, kept_calibration, previous_modes, recorded_recipe
@@ -370,6 +370,8 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
             emit(sample_mean_table(studies["samples"], list(comparison["modes"]), names))
         if cfg.isolated or cfg.sensitivity:
             emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
+    if cfg.generate:
+        emit(generation_table(modes, cfg.reference))
     model_path = Path(cfg.model)
     stats = {"schema_version": SCHEMA_VERSION, "timestamp": timestamp, "model": model_path.name,
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,
