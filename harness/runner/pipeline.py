@@ -194,7 +194,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         raise RunError(f"--output_file {out}: the capture file's name must end in .npz, e.g. "
                        f"{out.with_suffix('.npz') if out.suffix else out.with_name(out.name + '.npz')} "
                        f"(its stats go to <name>_stats.json)")
-    with open_units(cfg, models, emit) as units, OutputLock(out):
+    with open_units(cfg, models, progress.note) as units, OutputLock(out):  # unit lines: progress, on stderr
         return _run_locked(cfg, recipes, points, depth, models, tok, emit=emit, progress=progress, units=units)
 
 
