@@ -36,3 +36,24 @@ def test_the_report_screenshot_is_the_summary_screen_the_docs_command_makes():
     with Image.open(ROOT / "docs" / "report.png") as img:
         assert img.size == (int(command.group(1)), int(command.group(2)))
     assert "the first screen of the `make run` report: the summary" in (ROOT / "docs" / "report.md").read_text()
+
+
+def test_the_readme_python_example_uses_the_cache_and_a_short_calibration(tmp_path, monkeypatch):
+    """The README's "From Python" block, run with `run` recorded: its RunConfig calibrates 64 windows of 512
+    tokens into the command line's default cache (it recalibrated 512 x 512 on every call, in silence)."""
+    import harness
+    from harness.runner.calibration import default_cache_dir
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## From Python\n\n```python\n", 1)[1].split("```", 1)[0]
+    seen = []
+
+    class Out:
+        stats = {"comparison": {"modes": {"0": {"output": {"sqnr_db": 30.0}}}}}
+
+    monkeypatch.setattr(harness, "run", lambda cfg, *a, **k: seen.append(cfg) or Out(), raising=False)
+    monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(tmp_path / "cache"))
+    exec(compile(block, "README.md", "exec"), {"print": lambda *_a: None})
+    (cfg,) = seen
+    assert cfg.cache_dir == default_cache_dir() == tmp_path / "cache"
+    assert (cfg.calib.num_samples, cfg.calib.seqlen) == (64, 512) and cfg.modes == ["fp32", "0"]

@@ -7,8 +7,8 @@ from tabulate import tabulate
 
 from ..metrics.ranking import ORDER_TEXT, rank_layers
 
-__all__ = ["IDENTICAL_NOTE", "mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes", "end_to_end_table",
-           "sensitivity_tables", "sensitivity_rankings",
+__all__ = ["IDENTICAL_NOTE", "mode_summary", "comparison_tables", "short_comparison", "fmt", "undefined_notes",
+           "end_to_end_table", "sensitivity_tables", "sensitivity_rankings", "generation_table",
            "at_header", "pooled_note", "failed_lines", "sample_mean_table"]
 
 _RULE = "=" * 98
@@ -202,6 +202,34 @@ def end_to_end_table(e2e: dict, reference: str) -> str:
     return (f"\nEnd to end against {reference}:{note}\n"
             + tabulate(rows, headers=["mode", "KL(ref||mode)", "top-1 agreement", "cross-entropy (nats)",
                                       "perplexity", f"perplexity - {reference}"], disable_numparse=True))
+
+
+def _snippet(text: str, width: int = 60) -> str:
+    """Generated text on one table line: newlines and tabs shown escaped, cut to `width` characters."""
+    one = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    return one if len(one) <= width else one[: width - 3] + "..."
+
+
+def _diverged(gen: dict) -> tuple[str, str]:
+    """(first divergence, agreement) of a mode's generation: "none" when every token is the reference's,
+    "n/a" when there was no reference's to compare with."""
+    if "agreement" not in gen:
+        return "n/a", "n/a"
+    first = gen.get("first_divergence")
+    return ("none" if first is None else str(first)), fmt(gen["agreement"])
+
+
+def generation_table(modes: dict, reference: str) -> str:
+    """--generate N: per mode the first step whose token leaves the reference's, the agreement and the start of
+    the generated text (stats["modes"][m]["generate"]); "" when no mode generated."""
+    rows = [[m, *(("-", "-") if m == reference else _diverged(g)), _snippet(g.get("text", ""))]
+            for m, e in modes.items() if (g := e.get("generate")) is not None]
+    if not rows:
+        return ""
+    n = len(next(e["generate"]["ids"] for e in modes.values() if e.get("generate") is not None))
+    return (f"\nGeneration ({n} greedy tokens after the prompt) against {reference}:\n"
+            + tabulate(rows, headers=["mode", "first divergence (step)", "agreement", "generated text"],
+                       disable_numparse=True))
 
 
 _SENS_COLUMNS = (("layer", "layer"), ("kl", "KL alone"), ("kl_share", "share of mode's KL"),

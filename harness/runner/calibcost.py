@@ -7,6 +7,10 @@ token, layer and inner channel is the shipped model's default calibration (512 w
 layer 0, batch 8) on the 2-core development machine with one torch thread, shared with other jobs:
 52.7 s / (262,144 tokens x 384 channels). An idle machine, or more threads, is faster; the progress
 line corrects the estimate from the measured rate once the first batches are done.
+
+Mamba-2's calibration (Quamba2) runs the windows through the blocks twice (a pass for the observers of the
+inputs, one for the outputs), each pass a forward of its d_inner = nheads x headdim channels: its estimate is
+the same cost per token, layer and inner channel, times the two passes.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ __all__ = ["SECONDS_PER_TOKEN_CHANNEL", "estimate_seconds"]
 SECONDS_PER_TOKEN_CHANNEL = 52.7 / (512 * 512 * 384)  # about 5.2e-7 s per token, layer and inner channel
 
 
-def estimate_seconds(tokens: int, layers: int, dims) -> float:
-    """Seconds a calibration of `tokens` tokens through `layers` blocks of `dims` (its d_inner) should take."""
-    return tokens * layers * dims.d_inner * SECONDS_PER_TOKEN_CHANNEL
+def estimate_seconds(tokens: int, layers: int, dims, passes: int = 1) -> float:
+    """Seconds a calibration of `tokens` tokens through `layers` blocks of `dims` (its d_inner) should take,
+    `passes` times over (Mamba-2's Quamba2 calibration: 2)."""
+    return tokens * layers * dims.d_inner * passes * SECONDS_PER_TOKEN_CHANNEL

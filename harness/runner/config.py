@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoints.text import DEFAULT_CALIB_FILE, DEFAULT_TEXT_FILE
-from .calibration import CalibrationSettings
+from .calibration import CalibrationSettings, default_cache_dir
 
 __all__ = ["RunConfig", "RunOutcome", "RunError", "DEFAULT_MODEL"]
 
@@ -36,7 +36,8 @@ class RunConfig:
     text_file: Path = DEFAULT_TEXT_FILE
     calib: CalibrationSettings = field(default_factory=CalibrationSettings)
     calib_file: Path = DEFAULT_CALIB_FILE
-    cache_dir: Path | None = None
+    cache_dir: Path | None = field(default_factory=default_cache_dir)  # as the command line: $QUAMBA_HARNESS_CACHE or
+                                      # ~/.cache/quamba-harness; None: no calibration cache (--no-cache)
     layers: list = field(default_factory=lambda: [0])  # block indices or "all", "-1", "0-5" (capture.resolve_layers)
     taps: list[str] = field(default_factory=list)
     basis: str = "original"

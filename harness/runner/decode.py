@@ -100,11 +100,12 @@ class _Steps:
 
 
 def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank,
-               states: list[BlockState] | None = None) -> DecodeResult:
+               states: list[BlockState] | None = None, step: Callable[[], None] | None = None) -> DecodeResult:
     """The prefill over plan's prompt and plan.steps teacher-forced steps of fwd's mode (CPU).
 
     states: every block's state after the mode's prefill over the prompt, handed over by the capture run
-    (``forwards.run_mode(keep_states=True)``: the same prefill, bit for bit); None runs that prefill here."""
+    (``forwards.run_mode(keep_states=True)``: the same prefill, bit for bit); None runs that prefill here.
+    step: called after each decode step (the progress line)."""
     recipe = fwd.recipe
     rotate = recipe.rotate == Rotate.YES
     depth = bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth
@@ -130,6 +131,8 @@ def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank,
                                   "float32")
                 if head is not None:
                     steps.add("logits", head(residual).to(torch.float32), None, None, "float32")
+                if step is not None:
+                    step()
     arrays, tensors = steps.arrays(fwd)
     return DecodeResult(arrays, tensors, _consistency(arrays, full, L, rotate and fwd.basis == "rotated"))
 
@@ -205,7 +208,8 @@ def decode_mode(ctx: RunContext, fwd: Forward, deliver: Callable, entry: dict, r
     reference's arrays for the per-step comparison, None for the reference itself. states: the capture
     prefill's states (``run_decode``), None to run the prefill again."""
     plan = DecodePlan(ctx.decode_ids, ctx.cfg.seq_len)
-    result = run_decode(fwd, plan, ctx.bank, states)
+    with ctx.progress.stage(f"decoding (mode {fwd.recipe.name})", plan.steps, "steps"):
+        result = run_decode(fwd, plan, ctx.bank, states, step=ctx.progress.advance)
     deliver(result.arrays, result.tensors)
     entry["decode"] = {"prompt_len": plan.prompt_len, "steps": plan.steps, "consistency": result.consistency}
     if ref is not None:

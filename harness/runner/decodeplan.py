@@ -6,7 +6,10 @@ from __future__ import annotations
 from ..checkpoints.text import DataError, ShortText, read_sample
 from .config import RunConfig, RunError
 
-__all__ = ["check_decode", "generated_text", "read_text", "state_scales"]
+__all__ = ["MAX_GENERATE", "check_decode", "generated_text", "read_text", "state_scales"]
+
+MAX_GENERATE = 100_000  # --generate N at most: a step of the whole model per token and mode (on the shipped model
+                        # about 10 ms each on the 2-core machine), every token's text in the stats
 
 
 def state_scales(scales: list) -> list | None:
@@ -24,6 +27,10 @@ def check_decode(cfg: RunConfig) -> None:
         raise RunError(f"--decode must be a positive number of steps, got {cfg.decode}")
     if cfg.generate < 0:
         raise RunError(f"--generate must be a positive number of tokens, got {cfg.generate}")
+    if cfg.generate > MAX_GENERATE:
+        raise RunError(f"--generate {cfg.generate} is more than the {MAX_GENERATE} tokens a run generates at most "
+                       f"(one forward step of the whole model per token and mode, each token kept in the stats); "
+                       f"use --generate 1..{MAX_GENERATE}")
     if (cfg.decode or cfg.generate) and (cfg.samples > 1 or cfg.resume or cfg.device != "cpu"):
         raise RunError("--decode and --generate run one sample (--samples 1) on the CPU into a new file: they do "
                        "not combine with --samples > 1, --resume or --device cuda yet")

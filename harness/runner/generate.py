@@ -8,6 +8,8 @@ from the reference's, the agreement rate, and (added by the pipeline) the decode
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -40,9 +42,11 @@ def _nonfinite(logits: torch.Tensor, step: int) -> str | None:
 
 @torch.no_grad()
 def greedy_run(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank,
-               prefill: tuple[torch.Tensor, list[BlockState]] | None = None) -> tuple[np.ndarray, list[str]]:
+               prefill: tuple[torch.Tensor, list[BlockState]] | None = None,
+               step: Callable[[], None] | None = None) -> tuple[np.ndarray, list[str]]:
     """greedy_ids and the NaN policy's lines (``checks.record_nonfinite``): one per generation step whose
-    logits hold NaN or Inf (the argmax of such logits is no token the mode chose: never a pass)."""
+    logits hold NaN or Inf (the argmax of such logits is no token the mode chose: never a pass). step: called
+    once per generated token (the progress line)."""
     model = build_backbone(fwd.recipe, bank, fwd.scales, bank.dims.n_layer - 1)
     head = build_head(fwd.recipe, bank)
     if prefill is None or len(prefill[1]) != len(model.blocks):  # a capture of fewer blocks cannot hand over
@@ -52,12 +56,15 @@ def greedy_run(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank,
     problems = [p for p in [_nonfinite(logits, 0)] if p]
     token = logits.argmax(-1)                                     # (1, 1)
     out = [token]
+    tick = step if step is not None else (lambda: None)
+    tick()
     for k in range(1, steps):
         residual, states = model.step(token, states)
         logits = head(residual)
         problems += [p for p in [_nonfinite(logits, k)] if p]
         token = logits.argmax(-1)
         out.append(token)
+        tick()
     return torch.cat(out, dim=1).to(torch.int64).numpy(), problems
 
 

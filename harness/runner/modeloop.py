@@ -107,7 +107,9 @@ def _generate(ctx: RunContext, forward: Forward, entry: dict, collector: Collect
     """--generate N: the mode's greedy ids (stored, not compared as numbers) and where they leave the reference's.
     prefill: the capture run's (final residual, states), None to run the prefill again. Returns the NaN
     policy's lines for generation logits holding NaN/Inf (the mode then fails: ``checks.record_nonfinite``)."""
-    ids, problems = greedy_run(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank, prefill)
+    with ctx.progress.stage(f"generating (mode {forward.recipe.name})", ctx.cfg.generate, "tokens"):
+        ids, problems = greedy_run(forward, ctx.samples[0], ctx.cfg.generate, ctx.bank, prefill,
+                                   step=ctx.progress.advance)
     collector.store_only(forward.recipe.name, {GENERATED: ids})
     entry["generate"] = {"ids": ids[0].tolist()}
     if is_ref:

@@ -43,7 +43,7 @@ from ..plugins import PluginError, canonical, load_all
 from ..recipes.registry import Recipe, recipe_for, resolve_modes
 from .pairing import check_pair, checkpoint_calibration, needs_float, open_models
 from ..report.target import check_target, report_path
-from ..report.text import sample_mean_table, sensitivity_tables, short_comparison
+from ..report.text import generation_table, sample_mean_table, sensitivity_tables, short_comparison
 from .studies import run_studies
 from .modeloop import run_todo
 from .resume import ResumeError, kept_calibration, previous_modes, recorded_recipe
@@ -122,8 +122,9 @@ def _input_files(cfg: RunConfig, models, tok) -> dict[str, Path | None]:
 
 def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress | None = None) -> RunOutcome:
     """Run the modes of `cfg` and write the pair. emit: where the tables go (print); progress: told what
-    the run is doing and what is on disk, for a caller that reports an interruption (a new one if None)."""
-    progress = Progress() if progress is None else progress
+    the run is doing and what is on disk, for a caller that reports an interruption; None (a library caller):
+    one showing the long phases on stderr as the command line does (pass ``Progress()`` for silence)."""
+    progress = Progress.on_stderr() if progress is None else progress
     progress.reset(Path(cfg.output_file))
     progress.phase = "checking the inputs"
     load_all(cfg.plugins)  # the installed entry points and --plugin: their modes resolve like the built-in ones
@@ -196,7 +197,7 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         raise RunError(f"--output_file {out}: the capture file's name must end in .npz, e.g. "
                        f"{out.with_suffix('.npz') if out.suffix else out.with_name(out.name + '.npz')} "
                        f"(its stats go to <name>_stats.json)")
-    with open_units(cfg, models, emit) as units, OutputLock(out):
+    with open_units(cfg, models, progress.note) as units, OutputLock(out):  # unit lines: progress, on stderr
         return _run_locked(cfg, recipes, points, depth, models, tok, emit=emit, progress=progress, units=units)
 
 
@@ -386,6 +387,8 @@ def _finish(ctx: RunContext, writer: PairWriter, collector: Collector, ids: torc
             emit(sample_mean_table(studies["samples"], list(comparison["modes"]), names))
         if cfg.isolated or cfg.sensitivity:
             emit(sensitivity_tables(comparison, studies.get("sensitivity"), cfg.reference))
+    if cfg.generate:
+        emit(generation_table(modes, cfg.reference))
     model_path = Path(cfg.model)
     stats = {"schema_version": SCHEMA_VERSION, "timestamp": timestamp, "model": model_path.name,
              "pretrained_dir": str(model_path.parent), "seq_len": cfg.seq_len, "command": cfg.argv,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..kernels.formats import FORMATS
 from ..store.files import StorageError, check_writable, read_regular, same_file
+from ..runtime.guard import Progress
 from .config import DEFAULT_MODEL, RunConfig
 from .pipeline import run
 
@@ -100,7 +101,7 @@ def suggest(model: Path | None, formats: list[str], budget: float, *, seq_len: i
         emit(f"sensitivity of {len(formats)} formats, every block alone in each ...")
         out = run(RunConfig(**base, modes=["fp32", *study], modes_file=_modes_file(work / "study.json", study),
                             output_file=work / "study.npz", seq_len=seq_len, layers=["all"], sensitivity=True,
-                            stats_only=True), emit=lambda _s: None)
+                            stats_only=True), emit=lambda _s: None, progress=Progress())
         kl = {f: {int(i): row["kl"] for i, row in out.stats["sensitivity"][_mode_name(f)].items()} for f in formats}
         pick = choose(kl, budget)
         layers = {str(i): _knobs(f) for i, f in pick.items()}
@@ -109,7 +110,7 @@ def suggest(model: Path | None, formats: list[str], budget: float, *, seq_len: i
         emit("verifying the proposal with one run ...")
         check = run(RunConfig(**base, modes=["fp32", SUGGESTED], modes_file=_modes_file(work / "s.json", modes),
                               output_file=work / "verify.npz", seq_len=seq_len, layers=[0], end_to_end=True,
-                              stats_only=True), emit=lambda _s: None)
+                              stats_only=True), emit=lambda _s: None, progress=Progress())
     verified = check.stats["end_to_end"][SUGGESTED]["kl"]
     verified = verified["mean"] if isinstance(verified, dict) else verified
     bits = sum(FORMATS[f].bits for f in pick.values()) / len(pick)

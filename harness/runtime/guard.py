@@ -88,6 +88,11 @@ class Progress:
         if self.display is not None:
             self.display.end(status)
 
+    def note(self, line: str) -> None:
+        """A line of progress of its own (a finished unit), shown with the phases (none without a display)."""
+        if self.display is not None:
+            self.display.line(line)
+
     @contextmanager
     def stage(self, phase: str, total: int = 0, unit: str = "", estimate: float | None = None) -> Iterator[None]:
         """begin ... end around a block; a block left by an exception (or an interruption) ends it as stopped."""

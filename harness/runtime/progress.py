@@ -1,7 +1,7 @@
 """What a long phase shows while it runs, on standard error.
 
 A run's ``guard.Progress`` forwards its phases to a ``PhaseDisplay`` when the command line gives it one
-(none with ``--quiet``, none for library callers of ``run``):
+(none with ``--quiet``; a library caller of ``run`` gets one unless it passes its own ``Progress``):
 
 * on a terminal (``isatty()``): one line per phase, redrawn in place at most every ``interval`` seconds,
   with a bar, the steps done (layers, batches, forwards) and an estimate of the time left, from the rate
@@ -9,6 +9,9 @@ A run's ``guard.Progress`` forwards its phases to a ``PhaseDisplay`` when the co
   line is finished with its seconds, so one line per phase stays on the screen;
 * otherwise (a file, a pipe, a CI log): one line when a phase starts (with its size and estimate) and
   one when it ends, with its seconds; nothing in between.
+
+Lines of their own (``line``: one per finished ``--workers``/``--ray`` unit, docs/scale-out.md) go to the
+same stream, a terminal's or a file's.
 """
 from __future__ import annotations
 
@@ -88,6 +91,15 @@ class PhaseDisplay:
         if self.tty and (now - self._drawn >= self.interval or self.done == self.total):
             self._drawn = now
             self._draw()
+
+    def line(self, text: str) -> None:
+        """A line of its own among the phases (a finished --workers unit): on a terminal the phase's line is
+        wiped first and drawn again at the next step."""
+        if self.tty and self.phase is not None:
+            self._write("\r\x1b[K" + text + "\n")
+            self._drawn = float("-inf")
+        else:
+            self._write(text + "\n")
 
     def end(self, status: str = "done") -> None:
         if self.phase is None:

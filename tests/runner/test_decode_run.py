@@ -108,3 +108,14 @@ def test_a_rotated_basis_run_checks_consistency_in_the_original_basis(decoded, t
     rotated = json.loads(stats_path(out).read_text())["modes"]["0"]["decode"]["consistency"]
     original = decoded[1]["modes"]["0"]["decode"]["consistency"]
     assert "decode.L1.block.out" in rotated and rotated == original  # the same Had^T of the same steps: bit for bit
+
+
+def test_decode_steps_are_a_phase_on_stderr(tmp_path, capsys):
+    """--decode N is a long phase too: its start (N steps) and end lines on a non-terminal stderr, per mode."""
+    from conftest import make_hf_model, write_hf_dir
+    model = write_hf_dir(tmp_path / "m", make_hf_model(d_model=16, n_layer=2, d_state=4, seed=4))
+    assert run_cli(capture_main, ["--model", model, "--modes", "fp32", "0", *FAST_CLI, "--decode", 3, "--no_cache",
+                                  "--output_file", tmp_path / "D.npz"]) == 0
+    err = capsys.readouterr().err
+    for mode in ("fp32", "0"):
+        assert f"\ndecoding (mode {mode}) ... (3 steps)\ndecoding (mode {mode}): done in " in err

@@ -120,3 +120,53 @@ def test_decode_logits_with_nan_fail_the_mode(tmp_path):
     entry = json.loads(stats_path(out).read_text())["modes"]["fp32"]
     assert rc == 1 and entry["status"] == "error"
     assert any(p.startswith("decode.logits: ") for p in entry["nonfinite"])
+
+
+def test_generation_is_summarised_on_stdout_with_progress_per_token(tmp_path, capsys):
+    """--generate N without --quiet: a "generating" phase of N tokens per mode on stderr, and a table with each
+    mode's first divergence, agreement and text on stdout, as the stats hold them."""
+    model = write_hf_dir(tmp_path / "m", make_hf_model(d_model=16, n_layer=2, d_state=4, seed=4))
+    out = tmp_path / "G.npz"
+    assert run_cli(capture_main, ["--model", model, "--modes", "fp32", "0", *FAST_CLI, "--generate", 6,
+                                  "--no_cache", "--output_file", out]) == 0
+    captured = capsys.readouterr()
+    stats = json.loads(stats_path(out).read_text())
+    for mode in ("fp32", "0"):
+        assert f"generating (mode {mode}) ... (6 tokens)\n" in captured.err
+        assert f"\ngenerating (mode {mode}): done in " in captured.err
+    gen = stats["modes"]["0"]["generate"]
+    first = "none" if gen["first_divergence"] is None else str(gen["first_divergence"])
+    lines = captured.out.splitlines()
+    table = lines[lines.index("Generation (6 greedy tokens after the prompt) against fp32:") + 1:]
+    row = next(line for line in table if line.startswith("0 "))
+    assert row.split()[1:3] == [first, f"{gen['agreement']:.6g}"]
+    snippet = gen["text"].replace("\n", "\\n")[:20]
+    assert snippet.strip() in row
+    ref_row = next(line for line in table if line.startswith("fp32 "))
+    assert ref_row.split()[1:3] == ["-", "-"]
+
+
+def test_generation_counts_each_token_on_a_terminal(tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    model = write_hf_dir(tmp_path / "m", make_hf_model(d_model=16, n_layer=2, d_state=4, seed=4))
+    assert run_cli(capture_main, ["--model", model, "--modes", "fp32", *FAST_CLI, "--generate", 5,
+                                  "--no_cache", "--output_file", tmp_path / "G.npz"]) == 0
+    assert "generating (mode fp32)  [########################] 5/5 tokens" in tty.getvalue()
+
+
+def test_an_absurd_generate_is_refused_naming_the_limit(tmp_path, capsys):
+    from harness.runner.decodeplan import MAX_GENERATE
+    out = tmp_path / "G.npz"
+    rc = run_cli(capture_main, ["--modes", "fp32", *FAST_CLI, "--generate", 1000000000, "--output_file", out])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert f"--generate 1000000000 is more than the {MAX_GENERATE} tokens" in err
+    assert f"use --generate 1..{MAX_GENERATE}" in err and "Traceback" not in err

@@ -99,6 +99,20 @@ def test_not_a_terminal_one_line_at_start_one_at_end():
     assert out.getvalue().endswith("\nmode 0 ... (1 layer)\n")
 
 
+def test_a_line_of_its_own_goes_to_a_file_and_on_a_terminal_keeps_the_bar():
+    out = io.StringIO()
+    d = PhaseDisplay(out, _Clock())
+    d.line("unit mode 0 sample 1 on w:1: 0.33 s (1/2; about 0 s left)")
+    assert out.getvalue() == "unit mode 0 sample 1 on w:1: 0.33 s (1/2; about 0 s left)\n"
+    clock, tty = _Clock(), _Tty()
+    d = PhaseDisplay(tty, clock, interval=10.0)
+    d.begin("mode 0", 2, "samples")
+    d.line("unit mode 0 sample 0 on w:1: 0.10 s (1/2; about 0 s left)")
+    assert tty.getvalue().endswith("\r\x1b[Kunit mode 0 sample 0 on w:1: 0.10 s (1/2; about 0 s left)\n")
+    d.advance()  # within the interval, but the line was wiped: drawn again
+    assert tty.getvalue().endswith("\r\x1b[Kmode 0  [############............] 1/2 samples  0.0 s  about 0.0 s left")
+
+
 def test_format_seconds():
     assert [format_seconds(s) for s in (0.04, 9.94, 42.4, 125.0, 6300.0)] == \
         ["0.0 s", "9.9 s", "42 s", "2 min 05 s", "1 h 45 min"]

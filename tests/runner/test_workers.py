@@ -55,8 +55,9 @@ def test_samples_killed_worker_retried_bit_identical(model, tmp_path, monkeypatc
     assert workers["units"] == 4 * 3 and [r["unit"] for r in workers["retried"]] == ["0.s1"]
     assert "killed by SIGKILL" in workers["retried"][0]["reason"]
     captured = capsys.readouterr()
-    lines = [x for x in captured.out.splitlines() if x.startswith("unit mode")]
+    lines = [x for x in captured.err.splitlines() if x.startswith("unit mode")]  # progress: on stderr
     assert len(lines) == 12 and any("mode 0 sample 1" in x and "retry 1" in x for x in lines)
+    assert "unit mode" not in captured.out
     died = [x for x in captured.err.splitlines() if "killed by SIGKILL" in x]   # the driver's one line
     assert len(died) == 1 and re.fullmatch(r"warning: worker \d+ killed by SIGKILL while running unit 0\.s1: "
                                            r"running it again", died[0]), died
@@ -105,7 +106,7 @@ def test_unit_that_always_dies_is_recorded_and_resume_reruns_it(model, tmp_path,
     monkeypatch.delenv("QUAMBA_HARNESS_FAULT")
     rc, par = capture(tmp_path / "par", argv, "--workers", "2", "--resume")
     assert rc == 0
-    units = [x for x in capsys.readouterr().out.splitlines() if x.startswith("unit mode")]
+    units = [x for x in capsys.readouterr().err.splitlines() if x.startswith("unit mode")]
     assert len(units) == 1 and units[0].startswith("unit mode 0 sample 0")  # only the missing unit ran
     s, p = load_capture(serial), load_capture(par)  # read through the aliases (dedup follows the mode order)
     assert s.modes() == ["fp32", "0", "2-4"] and sorted(p.modes()) == sorted(s.modes())
@@ -169,7 +170,7 @@ def test_sigterm_on_the_driver_cancels_the_units(model, tmp_path):
                           "--layers", "all", "--sensitivity", "--workers", "2", *FAST_CLI, "--no_cache",
                           "--output_file", str(tmp_path / "out.npz")], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    for line in p.stdout:
+    for line in p.stderr:
         if line.startswith("unit mode 0 layer"):
             break
     workers = _descendants(p.pid)

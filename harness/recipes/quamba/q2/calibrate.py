@@ -22,6 +22,7 @@ from .params import Q2Scales
 from ....modes import Q2_CALIBRATION_RECIPE
 from ....runtime.guard import Progress
 from ....runtime.log import warn
+from ....runner.calibcost import estimate_seconds
 from ....runner.calibration import CalibrationResult, CalibrationSettings, layer_keys
 from ....runner.layercache import Entry, LayerCache
 from ....runner.weightbank import WeightBank
@@ -100,7 +101,8 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
     batches = -(-windows.shape[0] // settings.batch_size)
     embed = lambda ids: bank.embed(ids, True, torch.float16, "exact", "fp16")  # noqa: E731
     with progress.stage(f"calibrating (prep=quamba2, {windows.shape[0]} x {windows.shape[1]} tokens, "
-                        f"layers 0..{depth}, two passes)", 2 * batches, "batches"):
+                        f"layers 0..{depth}, two passes)", 2 * batches, "batches",
+                        estimate_seconds(int(windows.numel()), depth + 1, bank.dims, passes=2)):
         scales = calibrate_q2(bank.dims, bank.raw, embed, windows, depth, settings.batch_size, Q2_CALIBRATION_RECIPE,
                               step=progress.advance, alpha=settings.alpha)
     for i, s in enumerate(scales):
