@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,6 +106,23 @@ def test_sigkill_between_the_renames_is_read_as_the_new_pair(setup, tmp_path):
     assert not pending_path(out).exists() and _leftovers(tmp_path) == []
 
 
+def _wait_for_python_handler(p: subprocess.Popen, limit: float = 30.0) -> None:
+    """Until the child catches SIGINT (/proc/PID/status SigCgt, bit 2 - 1): before that the interpreter itself is
+    still starting, SIGINT is at its default and ends any process with -2 whatever the program does; on a loaded
+    machine that start alone took more than a second (the -2 of a cold-cache suite run)."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{p.pid}/status").read_text().splitlines())
+        except (OSError, ValueError):
+            return
+        if (int(fields.get("SigCgt", "0").strip(), 16) >> (signal.SIGINT - 1)) & 1:
+            return
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("delay", [0.5, 1.0])
 @pytest.mark.parametrize("command", [["save_first_layer_io.py"], ["-m", "harness", "export"],
                                      ["-m", "harness", "capture"]], ids=["capture", "export", "python-m-harness"])
@@ -121,6 +139,7 @@ def test_ctrl_c_while_starting_shows_no_traceback(tmp_path, command, delay):
     p = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    _wait_for_python_handler(p)  # a signal before Python's own start-up installed a handler kills any program
     time.sleep(delay)  # inside the imports (torch alone takes longer)
     if p.poll() is not None:
         pytest.skip("the command ended before the signal")
