@@ -25,7 +25,6 @@ from .weightbank import WeightBank
 
 __all__ = ["Models", "open_models", "check_pair", "checkpoint_calibration", "needs_float"]
 
-QuambaCheckpoint = object  # a registered checkpoint format's reader (recipes.registry.CheckpointFormat.open)
 _DIMS = ("d_model", "d_inner", "d_state", "d_conv", "dt_rank", "n_layer")
 _DIMS2 = ("ngroups", "headdim", "nheads", "chunk_size")  # Mamba-2 (a Quamba2 checkpoint)
 
@@ -33,9 +32,9 @@ _DIMS2 = ("ngroups", "headdim", "nheads", "chunk_size")  # Mamba-2 (a Quamba2 ch
 @dataclass
 class Models:
     bank: WeightBank
-    primary: Checkpoint | QuambaCheckpoint   # the --model directory
+    primary: object   # the --model directory: a Checkpoint, or a registered format's reader
     float_ckpt: Checkpoint | None
-    quamba: QuambaCheckpoint | None
+    quamba: object | None  # the quantized checkpoint (recipes.registry.CheckpointFormat.open), if any
     format: CheckpointFormat | None = None  # the registered format of the quantized checkpoint
 
     @property
@@ -123,7 +122,7 @@ def check_pair(models: Models, depth: int) -> dict:
     return models.format.check_pair(models, depth)
 
 
-def checkpoint_calibration(q: QuambaCheckpoint, depth: int) -> CalibrationResult:
+def checkpoint_calibration(q, depth: int) -> CalibrationResult:
     scales = [q.layer_scales(i) for i in range(depth + 1)]
     prep = getattr(q, "prep", "quamba")
     return CalibrationResult(scales, {"source": "checkpoint", "path": str(q.path),

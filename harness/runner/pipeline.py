@@ -257,8 +257,9 @@ def _run_locked(cfg: RunConfig, recipes: list[ModeRecipe], points: list[str], de
     # a Quamba checkpoint brings the scales of prep=quamba (no calibration)
     calibs, owners = {}, {}
     for r in todo:
-        if (key := recipe_for(r).calibration_key(r)) is not None:
-            owners.setdefault(key, recipe_for(r))
+        family = recipe_for(r)
+        if (key := family.calibration_key(r)) is not None:
+            owners.setdefault(key, family)
     for prep, family in owners.items():
         calibs[prep] = checkpoint_calibration(models.quamba, depth) if models.gives_scales(prep) else \
             _calibrate(cfg, calib_text, bank, prefix, depth, emit, family=family, prep=prep, progress=progress)
