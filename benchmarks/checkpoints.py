@@ -43,11 +43,12 @@ def _layer(d_model: int, gen: torch.Generator, dtype: torch.dtype) -> dict[str, 
 
 
 def write_random_checkpoint(path: Path, shape: str, dtype: torch.dtype = torch.float32, seed: int = 0,
-                            vocab: int = 50280) -> Path:
-    """Write config.json, model.safetensors and the shipped tokenizer.json into `path`."""
+                            vocab: int = 50280, n_layer: int | None = None) -> Path:
+    """Write config.json, model.safetensors and the shipped tokenizer.json into `path`; n_layer: the first
+    n_layer layers of the shape (None: all of them)."""
     from safetensors.torch import save_file
 
-    d_model, n_layer = SHAPES[shape]
+    d_model, n_layer = SHAPES[shape][0], n_layer or SHAPES[shape][1]
     gen = torch.Generator().manual_seed(seed)
     tensors = {"backbone.embeddings.weight": (torch.randn(vocab, d_model, generator=gen) * 0.02).to(dtype),
                "backbone.norm_f.weight": torch.ones(d_model, dtype=dtype)}

@@ -158,10 +158,11 @@ def hadamard_factors(n: int) -> tuple[int, int]:
                      f"(the sizes of Quamba's Hadamard kernels)")
 
 
-def _base_matrix(b: int) -> torch.Tensor:
+def _base_matrix(b: int, device: torch.device | None = None) -> torch.Tensor:
     if b == 1:
-        return torch.ones(1, 1, dtype=torch.float64)
-    return torch.tensor([[1.0 if s == "+" else -1.0 for s in row] for row in _BASE_SIGNS[b]], dtype=torch.float64)
+        return torch.ones(1, 1, dtype=torch.float64, device=device)
+    return torch.tensor([[1.0 if s == "+" else -1.0 for s in row] for row in _BASE_SIGNS[b]], dtype=torch.float64,
+                        device=device)
 
 
 def _sylvester(m: int) -> torch.Tensor:
@@ -206,7 +207,7 @@ def hadamard_transform(x: torch.Tensor, normalized: bool = True, transpose: bool
     step = max(1, _ROWS_ELEMENTS // n)
     if rows.shape[0] <= step:
         return _hadamard_rows(rows, normalized, transpose).reshape(x.shape)
-    out = torch.empty(rows.shape, dtype=torch.float64)
+    out = torch.empty(rows.shape, dtype=torch.float64, device=x.device)
     for start in range(0, rows.shape[0], step):
         out[start:start + step] = _hadamard_rows(rows[start:start + step], normalized, transpose)
     return out.reshape(x.shape)
@@ -223,7 +224,7 @@ def _hadamard_rows(x: torch.Tensor, normalized: bool, transpose: bool) -> torch.
         # order, where a matmul's order (MKL's, by CPU) could move the last bit of an fp32 input's sum.
         # In place (addcmul_: the product by +-1 is exact, so a fused multiply-add rounds as mul then add):
         # no temporary of the whole matrix per term (the 50280 x 768 lm_head: 2.2x faster)
-        base = _base_matrix(b)
+        base = _base_matrix(b, x.device)  # beside x: a captured value is transformed back on the CPU
         signs = (base.t() if transpose else base)[:, :, None]               # (b rows, b terms, 1)
         acc = y[:, None, 0, :] * signs[:, 0]                                # (batch, b, m)
         for d in range(1, b):

@@ -15,6 +15,7 @@ forward of batch 1 each, so a sample's arrays do not depend on the others):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -104,7 +105,8 @@ def on_device(device: str):
 
 
 def to_device(module: nn.Module, device: str) -> nn.Module:
-    """Move every tensor an emulated module holds (plain attributes, QTensor codes) to `device`, in place.
+    """Move every tensor an emulated module holds to `device`, in place: its attributes, and the tensors inside
+    the dataclasses (QTensor codes, a W4 weight, Quamba2's SSD parameters), tuples, lists and dicts they hold.
 
     The weight bank stays on the CPU; the embedding is looked up there and its rows moved.
     """
@@ -112,13 +114,42 @@ def to_device(module: nn.Module, device: str) -> nn.Module:
         return module
     for m in module.modules():
         for name, value in list(vars(m).items()):
-            if isinstance(value, torch.Tensor):
-                setattr(m, name, value.to(device))
-            elif isinstance(value, QTensor):
-                setattr(m, name, QTensor(value.codes.to(device), value.scale, value.n_clipped))
+            if not name.startswith("_"):
+                moved = _moved(value, device)
+                if moved is not value:
+                    setattr(m, name, moved)
         if isinstance(m, EmuBackbone):
-            m.embed = lambda ids, embed=m.embed: embed(ids.cpu()).to(device)
+            m.embed = lambda ids, embed=m.embed: _on_cpu(embed, ids.cpu()).to(device)
     return module
+
+
+def _moved(value, device: str, depth: int = 0):
+    """`value` with every tensor it holds on `device`: the same object where it holds none (a module's children
+    move with ``module.modules()``)."""
+    if isinstance(value, torch.Tensor):
+        return value if value.is_meta else value.to(device)  # meta: a placeholder without data (q2.params' fp16)
+    if depth > 4 or isinstance(value, (nn.Module, type)):
+        return value
+    if dataclasses.is_dataclass(value):
+        changes = {f.name: _moved(getattr(value, f.name), device, depth + 1) for f in dataclasses.fields(value) if f.init}
+        changed = {k: v for k, v in changes.items() if v is not getattr(value, k)}
+        return dataclasses.replace(value, **changed) if changed else value
+    if isinstance(value, (tuple, list)):
+        items = [_moved(v, device, depth + 1) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        moved = {k: _moved(v, device, depth + 1) for k, v in value.items()}
+        return moved if any(moved[k] is not value[k] for k in value) else value
+    return value
+
+
+def _on_cpu(fn, *args):
+    """fn(*args) of CPU tensors, also inside ``on_device``: the constants fn makes (the Hadamard signs) are made on
+    the CPU beside them (the embedding's rows beside the weight bank, a captured value after its copy back)."""
+    with torch.device("cpu"):
+        return fn(*args)
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,8 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         ranges, every channel's output scale (fp32), and the scale table (x [g, head groups, dim groups], B and C
         per SSD group, the conv input's s_x)."""
         head_range, dim_range = group_ranges(self.s.reorder)
-        return {"ngroups": self.dims.ngroups, "headdim": self.dims.headdim, "head_range": head_range.numpy(),
-                "dim_range": dim_range.numpy(), "channel_scales": self.q.x_scales.cpu().numpy(),
+        return {"ngroups": self.dims.ngroups, "headdim": self.dims.headdim, "head_range": head_range.cpu().numpy(),
+                "dim_range": dim_range.cpu().numpy(), "channel_scales": self.q.x_scales.cpu().numpy(),
                 "table": {"x_table": self.s.x_table.tolist(), "x_head_group_range": head_range.tolist(),
                           "x_dim_group_range": dim_range.tolist(), "B_scales": self.s.B_scales.tolist(),
                           "C_scales": self.s.C_scales.tolist(), "s_x": self.s.s_x}}
