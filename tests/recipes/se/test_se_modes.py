@@ -1,0 +1,121 @@
+"""The quamba-se recipe (the fork 798253405/Quamba-SE's modes) on the shipped Mamba-1 model: every mode runs, and
+each tap is what the mode's arithmetic (kernels.vquant) gives on that run's own conv output and scales."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import FAST_CLI, run_cli, run_modes
+from harness.cli import capture_main
+from harness.kernels import vquant as V
+from harness.modes import ModeError
+from harness.recipes.registry import get_mode, recipe_for, resolve_modes
+from harness.recipes.se.modes import AS_WRITTEN, SE_KNOBS
+from harness.runner.calibration import CalibrationSettings
+from harness.runner.config import RunError
+
+SHIPPED = Path(__file__).resolve().parents[3] / "models" / "mamba-tiny"
+CALIB = CalibrationSettings(num_samples=4, seqlen=16, alpha=0.9995, batch_size=2, seed=42)
+MODES = ["fp32", "0", *AS_WRITTEN, "6-2+fixed", "5-4+fixed", "5-6+fixed", "5-7+fixed", "5-0+exactdiv"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return run_modes(SHIPPED, tmp_path_factory.mktemp("se"), MODES, seq_len=16, calib=CALIB, taps=["all"])
+
+
+def _t(run, mode, tap):
+    return torch.from_numpy(np.asarray(run.by_mode[mode][f"L0.{tap}"], dtype=np.float32))
+
+
+def _s(run, mode="5-0"):
+    return run.stats["modes"][mode]["tensors"]["L0.x_proj.in"]["scale"]
+
+
+def test_every_mode_runs_on_the_shipped_model(run):
+    assert {m: run.stats["modes"][m]["status"] for m in MODES} == {m: "ok" for m in MODES}
+    assert run.stats["modes"]["5-4"]["recipe"]["family"] == "quamba-se"
+
+
+def test_conv_output_is_the_fp32_kernel_value_and_mode4_its_own(run):
+    x_c = _t(run, "5-0", "conv1d.out")
+    for m in ("5-1", "5-7", "6-0", "6-4"):
+        assert torch.equal(_t(run, m, "conv1d.out"), x_c), m
+    m4 = _t(run, "4", "conv1d.out")
+    assert torch.allclose(m4, x_c, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["5-0", "5-2", "5-3", "5-4", "5-6", "5-7", "6-0", "6-2", "6-3", "5-0+exactdiv"])
+def test_u_is_the_modes_quantizer_of_the_conv_output(run, mode):
+    from harness.recipes.se.block import SeScales, quantize_u
+    x_c, s = _t(run, mode, "conv1d.out"), _s(run)
+    want = quantize_u(x_c, SE_KNOBS[mode], SeScales(s, 1.0, 1.0)).u
+    assert torch.equal(_t(run, mode, "ssm.u"), want)
+
+
+def test_fp32_u_modes_hand_the_conv_output_to_the_scan(run):
+    for m in ("5-1", "6-1"):
+        assert torch.equal(_t(run, m, "ssm.u"), _t(run, m, "conv1d.out"))
+
+
+def test_xproj_codes_rna_vs_rne_and_the_re_rounding(run):
+    x_c, s = _t(run, "5-0", "conv1d.out"), _s(run)
+    codes_50 = V.xproj_codes(x_c, s, "rna").codes.float() * torch.tensor(s)
+    assert torch.equal(_t(run, "5-0", "x_proj.in"), codes_50)
+    assert torch.equal(_t(run, "5-1", "x_proj.in"), codes_50)
+    for m in ("5-4", "5-6", "5-7"):  # as written: the mixed value re-rounded; +fixed: 5-0's codes
+        u = _t(run, m, "ssm.u")
+        assert torch.equal(_t(run, m, "x_proj.in"), V.xproj_codes(u, s, "rna").codes.float() * torch.tensor(s))
+        assert torch.equal(_t(run, f"{m}+fixed", "x_proj.in"), codes_50)
+    assert not torch.equal(_t(run, "5-6", "x_proj.in"), codes_50)  # the log2 grid reaches x_proj
+
+
+def test_6x_x_proj_is_float_on_u(run):
+    assert torch.equal(_t(run, "6-3", "x_proj.in"), _t(run, "6-3", "ssm.u"))
+    xo = run.stats["modes"]["6-0"]["tensors"]["L0.x_proj.out"]
+    assert xo.get("scale") is not None  # 6-0: x_dbl virtual int8 at B_scale
+
+
+def test_6_2_as_written_forgets_a_scale(run):
+    """Same u, x_proj and dt; only A differs: -exp(A_log_q) instead of -exp(A_log_q * A_scale)."""
+    assert torch.equal(_t(run, "6-2", "ssm.u"), _t(run, "6-2+fixed", "ssm.u"))
+    assert torch.equal(_t(run, "6-2", "dt_proj.out"), _t(run, "6-2+fixed", "dt_proj.out"))
+    assert not torch.allclose(_t(run, "6-2", "ssm.out"), _t(run, "6-2+fixed", "ssm.out"))
+
+
+def test_6_4_reads_a_second_calibration_at_alpha_one(run):
+    by_key = run.stats["provenance"]["calibration_by_prep"]
+    s_out = by_key["quamba+pa1"]["s_out"][0]
+    assert s_out >= _s(run) * 0.999 and by_key["quamba+pa1"]["pa1"]["settings"]["alpha"] == 1.0
+    x_c = _t(run, "6-4", "conv1d.out")
+    want = V.vq_dual(x_c, _s(run), s_out, "rne").u  # its s is the alpha=0.9995 calibration's, as 5-0's
+    assert torch.equal(_t(run, "6-4", "ssm.u"), want)
+
+
+def test_presets():
+    assert [r.name for r in resolve_modes(["5"])] == ["fp32", "5-0", "5-1", "5-2"]
+    assert [r.name for r in resolve_modes(["6"])] == ["fp32", "6-0", "6-1"]
+    names = [r.name for r in resolve_modes(["se"])]
+    assert set(AS_WRITTEN) <= set(names) and "5-5" not in names
+    with pytest.raises(ModeError, match="preset 'se' has no modes for a mamba2 model"):
+        resolve_modes(["se"], architecture="mamba2")
+    with pytest.raises(ModeError, match="mode '5-4' does not run on a mamba2 model: the Quamba-SE fork"):
+        resolve_modes(["5-4"], architecture="mamba2")
+
+
+def test_decode_and_generate_are_refused(tmp_path):
+    for kw in ({"decode": 2}, {"generate": 2}):
+        with pytest.raises(RunError, match="mode 5-4 is prefill/log-likelihood only"):
+            run_modes(SHIPPED, tmp_path, ["fp32", "5-4"], seq_len=16, calib=CALIB, **kw)
+    assert recipe_for(get_mode("0")).decode_problem(get_mode("0")) is None
+
+
+def test_command_line_takes_the_modes_and_refuses_generation(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "c.npz"
+    assert run_cli(capture_main, [*FAST_CLI, "--model", SHIPPED, "--modes", "5-4", "6-3", "--output_file", out]) == 0
+    assert out.exists()
+    assert run_cli(capture_main, [*FAST_CLI, "--model", SHIPPED, "--modes", "6", "--generate", "2",
+                                  "--output_file", tmp_path / "g.npz"]) == 2
+    assert "prefill/log-likelihood only" in capsys.readouterr().err
