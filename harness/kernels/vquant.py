@@ -28,7 +28,7 @@ from .rounding import round_half_away_fp32, round_half_even
 
 __all__ = ["Segmented", "DIVISIONS", "ROUNDINGS", "f32s", "div_scalar", "round_fork", "round_code", "vq_grid",
            "vq_outlier", "dynamic_outlier_scale", "vq_dual", "vq_fine", "vq_quarter_log2", "vq_three_segment",
-           "xproj_codes", "striped_u", "segment_shares", "kernel_tile"]
+           "xproj_codes", "striped_u", "segment_sums", "segment_shares", "kernel_tile"]
 
 DIVISIONS = ("recip", "exact")
 ROUNDINGS = ("rna", "rne")
@@ -189,14 +189,19 @@ def striped_u(u: torch.Tensor) -> torch.Tensor:
     return u[:, t + i * threads]
 
 
+def segment_sums(x: torch.Tensor, v: Segmented) -> tuple[list[int], list[float]]:
+    """Per segment of v: how many elements fell in it, and the sum of their squared errors (u - x)^2 (float64)."""
+    err = (v.u.to(torch.float64) - x.to(torch.float64)) ** 2
+    seg = v.seg.flatten()
+    counts = torch.bincount(seg, minlength=len(v.names))
+    sq = torch.zeros(len(v.names), dtype=torch.float64).index_add_(0, seg, err.flatten())
+    return [int(c) for c in counts.tolist()], sq.tolist()
+
+
 def segment_shares(x: torch.Tensor, v: Segmented) -> dict[str, dict[str, float]]:
     """Per segment: the fraction of elements in it and its share of the total squared error sum((u - x)^2)
     (0 when the error is 0 everywhere)."""
-    err = (v.u.to(torch.float64) - x.to(torch.float64)) ** 2
-    total, n = float(err.sum()), v.seg.numel()
-    out = {}
-    for k, name in enumerate(v.names):
-        mask = v.seg == k
-        out[name] = {"fraction": float(mask.sum()) / n if n else 0.0,
-                     "error_share": float(err[mask].sum()) / total if total > 0 else 0.0}
-    return out
+    counts, sq = segment_sums(x, v)
+    n, total = sum(counts), sum(sq)
+    return {name: {"fraction": counts[k] / n if n else 0.0, "error_share": sq[k] / total if total > 0 else 0.0}
+            for k, name in enumerate(v.names)}

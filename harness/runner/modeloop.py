@@ -170,6 +170,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         if run.x_groups:  # Quamba2's x group diagnostics (metrics.q2groups)
             entry["layers"] = {f"L{i}": {"q2_groups": sums.stats()} for i, sums in sorted(run.x_groups.items())}
+        for i, sums in sorted(run.segments.items()):  # the SE modes' segment diagnostics (metrics.segments)
+            entry.setdefault("layers", {}).setdefault(f"L{i}", {})["se_segments"] = sums.stats()
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))
         record_nonfinite(name, entry, problems)
         if cfg.samples > 1 and not is_ref:

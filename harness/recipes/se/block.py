@@ -4,8 +4,8 @@ interpreter from Quamba1's preparation and calibration) with the fork's u quanti
 the conv and the Hadamard (modes.SeKnobs says which). Citations: 798253405/Quamba-SE f4d350a quamba/qMambaLayer.py.
 
 Capture sites as every Mamba-1 mode: ``conv1d.out`` the fp32 conv output x_c, ``x_proj.in`` what x_proj multiplies
-(int8 codes or fp32 values), ``ssm.u`` what the scan receives. ``segments`` holds, after each forward, the share
-of u's elements and squared error per segment of the quantizer (kernels.vquant.segment_shares).
+(int8 codes or fp32 values), ``ssm.u`` what the scan receives. ``segments`` holds, after each forward, the count of u's elements
+and their squared error per segment of the quantizer (kernels.vquant.segment_sums; runner.forwards sums them).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class SeMambaBlock(EmuMambaBlock):
             ssm=EmuSelectiveScan(A_log, ssm.D, ssm.dt_bias, _ORDERS[knobs.scan], ssm.out, state_rule=ssm.state_rule),
             had=base.had, out_proj=base.out_proj, u_input=base.u_input)
         self.knobs, self.sc = knobs, sc
-        self.segments: dict | None = None
+        self.segments: tuple | None = None  # the last forward's (tap, names, counts, squared errors)
 
     def _conv(self, x) -> torch.Tensor:
         if self.knobs.conv == "torch":  # mode 4: qConvLayer.py:110-128
@@ -108,7 +108,7 @@ class SeMambaBlock(EmuMambaBlock):
         x        = self._at("conv1d.in", self.conv1d.quantize_input(x_in))
         x_c      = self._at("conv1d.out", self._conv(x))                          # fp32 (batch, seqlen, d_inner)
         v        = quantize_u(x_c, k, self.sc)
-        self.segments = V.segment_shares(x_c, v)
+        self.segments = ("ssm.u", v.names, *V.segment_sums(x_c, v))
         dbl      = self._at("x_proj.out", self.x_proj(self._at("x_proj.in", self._xproj_in(x_c, v.u))))
         sizes    = [dims.dt_rank, dims.d_state, dims.d_state]
         dt, B, C = dbl.split(sizes) if isinstance(dbl, QTensor) else dbl.split(sizes, dim=-1)

@@ -1,5 +1,6 @@
 """The quamba-se recipe (the fork 798253405/Quamba-SE's modes) on the shipped Mamba-1 model: every mode runs, and
 each tap is what the mode's arithmetic (kernels.vquant) gives on that run's own conv output and scales."""
+import re
 from pathlib import Path
 
 import numpy as np
@@ -119,3 +120,33 @@ def test_command_line_takes_the_modes_and_refuses_generation(tmp_path, capsys, m
     assert run_cli(capture_main, [*FAST_CLI, "--model", SHIPPED, "--modes", "6", "--generate", "2",
                                   "--output_file", tmp_path / "g.npz"]) == 2
     assert "prefill/log-likelihood only" in capsys.readouterr().err
+
+
+def test_segment_diagnostics_in_the_stats_compare_and_report(run, tmp_path):
+    """Per mode and layer: each segment's fraction of u's elements and share of the squared error, which match the
+    kernels on the run's own conv output; compare prints them and the report has the section."""
+    from harness.store.schema import check_stats
+    check_stats(run.stats, "stats")
+    seg = run.stats["modes"]["5-7"]["layers"]["L0"]["se_segments"]["ssm.u"]
+    assert set(seg) == {"high", "mid", "low"}
+    assert sum(v["fraction"] for v in seg.values()) == pytest.approx(1.0)
+    x_c = _t(run, "5-7", "conv1d.out")
+    want = V.segment_shares(x_c, V.vq_three_segment(x_c, _s(run)))
+    assert {k: pytest.approx(v["fraction"]) for k, v in want.items()} == {k: v["fraction"] for k, v in seg.items()}
+    assert {k: pytest.approx(v["error_share"]) for k, v in want.items()} == {k: v["error_share"] for k, v in seg.items()}
+    assert set(run.stats["modes"]["6-4"]["layers"]["L0"]["se_segments"]["ssm.u"]) == {"normal", "outlier"}
+    assert "layers" not in run.stats["modes"]["0"]
+
+
+def test_compare_and_report_show_the_segments(tmp_path, capsys, monkeypatch):
+    from harness.cli import compare_main
+    from harness.report.build import build_report
+    monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "c.npz"
+    assert run_cli(capture_main, [*FAST_CLI, "--model", SHIPPED, "--modes", "fp32", "5-6", "--output_file", out]) == 0
+    capsys.readouterr()
+    assert run_cli(compare_main, [out, "--reference", "fp32"]) == 0
+    text = capsys.readouterr().out
+    assert "Quamba-SE segments" in text and re.search(r"5-6\s+L0\.ssm\.u\s+log2\s+[\d.]+%\s+[\d.]+%", text), text
+    html, _ = build_report(out, "fp32")
+    assert 'id="se-segments"' in html and "log2" in html
