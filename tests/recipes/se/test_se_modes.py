@@ -44,7 +44,10 @@ def test_conv_output_is_the_fp32_kernel_value_and_mode4_its_own(run):
     for m in ("5-1", "5-7", "6-0", "6-4"):
         assert torch.equal(_t(run, m, "conv1d.out"), x_c), m
     m4 = _t(run, "4", "conv1d.out")
-    assert torch.allclose(m4, x_c, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(m4, x_c, rtol=1e-4, atol=1e-5) and not torch.equal(m4, x_c)
+    # mode 4 = 5-2 with RNE, the torch conv and 9688b7a's PyTorch scan: the fp32 states differ in the last bits
+    # (its fp16 output y rounds them away on this model: mode 4's numbers are 5-2's, docs/se-modes.md)
+    assert not torch.equal(_t(run, "4", "ssm.state"), _t(run, "5-2", "ssm.state"))
 
 
 @pytest.mark.parametrize("mode", ["5-0", "5-2", "5-3", "5-4", "5-6", "5-7", "6-0", "6-2", "6-3", "5-0+exactdiv"])
