@@ -153,3 +153,24 @@ def test_compare_and_report_show_the_segments(tmp_path, capsys, monkeypatch):
     assert "Quamba-SE segments" in text and re.search(r"5-6\s+L0\.ssm\.u\s+log2\s+[\d.]+%\s+[\d.]+%", text), text
     html, _ = build_report(out, "fp32")
     assert 'id="se-segments"' in html and "log2" in html
+
+
+def test_segments_summed_over_samples_in_workers_as_serial(tmp_path):
+    """Two samples: the worker units' sums merge to the serial run's (counts cover every element of both)."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    serial = run_modes(SHIPPED, tmp_path / "a", ["fp32", "5-7"], seq_len=16, calib=CALIB, samples=2)
+    units = run_modes(SHIPPED, tmp_path / "b", ["fp32", "5-7"], seq_len=16, calib=CALIB, samples=2, workers=2)
+    seg = serial.stats["modes"]["5-7"]["layers"]
+    assert seg == units.stats["modes"]["5-7"]["layers"]
+    assert sum(v["count"] for v in seg["L0"]["se_segments"]["ssm.u"].values()) == 2 * 16 * 384
+
+
+def test_striped_read_order_at_seqlen_128(tmp_path):
+    """+striped: at L = 128 the scan gets u permuted as fwd_mode5's striped loader pairs it (kernels.vquant); the
+    taps before the scan are the plain mode's."""
+    out = run_modes(SHIPPED, tmp_path, ["fp32", "5-1", "5-1+striped"], seq_len=128, calib=CALIB,
+                    taps=["conv1d.out", "ssm.u", "ssm.out"])
+    plain, striped = _t(out, "5-1", "ssm.u"), _t(out, "5-1+striped", "ssm.u")
+    assert torch.equal(_t(out, "5-1", "conv1d.out"), _t(out, "5-1+striped", "conv1d.out"))
+    assert torch.equal(striped, V.striped_u(plain)) and not torch.equal(striped, plain)
+    assert not torch.allclose(_t(out, "5-1", "ssm.out"), _t(out, "5-1+striped", "ssm.out"))
