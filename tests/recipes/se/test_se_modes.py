@@ -174,3 +174,20 @@ def test_striped_read_order_at_seqlen_128(tmp_path):
     assert torch.equal(_t(out, "5-1", "conv1d.out"), _t(out, "5-1+striped", "conv1d.out"))
     assert torch.equal(striped, V.striped_u(plain)) and not torch.equal(striped, plain)
     assert not torch.allclose(_t(out, "5-1", "ssm.out"), _t(out, "5-1+striped", "ssm.out"))
+
+
+def test_6x_linear_paths(run):
+    """6-1: x_proj is F.linear on fp32 u with the dequantized int8 weight (forward_mode6), dt/B/C fp32; 6-0: x_dbl and
+    dt virtual int8 at s_xp, s_dt (RNE, exact division by the 0-dim scales); 6-4: dt back to int8 at s_dt."""
+    from harness.runner.weightbank import WeightBank
+    from harness.checkpoints.loading import open_checkpoint
+    w = WeightBank(open_checkpoint(SHIPPED)).layer(0, "int8", True, "quamba").x_proj
+    got = _t(run, "6-1", "x_proj.out")
+    want = torch.nn.functional.linear(_t(run, "6-1", "x_proj.in"), w.dequantize())
+    assert torch.equal(got, want)
+    tensors = run.stats["modes"]
+    s_xp, s_dt = (tensors["0"]["tensors"][f"L0.{t}"]["scale"] for t in ("x_proj.out", "dt_proj.out"))
+    assert tensors["6-0"]["tensors"]["L0.x_proj.out"]["scale"] == s_xp
+    assert tensors["6-0"]["tensors"]["L0.dt_proj.out"]["scale"] == s_dt
+    assert tensors["6-4"]["tensors"]["L0.dt_proj.out"]["scale"] == s_dt
+    assert "scale" not in tensors["6-4"]["tensors"]["L0.x_proj.out"] and "scale" not in tensors["6-1"]["tensors"]["L0.dt_proj.out"]
