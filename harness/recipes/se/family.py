@@ -12,7 +12,7 @@ from ...modes import ModeRecipe
 from ...spec import LayerScales
 from ..registry import Recipe, get_recipe
 from .block import build_se_blocks
-from .modes import FAMILY, SE_MODES, knobs_of
+from .modes import FAMILY, SE_KNOBS, SE_MODES, knobs_of
 
 __all__ = ["QuambaSE", "SeLayerScales", "PA1_KEY", "PA1_ALPHA"]
 
@@ -43,6 +43,14 @@ class QuambaSE(Recipe):
             return None
         return ("the Quamba-SE fork defines it on Quamba1's W8A8 Mamba-1 block only (W8A8QMamba's forward_mode5/6 "
                 "methods, quamba/qMambaLayer.py:1404-2822)")
+
+    def model_problem(self, mode: ModeRecipe, dims) -> str | None:
+        """A mode of this family that is not one of its rows (a --modes_file mode naming family quamba-se) has no
+        SE knobs to run."""
+        if mode.name in SE_KNOBS:
+            return None
+        return (f"family {FAMILY} runs its own modes only ({', '.join(SE_KNOBS)}); a modes file cannot define "
+                f"another (its knobs beyond the base row are the family's table, harness/recipes/se/modes.py)")
 
     def decode_problem(self, mode: ModeRecipe) -> str | None:
         return (f"mode {mode.name} is prefill/log-likelihood only: the fork's eval forwards ignore the inference cache "

@@ -191,3 +191,12 @@ def test_6x_linear_paths(run):
     assert tensors["6-0"]["tensors"]["L0.dt_proj.out"]["scale"] == s_dt
     assert tensors["6-4"]["tensors"]["L0.dt_proj.out"]["scale"] == s_dt
     assert "scale" not in tensors["6-4"]["tensors"]["L0.x_proj.out"] and "scale" not in tensors["6-1"]["tensors"]["L0.dt_proj.out"]
+
+
+def test_a_modes_file_cannot_invent_an_se_mode(tmp_path):
+    import json
+    modes_file = tmp_path / "m.json"
+    modes_file.write_text(json.dumps({"modes": {"my-se": {"base": "0", "conv_out": "fp32", "ssm_u": "fp32",
+                                                          "family": "quamba-se"}}}))
+    with pytest.raises(RunError, match="family quamba-se runs its own modes only"):
+        run_modes(SHIPPED, tmp_path, ["fp32", "my-se"], seq_len=16, calib=CALIB, modes_file=modes_file)
