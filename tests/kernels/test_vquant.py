@@ -171,3 +171,20 @@ def test_mode4_conv_is_the_dequantized_float_conv_with_y_sigmoid_y():
     assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-6)
     kern = int8_causal_conv1d_silu(x, w, b, FloatOut(torch.float32))
     assert torch.allclose(got, kern, rtol=1e-5, atol=1e-6) and not torch.equal(got, kern)
+
+
+def test_the_forks_expressions_on_the_cpu_are_the_exact_division_emulation():
+    """tools/se_gpu_check.py writes each quantizer as the fork's code does (qMambaLayer.py at f4d350a). On the CPU,
+    where PyTorch divides exactly, they give the "exact" emulation bit for bit; the "recip" one (CUDA's, checked on
+    an H200 by that tool) differs at ties."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from se_gpu_check import MODES, _emulated, _fork, crafted
+    x, s, os = crafted(5000)
+    for mode in MODES:
+        u_fork, c_fork = _fork(mode, x, s, os, torch)
+        u, c = _emulated(mode, x, s, os, "exact")
+        assert torch.equal(u, u_fork) and torch.equal(c, c_fork), mode
+    u, c = _emulated("5-4", x, s, os, "recip")
+    assert not torch.equal(c, _fork("5-4", x, s, os, torch)[1])
