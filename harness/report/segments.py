@@ -31,8 +31,8 @@ def _rows(segs: dict) -> list[tuple[str, str, str, str, str]]:
         for layer, taps in layers.items():
             for tap, per in taps.items():
                 for name, v in per.items():
-                    out.append((mode, f"{layer}.{tap}", name, f"{100 * v['fraction']:.3g}%",
-                                f"{100 * v['error_share']:.3g}%"))
+                    out.append((mode, f"{layer}.{tap}", name, f"{100 * v['fraction']:.4g}%",
+                                f"{100 * v['error_share']:.4g}%"))
     return out
 
 
