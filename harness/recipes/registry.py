@@ -86,6 +86,11 @@ class Recipe:
         """Called once per run with every calibration done (key -> result or the exception it raised) and the
         run's modes: what the family observes beyond its blocks' scales goes into a result's info."""
 
+    def extra_knobs(self, mode: ModeRecipe) -> dict | None:
+        """What the family's mode does beyond its ModeRecipe knobs, recorded as the stats' ``family_knobs`` (flat
+        name -> string), or None (default)."""
+        return None
+
     def decode_problem(self, mode: ModeRecipe) -> str | None:
         """Why `mode` cannot run --decode or --generate (its forward is prefill-only), or None (default)."""
         return None

@@ -23,6 +23,7 @@ from .generate import GENERATED, divergence, greedy_run
 from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
 from ..modes import ModeRecipe, Rotate
+from ..recipes.registry import recipe_for
 from ..report.text import mode_summary
 from .sharedops import SharedOps
 from .checks import nonfinite_problems, record_nonfinite
@@ -128,6 +129,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
     tensors: dict[str, dict] = {}
     entry = modes[name] = {"status": "ok", "title": recipe.title, "recipe": recipe.knobs(), "seconds": None,
                            "tensors": tensors}
+    if (extra := recipe_for(recipe).extra_knobs(recipe)) is not None:  # a family's knobs beyond the ModeRecipe's
+        entry["family_knobs"] = extra
     if recipe.has_formats:  # what each block ran (emulation.build.layer_formats)
         entry["layer_formats"] = layer_formats(recipe, ctx.bank.dims, ctx.depth)
     problems: list[str] = []

@@ -52,6 +52,9 @@ class QuambaSE(Recipe):
         return (f"family {FAMILY} runs its own modes only ({', '.join(SE_KNOBS)}); a modes file cannot define "
                 f"another (its knobs beyond the base row are the family's table, harness/recipes/se/modes.py)")
 
+    def extra_knobs(self, mode: ModeRecipe) -> dict | None:
+        return knobs_of(mode).as_dict() if mode.name in SE_KNOBS else None
+
     def decode_problem(self, mode: ModeRecipe) -> str | None:
         return (f"mode {mode.name} is prefill/log-likelihood only: the fork's eval forwards ignore the inference cache "
                 "(they never read or update conv_state/ssm_state and have no step path, quamba/qMambaLayer.py:"

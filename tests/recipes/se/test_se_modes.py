@@ -37,6 +37,10 @@ def _s(run, mode="5-0"):
 def test_every_mode_runs_on_the_shipped_model(run):
     assert {m: run.stats["modes"][m]["status"] for m in MODES} == {m: "ok" for m in MODES}
     assert run.stats["modes"]["5-4"]["recipe"]["family"] == "quamba-se"
+    assert run.stats["modes"]["6-2"]["family_knobs"] == {
+        "u": "outlier", "u_round": "rne", "xproj": "fp", "xproj_round": "rne", "xproj_out": "fp", "dt_out": "fp",
+        "scan": "mamba", "conv": "kernel", "a_scale": "false", "u_order": "blocked", "div": "recip"}
+    assert "family_knobs" not in run.stats["modes"]["0"]
 
 
 def test_conv_output_is_the_fp32_kernel_value_and_mode4_its_own(run):
