@@ -24,10 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import OutSpec, QTensor
-from .portable import exp
+from .portable import exp, sigmoid
 from .quant import dequantize, f32, fma_f32, round_to_dtype, to_output
 
-__all__ = ["silu_kernel", "int8_causal_conv1d_silu", "float_causal_conv1d_silu", "causal_conv1d_silu_ref"]
+__all__ = ["silu_kernel", "int8_causal_conv1d_silu", "float_causal_conv1d_silu", "causal_conv1d_silu_ref",
+           "dequantized_conv1d_silu"]
 
 
 def silu_kernel(v: torch.Tensor) -> torch.Tensor:
@@ -84,6 +85,20 @@ def float_causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     if pre_silu is not None:
         v = round_to_dtype(v, pre_silu)
     return to_output(silu_kernel(v), out)
+
+
+def dequantized_conv1d_silu(x: QTensor, weight: QTensor, bias: QTensor | None) -> torch.Tensor:
+    """The Quamba-SE fork's mode-4 conv (798253405/Quamba-SE f4d350a quamba/qConvLayer.py:110-128): input, weight
+    and bias dequantized in fp32 (codes * scale), PyTorch's fp32 F.conv1d, then SiLU written as y * sigmoid(y)
+    (not the kernel's y / (1 + exp(-y))), no fast math. The taps are summed in this module's fixed order (F.conv1d's
+    own order follows the device's library). x: (batch, seqlen, d_inner) -> fp32 (batch, seqlen, d_inner)."""
+    xf, w = x.dequantize(), weight.dequantize()
+    b = None if bias is None else bias.dequantize()
+    d_conv = w.shape[1]
+    v = torch.zeros_like(xf) if b is None else b.expand_as(xf).clone()
+    for k in range(d_conv):
+        v += w[:, k] * _shifted(xf, d_conv - 1 - k)
+    return v * sigmoid(v)
 
 
 def causal_conv1d_silu_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

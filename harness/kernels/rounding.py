@@ -5,7 +5,7 @@ import torch
 
 from ..spec import Rounding
 
-__all__ = ["round_half_even", "round_half_away", "round_with"]
+__all__ = ["round_half_even", "round_half_away", "round_half_away_fp32", "round_with"]
 
 
 def round_half_even(x: torch.Tensor) -> torch.Tensor:
@@ -21,6 +21,15 @@ def round_half_away(x: torch.Tensor) -> torch.Tensor:
     """
     xd = x.to(torch.float64)
     return (torch.sign(xd) * torch.floor(xd.abs() + 0.5)).to(x.dtype)
+
+
+def round_half_away_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Ties away from zero as the Quamba-SE fork writes it in PyTorch, ``roundf_like`` (798253405/Quamba-SE f4d350a
+    quamba/qMambaLayer.py:1433-1435): where(x >= 0, floor(x + 0.5), ceil(x - 0.5)) with the sum rounded to fp32
+    first, so 0.49999997 -> 1 (C roundf: 0) and odd |x| >= 2**23 move by one. fp32 in, fp32 out."""
+    x = x.to(torch.float32)
+    half = torch.tensor(0.5, dtype=torch.float32)
+    return torch.where(x >= 0, torch.floor(x + half), torch.ceil(x - half))
 
 
 def round_with(x: torch.Tensor, rounding: Rounding) -> torch.Tensor:

@@ -157,6 +157,11 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "all": ("fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
     "essential": ("fp32", "0", "2-1", "2-2", "2-4"),
     "quant_only": ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
+    # the Quamba-SE fork's study (harness.recipes.se, docs/se-modes.md): its dual-path modes 5 and 6 as side by
+    # side comparisons (mode 5's logits are 5-1's, mode 6's are fp32 u with RNE x_proj codes), and all of it
+    "5": ("fp32", "5-0", "5-1", "5-2"),
+    "6": ("fp32", "6-0", "6-1"),
+    "se": ("fp32", "0", "4", "5-0", "5-1", "5-2", "5-3", "5-4", "5-6", "5-7", "6-0", "6-1", "6-2", "6-3", "6-4"),
 }
 
 # What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
@@ -164,4 +169,5 @@ PRESETS: dict[str, tuple[str, ...]] = {
 # two W4 recipes (their GPTQ takes a few calibration forwards).
 MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1", "q2-w8a8", "q2-w4a8", "q2-w4a16"),
                                               "essential": ("fp32", "1", "q2-w8a8"),
-                                              "quant_only": ("q2-w8a8", "q2-w4a8", "q2-w4a16")}
+                                              "quant_only": ("q2-w8a8", "q2-w4a8", "q2-w4a16"),
+                                              "5": (), "6": (), "se": ()}  # Quamba-SE: Mamba-1 only

@@ -28,7 +28,7 @@ __all__ = ["Recipe", "CheckpointFormat", "Exporter", "register_recipe", "registe
            "list_modes", "architecture_problem", "load_builtins", "BUILTIN_RECIPES", "RegistryError"]
 
 # the built-in folders, imported by name so that this module stays below them
-BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba")
+BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba", "harness.recipes.se")
 
 
 class RegistryError(ModeError):
@@ -85,6 +85,15 @@ class Recipe:
                           cache_dir: Path | None, progress) -> None:
         """Called once per run with every calibration done (key -> result or the exception it raised) and the
         run's modes: what the family observes beyond its blocks' scales goes into a result's info."""
+
+    def extra_knobs(self, mode: ModeRecipe) -> dict | None:
+        """What the family's mode does beyond its ModeRecipe knobs, recorded as the stats' ``family_knobs`` (flat
+        name -> string), or None (default)."""
+        return None
+
+    def decode_problem(self, mode: ModeRecipe) -> str | None:
+        """Why `mode` cannot run --decode or --generate (its forward is prefill-only), or None (default)."""
+        return None
 
     def embedding(self, mode: ModeRecipe, bank, rotate: bool, dtype) -> Callable | None:
         """ids -> the residual stream's first value, or None for the bank's float embedding."""

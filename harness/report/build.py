@@ -28,6 +28,7 @@ from .decoding import decode_section, generate_section
 from .html import esc, page
 from .samples import samples_section
 from .q2_section import q2_section
+from .segments import se_segment_section
 from .summary import summary_section
 from .sections import (
     Figures,
@@ -78,6 +79,7 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
         ("crossrun", "Across runs", crossrun_section(crossrun)),
         ("taps", "Saturation and scales", taps_section(d, figs, colors)),
         ("q2-groups", "Quamba2 x groups", q2_section(d, figs)),
+        ("se-segments", "Quamba-SE segments", se_segment_section(d.stats)),
         ("tensors", "Per tensor", tensor_section(d, figs, colors, chosen)),
         ("formats", "Number formats", format_section(d, figs, formats, chosen) if formats else ""),
     ]

@@ -7,6 +7,7 @@ from typing import Mapping
 from ..metrics.compare import failed_modes
 from .data import layer_and_site
 from .q2text import q2_group_text, q2_groups_of
+from .segments import se_segment_text, se_segments_of
 from .text import comparison_tables, failed_lines, sample_mean_table, sensitivity_rankings, sensitivity_tables
 
 __all__ = ["compare_output", "gate_line"]
@@ -36,6 +37,10 @@ def compare_output(comparison: dict, stats: dict, tensors: Mapping[str, list[str
     if q2:
         comparison["q2_groups"] = q2
         parts.append(q2_group_text(q2))
+    segs = se_segments_of(stats, None if modes_asked is None else set(modes_asked), layers)  # Quamba-SE segments
+    if segs:
+        comparison["se_segments"] = segs
+        parts.append(se_segment_text(segs))
     return "\n".join(p for p in parts if p), failed_lines(failed, reference)
 
 

@@ -103,11 +103,12 @@ class Dispatcher:
         run.logits = [x for r in results for x in r.logits]
         run.block_inputs = [x for r in results for x in r.block_inputs]
         for r in results:  # in sample order, as the serial run adds them
-            for layer, sums in r.x_groups.items():
-                if layer in run.x_groups:
-                    run.x_groups[layer].merge(sums)
-                else:
-                    run.x_groups[layer] = sums
+            for mine, theirs in ((run.x_groups, r.x_groups), (run.segments, getattr(r, "segments", {}))):
+                for layer, sums in theirs.items():
+                    if layer in mine:
+                        mine[layer].merge(sums)
+                    else:
+                        mine[layer] = sums
         return run
 
     def sensitivity(self, forwards: dict[str, tuple[Forward, Forward]], ref_inputs: RefInputs, ref_logits: list,

@@ -28,6 +28,7 @@ from ..emulation.capture import ISOLATED, RESIDUAL_BASIS, capture, parse_point, 
 from ..runtime.memory import release_freed
 from ..metrics.errors import tensor_stats
 from ..metrics.q2groups import XGroupSums
+from ..metrics.segments import SegmentSums
 from ..modes import ModeRecipe, Rotate
 from ..emulation.modules import EmuBackbone, EmuMambaBlock
 from ..kernels.hadamard import hadamard_transform
@@ -66,6 +67,7 @@ class ModeRun:
     block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per sample, own basis
     residuals: list[torch.Tensor] = field(default_factory=list)  # per sample, while the blocks run
     x_groups: dict[int, XGroupSums] = field(default_factory=dict)  # layer -> Quamba2's x group sums (q2 modes)
+    segments: dict[int, SegmentSums] = field(default_factory=dict)  # layer -> the SE modes' segment sums
     states: list | None = None  # with keep_states: each block's BlockState after the prefill (one sample)
     final_residual: torch.Tensor | None = None  # with keep_states: the residual after the last block built
 
@@ -252,6 +254,9 @@ def _run_blocks(fwd: Forward, model: EmuBackbone, ref_inputs: RefInputs | None, 
                     run.states.append(state)
                 else:
                     mixed, run.residuals[k] = block(block_in)
+            if layer_hooked and getattr(block, "segments", None) is not None:  # metrics.segments
+                tap, names, counts, sq_err = block.segments
+                run.segments.setdefault(layer, SegmentSums(tap, names)).add(counts, sq_err)
             for point in layer_hooked:
                 if point not in captured:
                     continue  # a site the recipe does not have (had.out without rotation)

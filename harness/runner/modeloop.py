@@ -23,6 +23,7 @@ from .generate import GENERATED, divergence, greedy_run
 from ..runtime.guard import fault_point
 from ..metrics.errors import tensor_stats
 from ..modes import ModeRecipe, Rotate
+from ..recipes.registry import recipe_for
 from ..report.text import mode_summary
 from .sharedops import SharedOps
 from .checks import nonfinite_problems, record_nonfinite
@@ -128,6 +129,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
     tensors: dict[str, dict] = {}
     entry = modes[name] = {"status": "ok", "title": recipe.title, "recipe": recipe.knobs(), "seconds": None,
                            "tensors": tensors}
+    if (extra := recipe_for(recipe).extra_knobs(recipe)) is not None:  # a family's knobs beyond the ModeRecipe's
+        entry["family_knobs"] = extra
     if recipe.has_formats:  # what each block ran (emulation.build.layer_formats)
         entry["layer_formats"] = layer_formats(recipe, ctx.bank.dims, ctx.depth)
     problems: list[str] = []
@@ -170,6 +173,8 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
             loop.ref_logits, loop.ref_inputs = run.logits, RefInputs(recipe.rotate == Rotate.YES, run.block_inputs)
         if run.x_groups:  # Quamba2's x group diagnostics (metrics.q2groups)
             entry["layers"] = {f"L{i}": {"q2_groups": sums.stats()} for i, sums in sorted(run.x_groups.items())}
+        for i, sums in sorted(run.segments.items()):  # the SE modes' segment diagnostics (metrics.segments)
+            entry.setdefault("layers", {}).setdefault(f"L{i}", {})["se_segments"] = sums.stats()
         entry.update(seconds=round(time.perf_counter() - start, 3), **research_stats(tensors))
         record_nonfinite(name, entry, problems)
         if cfg.samples > 1 and not is_ref:

@@ -95,6 +95,7 @@ class SampleResult:
     block_inputs: list[dict[int, torch.Tensor]] = field(default_factory=list)
     tensors_read: dict[str, dict[str, int]] = field(default_factory=dict)  # "primary"/"float" -> key -> bytes
     x_groups: dict = field(default_factory=dict)  # layer -> metrics.q2groups.XGroupSums of this sample
+    segments: dict = field(default_factory=dict)  # layer -> metrics.segments.SegmentSums of this sample
 
 
 def unit_label(unit: SampleUnit | LayerUnit) -> str:
@@ -143,6 +144,7 @@ def execute(unit: SampleUnit | LayerUnit, attempt: int = 1):
         run = run_mode(unit.forward, models.bank, unit.ref_inputs,
                        raw=lambda per, codes, meta: result.chunks.append((per, codes, meta)))
         result.logits, result.block_inputs, result.x_groups = run.logits, run.block_inputs, run.x_groups
+        result.segments = run.segments
         result.tensors_read = _reads(models)
         return result
     from ..metrics.logits import kl_divergence

@@ -184,9 +184,12 @@ _BY_GROUP = obj({"cells": _CELLS, "head_groups": _PER_GROUP, "dim_groups": _PER_
 _Q2_GROUPS = obj({"sqnr_db": _BY_GROUP, "saturation": _BY_GROUP, "count": _CELLS,
                   "scales": map_of(one_of(num(), list_of(num()), _PER_GROUP, _CELLS))},
                  required=("sqnr_db", "saturation", "scales"))  # metrics.q2groups
+_SE_SEGMENTS = map_of(map_of(obj({"fraction": num(finite=True), "error_share": num(finite=True),
+                                  "count": num(integer=True)}, required=("fraction", "error_share"))))  # metrics.segments
 _MODE = obj({"status": string(), "title": string(), "error": string(), "traceback": string(),
              "recipe": map_of(one_of(string(), num(), boolean, map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
-             "input": _RESEARCH, "output": _RESEARCH, "layers": map_of(obj({"q2_groups": _Q2_GROUPS}))})
+             "input": _RESEARCH, "output": _RESEARCH,
+             "layers": map_of(obj({"q2_groups": _Q2_GROUPS, "se_segments": _SE_SEGMENTS}))})
 _ROW = obj({"identical": boolean, "input_differs": boolean, "max_abs_index": list_of(num(integer=True)),
             "undefined": map_of(string())}, rest=_STAT)
 _COMPARISON = obj({"reference": string(), "modes": map_of(map_of(_ROW)), "skipped": map_of(map_of(string())),
