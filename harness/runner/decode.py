@@ -110,7 +110,7 @@ def run_decode(fwd: Forward, plan: DecodePlan, bank: WeightBank,
     rotate = recipe.rotate == Rotate.YES
     depth = bank.dims.n_layer - 1 if fwd.end_to_end else fwd.depth
     model = build_backbone(recipe, bank, fwd.scales, depth)
-    head = build_head(recipe, bank) if fwd.end_to_end else None
+    head = build_head(recipe, bank, fwd.head_scale) if fwd.end_to_end else None
     points = decode_points(fwd.points)
     hooked = [p for p in points if decode_site(p)[1] not in STATE_POINTS]
     layers = sorted({decode_site(p)[0] for p in points})

@@ -48,7 +48,7 @@ def greedy_run(fwd: Forward, prompt: torch.Tensor, steps: int, bank: WeightBank,
     logits hold NaN or Inf (the argmax of such logits is no token the mode chose: never a pass). step: called
     once per generated token (the progress line)."""
     model = build_backbone(fwd.recipe, bank, fwd.scales, bank.dims.n_layer - 1)
-    head = build_head(fwd.recipe, bank)
+    head = build_head(fwd.recipe, bank, fwd.head_scale)
     if prefill is None or len(prefill[1]) != len(model.blocks):  # a capture of fewer blocks cannot hand over
         prefill = model.prefill(prompt)
     residual, states = prefill

@@ -196,3 +196,18 @@ def test_eval_recipe_matches_the_export_with_both_flags(tmp_path, capsys):
     ours, theirs = np.load(tmp_path / "f.npz"), np.load(tmp_path / "c.npz")
     assert np.array_equal(ours["mode_q2-eval__logits"], theirs["mode_q2-w8a8__logits"])
     assert not np.array_equal(ours["mode_q2-eval__logits"], ours["mode_q2-w8a8__logits"])
+
+
+@pytest.mark.parametrize("extra", [["--generate", "3"], ["--decode", "3", "--end-to-end"]])
+def test_a_quantized_lm_head_decodes_and_generates(tmp_path, capsys, extra):
+    """--decode and --generate build the mode's head with its lm_head:input scale (they built it without, and the
+    mode failed: "lm_head=quantized needs the lm_head:input scale")."""
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"modes": {"q2-eval": {"base": "q2-w8a8", "lm_head": "quantized"}}}))
+    args = ["--model", TINY2, "--modes", "fp32", "q2-eval", "--modes_file", f, "--seq_len", "24",
+            "--calib_data_num", "2", "--calib_seqlen", "64", "--cache_dir", tmp_path / "cache", *extra,
+            "--output_file", tmp_path / "a.npz"]
+    assert run_cli(capture_main, args) == 0, capsys.readouterr().err
+    stats = load_capture(tmp_path / "a.npz").manifest
+    assert stats["failed_modes"] == [] and stats["modes"]["q2-eval"]["status"] == "ok"
+    assert stats["provenance"]["calibration_by_prep"]["quamba2"]["lm_head_input_scale"] > 0
