@@ -142,6 +142,17 @@ def test_capture_shows_every_phase_on_stderr(tmp_path, capsys):
                      r"estimated \d+\.\d s\)", err)
 
 
+@pytest.mark.parametrize("model", ["mamba-tiny", "mamba2-tiny"])
+def test_the_gptq_phase_says_its_estimate(tmp_path, capsys, model):
+    """GPTQ's phase (the W4 recipes' calibration) is announced with its size and an estimate (it had none)."""
+    out = tmp_path / "c.npz"
+    assert run_cli(capture_main, [*FAST_CLI, "--model", ROOT / "models" / model, "--modes", "q2-w4a16", "--no_cache",
+                                  "--output_file", out]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^GPTQ \(quamba2-w4a16, .*4 x 16 tokens, layers 0\.\.0\) \.\.\. \(1 layer, estimated "
+                     r"\d+\.\d s\)$", err, re.M), err
+
+
 def test_capture_quiet_prints_no_phase(tmp_path, capsys):
     out = tmp_path / "c.npz"
     assert run_cli(capture_main, [*SMALL, "--quiet", "--output_file", out]) == 0

@@ -48,8 +48,8 @@ def calibrate_mamba1_w4(bank: WeightBank, windows: torch.Tensor, settings: Calib
         return gptq_mamba1(bank.dims, params, embed, windows, settings.batch_size, channel, step=step)
 
     weights = cached_gptq(gptq_cache(cache_dir, bank.dims), keys, bank.dims, channel, compute, info, progress,
-                          depth=depth, title=f"GPTQ ({key}, Mamba-1, {windows.shape[0]} x {windows.shape[1]} "
-                                             f"tokens, layers 0..{depth})")
+                          depth=depth, tokens=windows.numel(),
+                          title=f"GPTQ ({key}, Mamba-1, {windows.shape[0]} x {windows.shape[1]} tokens, layers 0..{depth})")
     layers: list[Q1W4Layer] = [
         q1w4_layer(w_in, w_out, bank.layer(i, "fp16", True, "quamba").x_proj,
                    w8a8.scales[i] if w8a8 is not None else None) for i, (w_in, w_out) in enumerate(weights)]

@@ -27,6 +27,7 @@ from ..q2.params import reorder_raw
 from ....modes import Q2_CALIBRATION_RECIPE
 from ....runtime.guard import Progress
 from ....runtime.log import warn
+from ....runner.calibcost import GPTQ_PASSES, estimate_seconds
 from ....runner.calibration import CalibrationResult, CalibrationSettings, layer_keys
 from ..q2.calibrate import calibrate_quamba2
 from ....runner.layercache import Entry, LayerCache
@@ -104,7 +105,7 @@ def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: Calibratio
 
     weights = cached_gptq(gptq_cache(cache_dir, bank.dims), keys, bank.dims, channel, compute, info, progress,
                           title=f"GPTQ ({key}, {windows.shape[0]} x {windows.shape[1]} tokens, layers 0..{depth})",
-                          depth=depth)
+                          depth=depth, tokens=windows.numel())
     layers: list[Q2W4Layer] = q2w4_layers(weights, q2.scales if q2 is not None else None, bank.dims)
     info.update(seconds=round(time.perf_counter() - start, 3), layers=[x.info() for x in layers])
     return CalibrationResult(layers, info)
@@ -120,17 +121,18 @@ def gptq_info(key: str, settings: CalibrationSettings, windows: torch.Tensor, ke
 
 
 def cached_gptq(cache: LayerCache, keys: list[str], dims, channel: bool, compute, info: dict, progress: Progress, *,
-                title: str, depth: int) -> list[tuple[Int4Weight, Int4Weight]]:
+                title: str, depth: int, tokens: int) -> list[tuple[Int4Weight, Int4Weight]]:
     """Every layer's (in_proj, out_proj) from the cache's entries under `keys` when all are valid, else
-    compute(step) (written back; an entry that is not valid is reported and recomputed). info gets source, reason,
-    cache_files."""
+    compute(step) (written back; an entry that is not valid is reported and recomputed), its phase shown with an
+    estimate for `tokens` tokens (runner.calibcost). info gets source, reason, cache_files."""
     weights, problems = cache.read_layers(keys, lambda _i, entry: _from_entry(entry, dims, channel), "GPTQ cache file")
     if cache.enabled and len(weights) == depth + 1:
         info.update(source="reused", cache_files=[str(cache.path(k)) for k in keys])
         return weights
     for problem in problems:
         warn(f"{problem}; recomputing GPTQ")
-    with progress.stage(title, depth + 1, "layers"):
+    estimate = estimate_seconds(tokens, depth + 1, dims, GPTQ_PASSES.get(dims.architecture, max(GPTQ_PASSES.values())))
+    with progress.stage(title, depth + 1, "layers", estimate):
         weights = compute(progress.advance)
     info["source"] = "recomputed" if problems else "computed"
     if problems:
