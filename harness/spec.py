@@ -27,6 +27,7 @@ __all__ = [
     "INT8_BOUNDS",
     "Rounding",
     "QTensor",
+    "ChannelQTensor",
     "Act",
     "QuantOut",
     "FloatOut",
@@ -85,6 +86,27 @@ class QTensor:
     @property
     def shape(self) -> torch.Size:
         return self.codes.shape
+
+
+@dataclass(frozen=True)
+class ChannelQTensor:
+    """int8 codes with one scale per channel (the last dim): a tap of Quamba2's multi-scale activations (in_proj's
+    xBC by section, the conv's x by head/dim group, B and C by SSD group), as the capture records it.
+
+    codes: (..., n) int8; scales: (n,) fp32; real value = codes * scales
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        return self.codes.to(torch.float32) * self.scales.to(torch.float32)
+
+    def scale_summary(self) -> dict:
+        """What the stats record of the scales (metrics.errors.tensor_stats): their count, distinct values, range."""
+        s = self.scales.to(torch.float32)
+        return {"per": "channel", "channels": int(s.numel()), "distinct": int(torch.unique(s).numel()),
+                "min": float(s.min()), "max": float(s.max())}
 
 
 Act = Union[torch.Tensor, QTensor]

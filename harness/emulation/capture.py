@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..architectures.registry import get_architecture
-from ..spec import HookPoint, QTensor
+from ..spec import ChannelQTensor, HookPoint, QTensor
 
 __all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RESIDUAL_BASIS", "point_name",
            "parse_point", "point_sort_key", "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE",
@@ -214,7 +214,7 @@ class Captured:
 
     values: torch.Tensor
     codes: torch.Tensor | None = None
-    scale: float | None = None
+    scale: float | dict | None = None  # one scale, or a ChannelQTensor's scale_summary()
     n_clipped: int | None = None
     dtype: str | None = None  # the float dtype at the capture point (float16, float32), before the fp32 copy
 
@@ -226,6 +226,8 @@ class Captured:
 def _record(x) -> Captured:
     if isinstance(x, QTensor):
         return Captured(x.dequantize().detach().cpu(), x.codes.detach().cpu().clone(), x.scale, x.n_clipped)
+    if isinstance(x, ChannelQTensor):
+        return Captured(x.dequantize().detach().cpu(), x.codes.detach().cpu().clone(), x.scale_summary())
     return Captured(x.detach().to("cpu", torch.float32).clone(), dtype=str(x.dtype).replace("torch.", ""))
 
 

@@ -263,11 +263,12 @@ def overflow_fractions(values: np.ndarray, dtype: str | None) -> tuple[float, fl
     return float((values > limit).sum() / values.size), float((values < -limit).sum() / values.size)
 
 
-def tensor_stats(values: np.ndarray, codes: np.ndarray | None = None, scale: float | None = None,
+def tensor_stats(values: np.ndarray, codes: np.ndarray | None = None, scale: float | dict | None = None,
                  n_clipped: int | None = None, source_dtype: str | None = None) -> dict:
     """Summary of one captured tensor (float64 statistics; std with ddof 0 like numpy's default).
 
-    For int8 tensors also: the scale, the fraction of codes at -128 or 127
+    For int8 tensors also: the scale (a dict: the summary of one scale per channel, ``scales``), the fraction of
+    codes at -128 or 127
     (saturated) and, where known, the fraction of values clipped into that range.
     For float tensors: overflow_upper / overflow_lower (``overflow_fractions`` of the
     capture dtype `source_dtype`, default the array's dtype).
@@ -297,7 +298,7 @@ def tensor_stats(values: np.ndarray, codes: np.ndarray | None = None, scale: flo
         "nan_count": nan_count, "inf_count": int(np.isinf(values).sum()), "quantized": codes is not None,
     }
     if codes is not None:
-        out["scale"] = scale
+        out["scales" if isinstance(scale, dict) else "scale"] = scale  # dict: one scale per channel (a summary)
         out["saturated_fraction"] = float(((codes == -128) | (codes == 127)).mean())
         out["clipped_fraction"] = None if n_clipped is None else n_clipped / max(1, codes.size)
     else:

@@ -103,13 +103,15 @@ class ReportData:
         return entry.get("tensors", {}).get(tensor, {}) if isinstance(entry, dict) else {}
 
     def grid(self, mode: str, tensor: str) -> dict | None:
-        """{"scale", "saturated_fraction", "clipped_fraction"} of an int8 tensor, None for a float one."""
+        """{"scale", "saturated_fraction", "clipped_fraction"} of an int8 tensor (with "scales", the summary of one
+        scale per channel, and "scale" None for Quamba2's multi-scale taps), None for a float one."""
         meta = self.tensor_meta(mode, tensor)
-        scale = as_float(meta.get("scale"))
-        if not meta.get("quantized") or not scale:
+        scale, scales = as_float(meta.get("scale")), meta.get("scales")
+        if not meta.get("quantized") or not (scale or isinstance(scales, dict)):
             return None
-        return {"scale": scale, "saturated_fraction": as_float(meta.get("saturated_fraction")),
+        grid = {"scale": scale, "saturated_fraction": as_float(meta.get("saturated_fraction")),
                 "clipped_fraction": as_float(meta.get("clipped_fraction"))}
+        return {**grid, "scales": scales} if isinstance(scales, dict) else grid
 
     def mode_entry(self, mode: str) -> dict:
         entry = self.stats.get("modes", {}).get(mode, {})

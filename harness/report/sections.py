@@ -178,6 +178,14 @@ def focus_layers(d: ReportData) -> list[int]:
     return sorted({every[0], every[-1], *[layers[k] for k in ranked]})
 
 
+def _scale_cell(entry: dict):
+    """A tap's scale, or for a scale per channel (Quamba2's multi-scale taps) their count and range."""
+    many = entry.get("scales")
+    if many:
+        return f"{many['distinct']} scales over {many['channels']} channels, {many['min']:.4g} to {many['max']:.4g}"
+    return entry.get("scale")
+
+
 def taps_section(d: ReportData, figs: Figures, colors: dict) -> str:
     taps = d.taps_by_layer()
     parts = []
@@ -193,7 +201,7 @@ def taps_section(d: ReportData, figs: Figures, colors: dict) -> str:
         if layer in focus:
             fig = taps_figure(f"layer {layer}: int8 tensors per tap", by_tap, colors)
             parts.append(figs.embed(f"taps_L{layer}", fig, f"saturation, overflow and scales of layer {layer}"))
-        rows = [[tap, *[by_mode.get(m, {}).get("scale") for m in d.modes]] for tap, by_mode in by_tap.items()]
+        rows = [[tap, *[_scale_cell(by_mode.get(m, {})) for m in d.modes]] for tap, by_mode in by_tap.items()]
         parts.append(f"<details><summary>layer {layer}: scales</summary>"
                      + table(["tap", *[f"scale {m}" for m in d.modes]], rows) + "</details>")
     if not "".join(parts):

@@ -177,6 +177,9 @@ _TENSOR = obj({
     "first_10": list_of(_STAT), "mean": _STAT, "std": _STAT, "min": _STAT, "max": _STAT, "l2": _STAT,
     "nan_count": num(integer=True), "inf_count": num(integer=True), "quantized": boolean, "capture_dtype": string(),
     "overflow_upper": _STAT, "overflow_lower": _STAT, "scale": num(positive=True),
+    "scales": obj({"per": string(), "channels": num(integer=True), "distinct": num(integer=True),
+                   "min": num(positive=True), "max": num(positive=True)},
+                  required=("per", "channels", "distinct", "min", "max")),
     "saturated_fraction": _STAT, "clipped_fraction": _STAT})
 _CELLS, _PER_GROUP = list_of(list_of(list_of(num()))), list_of(list_of(num()))  # [g][hg][dg], [g][k]
 _BY_GROUP = obj({"cells": _CELLS, "head_groups": _PER_GROUP, "dim_groups": _PER_GROUP, "all": num()},

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ....spec import FloatOut, Mamba2Dims, QTensor, QuantOut, Rounding
+from ....spec import ChannelQTensor, FloatOut, Mamba2Dims, QTensor, QuantOut, Rounding
 from ....architectures.mamba2.block import EmuMamba2Block
 from ....emulation.modules import EmuHadamard, EmuLinear, EmuRMSNorm
 from ....kernels.linear import Epilogue
@@ -117,9 +117,10 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         """in_proj's int8 codes (reordered) -> z, xBC, dt codes, through their HookPoints as real values."""
         d, s = self.dims, self.s
         z, xBC, dt = proj.split([d.d_inner, d.conv_dim, d.nheads], dim=-1)
-        xBC_real = xBC.to(torch.float32) * self._conv_in_scales()
+        scales = self._conv_in_scales()
         self._at("in_proj.z", QTensor(self._ch(z), s.s_z))              # codes x s_z, as the capture records it
-        self._at("in_proj.xBC", torch.cat([self._ch(xBC_real[..., :d.d_inner]), xBC_real[..., d.d_inner:]], -1))
+        self._at("in_proj.xBC", ChannelQTensor(torch.cat([self._ch(xBC[..., :d.d_inner]), xBC[..., d.d_inner:]], -1),
+                                               torch.cat([self._ch(scales[:d.d_inner]), scales[d.d_inner:]])))
         self._at("in_proj.dt", QTensor(dt[..., self.head_back], s.s_dt))
         return z, xBC, dt
 
@@ -133,16 +134,17 @@ class EmuQ2Mamba2Block(EmuMamba2Block):
         d, q, s = self.dims, self.q, self.s
         gs = d.ngroups * d.d_state
         q_x, q_B, q_C = conv.split([d.d_inner, gs, gs], dim=-1)
-        self._at("conv1d.x", self._ch(q_x.to(torch.float32) * q.x_scales))
+        self._at("conv1d.x", ChannelQTensor(self._ch(q_x), self._ch(q.x_scales)))
         self._at("conv1d.B", self._per_group(q_B, s.B_scales))
         self._at("conv1d.C", self._per_group(q_C, s.C_scales))
         return q_x, q_B, q_C
 
-    def _per_group(self, codes: torch.Tensor, scales: torch.Tensor) -> QTensor | torch.Tensor:
-        """B or C codes with one scale per SSD group: a QTensor when the groups share one scale, else real values."""
+    def _per_group(self, codes: torch.Tensor, scales: torch.Tensor) -> QTensor | ChannelQTensor:
+        """B or C codes with one scale per SSD group: a QTensor when the groups share one scale, else a scale per
+        channel."""
         if bool((scales == scales[0]).all()):
             return QTensor(codes, float(scales[0]))
-        return codes.to(torch.float32) * scales.repeat_interleave(self.dims.d_state)
+        return ChannelQTensor(codes, scales.repeat_interleave(self.dims.d_state))
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, residual: torch.Tensor, step: bool):
         """The gated norm, the Hadamard and out_proj (the GEMV on one token: EmuLinear.step, W8A8B16O16's

@@ -368,6 +368,15 @@ def test_int8_taps_are_recorded_as_int8_with_their_scale(tmp_path, capsys):
         assert 0.0 <= st["saturated_fraction"] < 0.05 and "overflow_upper" not in st
         assert on_grid(cap.array("q2-w8a8", f"L0.{point}"), st["scale"]), point
     assert tensors["L0.gnorm.out"]["kind"] == "float" and "scale" not in tensors["L0.gnorm.out"]
+    # the multi-scale taps (issue 35: they were recorded as float): int8, with the summary of a scale per channel
+    d_inner = cap.array("q2-w8a8", "L0.conv1d.x").shape[-1]
+    for point, channels in (("in_proj.xBC", cap.array("q2-w8a8", "L0.in_proj.xBC").shape[-1]), ("conv1d.x", d_inner)):
+        st = tensors[f"L0.{point}"]
+        assert st["kind"] == "int8" and st["quantized"] is True and "scale" not in st, (point, st)
+        assert st["scales"]["per"] == "channel" and st["scales"]["channels"] == channels, point
+        assert 0 < st["scales"]["min"] < st["scales"]["max"] and st["scales"]["distinct"] > 1, point
+        assert 0.0 <= st["saturated_fraction"] < 0.05, point
+    assert tensors["L0.in_proj.xBC"]["scales"]["distinct"] == 3  # s_x, s_B, s_C: in_proj's split output scales
     fp32 = cap.manifest["modes"]["fp32"]["tensors"]["L0.norm.out"]
     assert fp32["kind"] == "float" and fp32["quantized"] is False
 
@@ -380,11 +389,14 @@ def test_conv_B_and_C_are_int8_taps_when_the_ssd_groups_share_one_scale(model):
     with capture(bb, ["L0.conv1d.B", "L0.conv1d.C", "L0.conv1d.x", "L0.norm.out"]) as cap:
         bb(windows[:2])
     assert cap["L0.norm.out"].quantized and cap["L0.norm.out"].scale == s.s_in
-    assert not cap["L0.conv1d.x"].quantized                           # a scale per channel group
+    x = cap["L0.conv1d.x"]                                            # a scale per channel (its head/dim group)
+    assert x.quantized and x.scale["per"] == "channel" and x.scale["channels"] == x.values.shape[-1]
+    block = bb.blocks[0]
+    assert torch.equal(x.values, x.codes.float() * block._ch(block.q.x_scales))
     for point, scales in (("conv1d.B", s.B_scales), ("conv1d.C", s.C_scales)):
         c = cap[f"L0.{point}"]
         if bank.dims.ngroups == 1:
             assert c.quantized and c.scale == float(scales[0])
             assert torch.equal(c.codes.float() * torch.tensor(c.scale, dtype=torch.float32), c.values)
         else:
-            assert len(set(scales.tolist())) > 1 and not c.quantized
+            assert len(set(scales.tolist())) > 1 and c.quantized and c.scale["distinct"] == len(set(scales.tolist()))
