@@ -28,7 +28,8 @@ __all__ = ["Recipe", "CheckpointFormat", "Exporter", "register_recipe", "registe
            "list_modes", "architecture_problem", "load_builtins", "BUILTIN_RECIPES", "RegistryError"]
 
 # the built-in folders, imported by name so that this module stays below them
-BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba", "harness.recipes.naive")
+BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba", "harness.recipes.naive",
+                   "harness.recipes.smq")
 
 
 class RegistryError(ModeError):
