@@ -29,7 +29,7 @@ __all__ = ["Recipe", "CheckpointFormat", "Exporter", "register_recipe", "registe
 
 # the built-in folders, imported by name so that this module stays below them
 BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba", "harness.recipes.naive",
-                   "harness.recipes.smq")
+                   "harness.recipes.smq", "harness.recipes.mambaquant")
 
 
 class RegistryError(ModeError):
@@ -64,6 +64,11 @@ class Recipe:
         """What is wrong with `mode`'s own settings (its ``options``), or None; asked when the modes are resolved,
         before any work (default: a mode of this family takes no options)."""
         return f"recipe {self.name!r} takes no options" if mode.options else None
+
+    def calibration_problem(self, mode: ModeRecipe, settings) -> str | None:
+        """Why `mode` cannot calibrate with these settings (runner.calibration.CalibrationSettings), or None; asked
+        with model_problem, before any work (default: None)."""
+        return None
 
     def model_problem(self, mode: ModeRecipe, dims) -> str | None:
         """Why `mode` cannot run on this model (its dims: a ModelDims or Mamba2Dims), or None; asked by the run

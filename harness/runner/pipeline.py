@@ -173,6 +173,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
         r.check_layers(n_layer)
         if (problem := recipe_for(r).model_problem(r, ckpt.dims)) is not None:  # refused before any work
             raise RunError(f"mode {r.name} cannot run on {cfg.model}: {problem}")
+        if (problem := recipe_for(r).calibration_problem(r, cfg.calib)) is not None:
+            raise RunError(f"mode {r.name} cannot calibrate: {problem}")
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
     depth = max(parse_point(p)[0] for p in points)
