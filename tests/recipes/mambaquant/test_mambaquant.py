@@ -1,0 +1,147 @@
+"""MambaQuant (harness.recipes.mambaquant): the transforms are exact (the +transform variant equals fp32), the
+quantizers at their points against written-out references, the seeded rotations, the upstream defects as a knob,
+the statistics cached and recorded, and the refusals before any work."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from harness.architectures.registry import get_architecture
+from harness.checkpoints.loading import open_checkpoint
+from harness.cli import capture_main
+from harness.emulation.modules import EmuBackbone
+from harness.kernels.fakequant import fq_asym_rows, fq_sym, percentile_clip_rows
+from harness.kernels.field_transforms import klt, random_hadamard
+from harness.recipes.mambaquant import mq_options
+from harness.recipes.mambaquant.blocks import build, fold_layer, rotations, weight_rtn
+from harness.recipes.mambaquant.calibration import calibrate_mq
+from harness.recipes.registry import get_mode
+from harness.runner.calibration import CalibrationSettings
+from harness.runner.weightbank import WeightBank
+from conftest import ROOT, SHIPPED
+from helpers import FAST_CLI, run_cli, run_modes
+
+SETTINGS = CalibrationSettings(num_samples=4, seqlen=16, batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def setup(hf_dir):
+    bank = WeightBank(open_checkpoint(hf_dir))
+    windows = torch.randint(0, bank.dims.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    depth = bank.dims.n_layer - 1
+    return bank, depth, calibrate_mq(get_mode("mambaquant-w8a8"), bank, windows, SETTINGS, depth, [], None).scales
+
+
+def _backbone(bank, blocks):
+    return EmuBackbone(lambda ids: bank.embed(ids, False, torch.float32), blocks)
+
+
+def _rel(a, b):
+    return float(torch.linalg.vector_norm((a - b).double()) / torch.linalg.vector_norm(b.double()))
+
+
+def _opts(**kw):
+    return {"bits": 8, "quantizer": "mambaquant", "upstream": "as-meant", "seed": 0, **kw}
+
+
+def _ids(bank, n=24, seed=9):
+    return torch.randint(0, bank.dims.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_transforms_alone_equal_fp32_and_quantized_do_not(setup):
+    bank, depth, stats = setup
+    mode = get_mode("mambaquant-w8a8")
+    ref = _backbone(bank, get_architecture("mamba1").build_blocks(mode, bank, None, depth, False))(_ids(bank))
+    same = _backbone(bank, build(mode, bank, stats, depth, _opts(quantizer="none")))(_ids(bank))
+    assert _rel(same, ref) <= 1e-5
+    quant = _backbone(bank, build(mode, bank, stats, depth, _opts()))(_ids(bank))
+    assert 1e-4 < _rel(quant, ref) < 0.5
+    # as written, the fp16 rotations make the transforms inexact (R^T R != I in fp16)
+    written = _backbone(bank, build(mode, bank, stats, depth, _opts(quantizer="none", upstream="as-written")))(_ids(bank))
+    assert _rel(written, ref) > 1e-5
+
+
+def test_rotations_are_klt_times_seeded_hadamard_and_as_written_accumulate(setup):
+    bank, depth, stats = setup
+    d = bank.dims
+    meant = rotations(stats, 1, d, 0, as_written=False)
+    assert torch.equal(meant["R1"], klt(stats[0]["cov_in"]) @ random_hadamard(d.d_model, 1))
+    assert torch.equal(meant["R2"], klt(stats[1]["cov_out"]) @ random_hadamard(d.d_inner, 2))
+    assert torch.equal(meant["R5"], klt(stats[1]["cov_dt"]) @ random_hadamard(d.dt_rank, 5))
+    for r in meant.values():
+        assert torch.allclose(r.T @ r, torch.eye(r.shape[0], dtype=torch.float64), atol=1e-10)
+    assert torch.equal(rotations(stats, 1, d, 0, False)["R3"], meant["R3"])          # seeded: runs repeat
+    assert not torch.equal(rotations(stats, 1, d, 1, False)["R3"], meant["R3"])
+    written = rotations(stats, 1, d, 0, as_written=True)
+    k_last = klt(stats[-1]["cov_out"])                                                # the stale index i = last layer
+    expected_r2 = (k_last @ (k_last @ random_hadamard(d.d_inner, 2))).to(torch.float16).to(torch.float64)
+    assert torch.equal(written["R2"], expected_r2)
+    r5 = (klt(stats[0]["cov_dt"]) @ random_hadamard(d.dt_rank, 5)).to(torch.float16).to(torch.float64)
+    r5 = (klt(stats[1]["cov_dt"]) @ r5).to(torch.float16).to(torch.float64)
+    assert torch.equal(written["R5"], r5)
+
+
+def test_quantizers_at_the_points_written_out(setup):
+    bank, depth, stats = setup
+    block = build(get_mode("mambaquant-w8a8"), bank, stats, 0, _opts())[0]
+    p = bank.layer(0, "fp32", False, "exact")
+    rot = rotations(stats, 0, bank.dims, 0, False)
+    folded = fold_layer(p, stats[0], rot, bank.dims)
+    w = block.in_proj.inner.weight
+    lo, hi = percentile_clip_rows(folded["in_proj"], 0.999999)
+    assert torch.equal(w, fq_asym_rows(folded["in_proj"], 8, lo, hi))
+    assert max(len(torch.unique(row)) for row in w) <= 256                 # per row: at most 2^8 levels
+    x = torch.randn(2, 5, bank.dims.d_model, generator=torch.Generator().manual_seed(1))
+    x[1] *= 50                                                              # per sequence: row 0 keeps its scale
+    expected = fq_asym_rows(x @ rot["R1"].to(torch.float32), 8) @ w.T
+    assert torch.equal(block.in_proj(x), expected)
+    assert torch.allclose(block.in_proj(x[:1]), expected[:1], atol=1e-6)   # the 50x sequence changes nothing here
+    r1 = rot["R1"].to(torch.float32)
+    assert torch.equal(fq_asym_rows(x @ r1, 8)[0], fq_asym_rows(x[:1] @ r1, 8)[0])
+    assert block.norm.weight is None                                       # folded into in_proj
+
+
+def test_as_written_quantizes_weights_before_the_transforms(setup):
+    bank, depth, stats = setup
+    p = bank.layer(0, "fp32", False, "exact")
+    block = build(get_mode("mambaquant-w8a8"), bank, stats, 0, _opts(upstream="as-written"))[0]
+    rot = rotations(stats, 0, bank.dims, 0, True)
+    from dataclasses import replace
+    early = replace(p, **{n: weight_rtn(getattr(p, n), 8, "mambaquant") for n in ("in_proj", "x_proj", "dt_proj", "out_proj")})
+    assert torch.equal(block.out_proj.inner.weight, fold_layer(early, stats[0], rot, bank.dims)["out_proj"])
+
+
+def test_modes_run_cached_recorded_and_refused_where_undefined(tmp_path, capsys):
+    names = ["fp32", "mambaquant-w8a8", "mambaquant-w8a8+quamba", "mambaquant-w8a8+transform"]
+    out = run_modes(SHIPPED, tmp_path, names, seq_len=32, layers=[0, 1, 2], end_to_end=True)
+    assert all(out.stats["modes"][m]["status"] == "ok" for m in names), out.stats["modes"]
+    o, t = out.by_mode["mambaquant-w8a8+transform"]["output"], out.by_mode["fp32"]["output"]
+    assert np.linalg.norm(o - t) / np.linalg.norm(t) <= 1e-5
+    by = out.stats["provenance"]["calibration_by_prep"]
+    assert by["mambaquant"]["statistics"][0]["cov_out"]["shape"] == [384, 384]
+    q = by["mambaquant+quamba@seed=0"]
+    assert set(q["statistics"][0]) == {f"q_{n}" for n in ("in_proj", "conv", "x_proj", "dt_proj", "out_proj", "h", "C")}
+    again = run_modes(SHIPPED, tmp_path, ["mambaquant-w8a8"], seq_len=32)
+    assert again.stats["provenance"]["calibration_by_prep"]["mambaquant"]["source"] == "reused"
+    rc = run_cli(capture_main, ["--model", ROOT / "models" / "mamba2-tiny", "--modes", "mambaquant-w8a8",
+                                "--output_file", tmp_path / "m2.npz", *FAST_CLI])
+    err = capsys.readouterr().err
+    assert rc == 2 and "MambaQuant" in err and "Mamba-2" in err and not (tmp_path / "m2.npz").exists()
+
+
+def test_one_calibration_token_exits_2_before_any_work(hf_dir, tmp_path, capsys):
+    out = tmp_path / "o.npz"
+    rc = run_cli(capture_main, ["--model", hf_dir, "--modes", "mambaquant-w8a8", "--output_file", out,
+                                "--seq_len", "8", "--calib_data_num", "1", "--calib_seqlen", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "covariance" in err and "not finite" in err and not out.exists()
+
+
+def test_options_are_checked(hf_dir, tmp_path, capsys):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"modes": {"mq-x": {"base": "mambaquant-w8a8", "options": {"upstream": "sometimes"}}}}))
+    rc = run_cli(capture_main, ["--model", hf_dir, "--modes", "mq-x", "--modes_file", f, "--output_file",
+                                tmp_path / "o.npz", *FAST_CLI])
+    assert rc == 2 and "as-meant, as-written" in capsys.readouterr().err
+    assert mq_options(get_mode("mambaquant-w8a8+quamba"))["quantizer"] == "quamba"
