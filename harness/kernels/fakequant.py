@@ -25,7 +25,7 @@ from .rounding import round_half_even
 
 __all__ = ["fq_sym", "fq_sym_ref", "absmax_scale", "fq_sym_dynamic", "fq_sym_dynamic_ref", "asym_params",
            "fq_asym", "fq_asym_ref", "fq_asym_rows", "fq_asym_rows_ref", "percentile_clip_rows", "fq_sym_rows",
-           "fq_sym_rows_ref"]
+           "fq_sym_rows_ref", "sym_mse_scales", "sym_mse_scales_ref", "fq_sym_codes"]
 
 _AMAX_FLOOR = 1e-5  # quantUtils.py:26-47 and fake_quant.py:38-46: amax.clamp(min=1e-5)
 _SCALE_LO, _SCALE_HI = 1e-5, 1e4  # quantizer.py:293-298
@@ -125,3 +125,48 @@ def percentile_clip_rows(w: torch.Tensor, percent: float = 0.999999) -> tuple[to
     q = torch.quantile(flat, torch.tensor([1.0 - percent, percent], dtype=torch.float64), dim=1)
     shape = (w.shape[0],) + (1,) * (w.dim() - 1)
     return q[0].to(torch.float32).reshape(shape), q[1].to(torch.float32).reshape(shape)
+
+
+def fq_sym_codes(x: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
+    """QuaRot's sym_quant_dequant: s * clamp(RNE(x / s), -2^(n-1), 2^(n-1) - 1) (MambaQuant@a4803c4
+    quantize/gptq.py, the WeightQuantizer's symmetric branch)."""
+    return fq_sym(x, scale, bits)
+
+
+def _sym_scale(lo: torch.Tensor, hi: torch.Tensor, maxq: int) -> torch.Tensor:
+    return torch.maximum(lo.clip(max=0) / (-maxq - 1), hi.clip(min=1e-6) / maxq)
+
+
+def sym_mse_scales(w: torch.Tensor, bits: int, norm: float = 2.4, grid: int = 100,
+                   maxshrink: float = 0.8) -> torch.Tensor:
+    """Per output row the symmetric scale of MambaQuant's GPTQ WeightQuantizer (perchannel, sym, mse=True;
+    quantize/gptq.py:319-372): scale = max(min(w, 0) / (-maxq - 1), max(w, 0) / maxq), then the shrink p in
+    1, 0.99, ..., 0.21 minimizing sum |fq(w) - w|^2.4 per row. (rows, 1) fp32."""
+    w = w.reshape(w.shape[0], -1).to(torch.float32)
+    maxq = 2 ** (bits - 1) - 1
+    zero = torch.zeros(w.shape[0])
+    lo, hi = torch.minimum(w.min(1)[0], zero), torch.maximum(w.max(1)[0], zero)
+    best, scale = torch.full((w.shape[0],), float("inf")), _sym_scale(lo, hi, maxq)
+    for i in range(int(maxshrink * grid)):
+        p = 1 - i / grid
+        s1 = _sym_scale(p * lo, p * hi, maxq)
+        err = (fq_sym(w, s1[:, None], bits) - w).abs().pow(norm).sum(1)
+        better = err < best
+        best, scale = torch.where(better, err, best), torch.where(better, s1, scale)
+    return scale[:, None]
+
+
+def sym_mse_scales_ref(w: torch.Tensor, bits: int) -> torch.Tensor:
+    out = []
+    for row in w.to(torch.float32):
+        best, pick = float("inf"), None
+        maxq = 2 ** (bits - 1) - 1
+        lo, hi = min(float(row.min()), 0.0), max(float(row.max()), 0.0)
+        for i in range(80):
+            p = 1 - i / 100
+            s = _sym_scale(torch.tensor(p * lo), torch.tensor(p * hi), maxq)
+            err = float((fq_sym(row, s, bits) - row).abs().pow(2.4).sum())
+            if err < best:
+                best, pick = err, float(s)
+        out.append(pick)
+    return torch.tensor(out, dtype=torch.float32)[:, None]

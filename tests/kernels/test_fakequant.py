@@ -74,3 +74,15 @@ def test_percentile_clip_is_near_min_max_and_clips_an_outlier():
     assert lo.item() == pytest.approx(9.99, abs=1e-3) and 989 < hi.item() < 1000
     lo, hi = percentile_clip_rows(torch.tensor([[0.0, 1.0, 2.0]]), 1.0)
     assert (lo.item(), hi.item()) == (0.0, 2.0)
+
+
+def test_sym_mse_scales_search_the_shrink_and_match_the_ref():
+    from harness.kernels.fakequant import sym_mse_scales, sym_mse_scales_ref
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(5, 40, generator=g)
+    w[0, 0] = 30.0  # an outlier row: the MSE search shrinks its range below the plain max / 7
+    s = sym_mse_scales(w, 4)
+    assert torch.allclose(s, sym_mse_scales_ref(w, 4), rtol=1e-6)
+    plain = torch.maximum(w.min(1)[0].clip(max=0) / -8, w.max(1)[0].clip(min=1e-6) / 7)
+    assert (s[:, 0] <= plain + 1e-7).all() and s[0, 0] < plain[0]
+    assert s[0, 0] >= 0.21 * plain[0] - 1e-7  # maxshrink 0.8: p never below 0.21

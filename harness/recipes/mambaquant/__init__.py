@@ -15,12 +15,13 @@ from ...runner.statcache import cached_statistics
 from ..registry import Recipe, register_recipe
 from .blocks import MQ_POINTS, build, observers_for
 from .calibration import calibrate_mq
+from .gptq import gptq_layers
 
 __all__ = ["MambaQuant", "mq_options"]
 
 _KNOBS = dict(weights="fp32", rotate="no", norm_out="fp", in_proj_out="fp", conv_in="static", conv_out="fp32",
               ssm_u="fp32", ssm_impl="reference", had_out="fp", act_dtype="fp32", prep="exact")
-_VALID = {"bits": ("8",), "quantizer": ("mambaquant", "quamba", "none"), "upstream": ("as-meant", "as-written")}
+_VALID = {"bits": ("8", "4"), "quantizer": ("mambaquant", "quamba", "none"), "upstream": ("as-meant", "as-written")}
 
 
 def mq_options(mode: ModeRecipe) -> dict:
@@ -68,6 +69,8 @@ class MambaQuant(Recipe):
     def calibration_key(self, mode: ModeRecipe) -> str | None:
         o = mq_options(mode)
         base = "mambaquant" + ("@as-written" if o["upstream"] == "as-written" else "")
+        if o["bits"] == 4 and o["quantizer"] == "mambaquant":
+            return base + f"+gptq4@seed={o['seed']}"
         return base + (f"+quamba@seed={o['seed']}" if o["quantizer"] == "quamba" else "")
 
     def calibrate(self, key, bank, windows, settings, depth, prefix_hashes, cache_dir, *, progress=None):
@@ -79,9 +82,11 @@ class MambaQuant(Recipe):
         else:
             full = calibrate_mq(mode, bank, windows, settings, depth, prefix_hashes, cache_dir)
             stats = full.scales
-        if "+quamba" not in key:
+        if "+quamba" not in key and "+gptq4" not in key:
             return full
         seed = int(key.rsplit("=", 1)[1])
+        if "+gptq4" in key:
+            return self._gptq(key, bank, windows, settings, depth, prefix_hashes, cache_dir, full, seed)
         opts = {"bits": 8, "quantizer": "quamba", "upstream": "as-written" if as_written else "as-meant", "seed": seed}
 
         def compute():
@@ -97,6 +102,18 @@ class MambaQuant(Recipe):
         static.scales = [{**s, **q} for s, q in zip(stats, static.scales)] + stats[depth + 1:]
         return static
 
+    def _gptq(self, key, bank, windows, settings, depth, prefix_hashes, cache_dir, full, seed):
+        stats = full.scales
+        opts = {"bits": 4, "quantizer": "mambaquant", "upstream": "as-written" if "@as-written" in key else "as-meant",
+                "seed": seed}
+        result = cached_statistics("mambaquant-gptq", key, windows, settings, depth, prefix_hashes, cache_dir,
+                                   compute=lambda: gptq_layers(_MODES[0], bank, windows, settings.batch_size, depth,
+                                                               stats, opts), extra={"seed": seed})
+        result.info["transform_statistics"] = {k: v for k, v in full.info.items()
+                                               if k in ("source", "keys", "statistics")}
+        result.scales = [{**s, **g} for s, g in zip(stats, result.scales)] + stats[depth + 1:]
+        return result
+
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
         if scales is None:
             raise ValueError(f"mode {mode.name!r} needs its calibration statistics ({self.calibration_key(mode)})")
@@ -111,6 +128,8 @@ _MODES = (
                family="mambaquant", options={"bits": "8", "quantizer": "mambaquant"}),
     ModeRecipe("mambaquant-w8a8+quamba", "MambaQuant's transforms under Quamba's static per-tensor W8A8", **_KNOBS,
                family="mambaquant", options={"bits": "8", "quantizer": "quamba"}),
+    ModeRecipe("mambaquant-w4a8", "MambaQuant W4A8: its transforms, GPTQ 4-bit per-channel weights, asym dynamic "
+               "8-bit activations", **_KNOBS, family="mambaquant", options={"bits": "4", "quantizer": "mambaquant"}),
     ModeRecipe("mambaquant-w8a8+transform", "MambaQuant's rotations and smoothings alone: fp32 within rounding",
                **_KNOBS, family="mambaquant", options={"bits": "8", "quantizer": "none"}),
 )

@@ -36,7 +36,8 @@ from ...kernels.field_transforms import klt, random_hadamard, smooth_factors
 from ...emulation.fakequant import AmaxObserver, wrap_mamba1
 from .scan import MQScan
 
-__all__ = ["rotations", "build", "MQ_POINTS", "weight_rtn", "fold_layer", "observers_for"]
+__all__ = ["rotations", "build", "MQ_POINTS", "weight_rtn", "fold_layer", "observers_for", "setup_layer", "LINEARS",
+           "act_quantizer"]
 
 MQ_POINTS = ("in_proj", "conv", "x_proj", "dt_proj", "out_proj", "h", "C")
 _F64 = torch.float64
@@ -89,7 +90,7 @@ def weight_rtn(w: torch.Tensor, bits: int, quantizer: str) -> torch.Tensor:
     return fq_asym_rows(w, bits, lo, hi)
 
 
-def _act(quantizer: str, scales: dict | None, name: str, observers: dict | None):
+def act_quantizer(quantizer: str, scales: dict | None, name: str, observers: dict | None):
     if observers is not None:
         return observers[name]
     if quantizer == "none":
@@ -109,33 +110,49 @@ def _params_as_written(p, bits: int, quantizer: str):
 def build(mode, bank, stats: list[dict], depth: int, opts: dict, *, scales: list | None = None,
           observers: list | None = None) -> list:
     """Blocks 0..depth. opts: bits, quantizer ("mambaquant", "quamba", "none"), upstream, seed; scales: Quamba's
-    static per-tensor scales per layer (quantizer "quamba"); observers: per layer an AmaxObserver per point (the
-    calibration model of the "quamba" quantizer: transforms on, nothing quantized)."""
+    static per-tensor scales per layer (quantizer "quamba"); observers: per layer a function per point (the
+    calibration models: transforms on, the observers in place of the activation quantizers). With 4 bits the
+    linear weights are the GPTQ'd ones of the statistics (``gptq_<name>``, recipes.mambaquant.gptq)."""
+    blocks = get_architecture("mamba1").build_blocks(mode, bank, None, depth, False)
+    for i, block in enumerate(blocks):
+        setup_layer(block, bank, stats, i, opts, scale=scales[i] if scales else None,
+                    observer=observers[i] if observers else None)
+    return blocks
+
+
+LINEARS = ("in_proj", "x_proj", "dt_proj", "out_proj")
+
+
+def setup_layer(block, bank, stats: list[dict], i: int, opts: dict, *, scale: dict | None = None,
+                observer: dict | None = None, weights: dict | None = None) -> None:
+    """Block i of the float model made MambaQuant's (in place); weights: the linear weights to use as they are."""
     dims, quantizer, bits = bank.dims, opts["quantizer"], opts["bits"]
     as_written = opts["upstream"] == "as-written"
-    blocks = get_architecture("mamba1").build_blocks(mode, bank, None, depth, False)
-    quantize_w = quantizer != "none" and observers is None
-    for i, block in enumerate(blocks):
-        p = bank.layer(i, "fp32", False, "exact")
-        rot = rotations(stats, i, dims, opts["seed"], as_written)
-        early = as_written and quantize_w
-        w = fold_layer(_params_as_written(p, bits, quantizer) if early else p, stats[i], rot, dims)
-        for name in ("in_proj", "x_proj", "dt_proj", "out_proj"):
+    quantize_w = quantizer != "none" and observer is None
+    p = bank.layer(i, "fp32", False, "exact")
+    rot = rotations(stats, i, dims, opts["seed"], as_written)
+    early = as_written and quantize_w and weights is None
+    w = fold_layer(_params_as_written(p, bits, quantizer) if early else p, stats[i], rot, dims)
+    if weights is None and bits == 4 and quantize_w and quantizer == "mambaquant":
+        weights = {n: stats[i][f"gptq_{n}"] for n in LINEARS}
+    for name in LINEARS:
+        if weights is not None:
+            getattr(block, name).weight = weights[name]
+        else:
             getattr(block, name).weight = weight_rtn(w[name], bits, quantizer) if quantize_w and not early else w[name]
-        if quantize_w:
-            block.conv1d.weight = weight_rtn(block.conv1d.weight, bits, quantizer)
-        block.norm.weight = None
-        r = {k: v.to(torch.float32) for k, v in rot.items()}
-        q = {n: _act(quantizer, scales[i] if scales else None, n, observers[i] if observers else None)
-             for n in MQ_POINTS}
-        s = block.ssm
-        block.ssm = MQScan(s.A_log, s.D, s.dt_bias, gate_s=w["s2"], R3=r["R3"], S3=stats[i]["s3"],
-                           quant_h=q["h"], quant_c=q["C"])
-        wrap_mamba1(block, {"in_proj.in": lambda x, R=r["R1"], f=q["in_proj"]: f(x @ R), "conv.in": q["conv"],
-                            "x_proj.in": lambda x, R=r["R6"], f=q["x_proj"]: f(x @ R), "dt_proj.in": q["dt_proj"],
-                            "out_proj.in": lambda x, R=r["R2"], f=q["out_proj"]: f(x @ R),
-                            "out_proj.out": lambda x, R=r["R1"]: x @ R.T})
-    return blocks
+    if quantize_w:
+        block.conv1d.weight = weight_rtn(block.conv1d.weight, bits, quantizer)
+    block.norm.weight = None
+    r = {k: v.to(torch.float32) for k, v in rot.items()}
+    q = {n: observer[n] if observer is not None else act_quantizer(quantizer, scale, n, None) for n in MQ_POINTS}
+    s = block.ssm
+    block.ssm = MQScan(s.A_log, s.D, s.dt_bias, gate_s=w["s2"], R3=r["R3"], S3=stats[i]["s3"],
+                       quant_h=q["h"], quant_c=q["C"])
+    wrap_mamba1(block, {"in_proj.in": lambda x, R=r["R1"], f=q["in_proj"]: f(x @ R), "conv.in": q["conv"],
+                        "x_proj.in": lambda x, R=r["R6"], f=q["x_proj"]: f(x @ R), "dt_proj.in": q["dt_proj"],
+                        "out_proj.in": lambda x, R=r["R2"], f=q["out_proj"]: f(x @ R),
+                        "out_proj.out": lambda x, R=r["R1"]: x @ R.T})
+    block.folded = w  # the transformed fp weights (GPTQ starts from them)
 
 
 def observers_for(depth: int) -> list[dict]:

@@ -145,3 +145,24 @@ def test_options_are_checked(hf_dir, tmp_path, capsys):
                                 tmp_path / "o.npz", *FAST_CLI])
     assert rc == 2 and "as-meant, as-written" in capsys.readouterr().err
     assert mq_options(get_mode("mambaquant-w8a8+quamba"))["quantizer"] == "quamba"
+
+
+def test_w4a8_uses_gptq_weights_cached_and_4_bit_conv(hf_dir, tmp_path):
+    out = run_modes(hf_dir, tmp_path, ["fp32", "mambaquant-w4a8", "mambaquant-w8a8"], seq_len=16, end_to_end=True)
+    assert out.stats["modes"]["mambaquant-w4a8"]["status"] == "ok", out.stats["modes"]["mambaquant-w4a8"]
+    info = out.stats["provenance"]["calibration_by_prep"]["mambaquant+gptq4@seed=0"]
+    assert {"gptq_in_proj", "gptq_x_proj", "gptq_dt_proj", "gptq_out_proj"} <= set(info["statistics"][0])
+    again = run_modes(hf_dir, tmp_path, ["mambaquant-w4a8"], seq_len=16)
+    assert again.stats["provenance"]["calibration_by_prep"]["mambaquant+gptq4@seed=0"]["source"] == "reused"
+    assert np.array_equal(again.by_mode["mambaquant-w4a8"]["output"], out.by_mode["mambaquant-w4a8"]["output"])
+    e2e = {r["mode"]: r for r in out.stats["end_to_end"]["rows"]} if isinstance(out.stats["end_to_end"], dict) \
+        and "rows" in out.stats["end_to_end"] else None
+    bank = WeightBank(open_checkpoint(hf_dir))
+    from harness.recipes.mambaquant import MambaQuant
+    calib = MambaQuant().calibrate("mambaquant+gptq4@seed=0", bank, torch.randint(0, 64, (4, 16)), SETTINGS, 0,
+                                   ["x"], None)
+    block = build(get_mode("mambaquant-w4a8"), bank, calib.scales, 0, mq_options(get_mode("mambaquant-w4a8")))[0]
+    assert torch.equal(block.in_proj.inner.weight, calib.scales[0]["gptq_in_proj"])
+    conv = block.conv1d.inner.weight
+    assert max(len(torch.unique(row)) for row in conv) <= 16  # 4-bit per channel
+    assert e2e is None or "mambaquant-w4a8" in e2e
