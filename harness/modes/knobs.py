@@ -157,6 +157,9 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "all": ("fp32", "0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
     "essential": ("fp32", "0", "2-1", "2-2", "2-4"),
     "quant_only": ("0", "2-0", "2-1", "2-2", "2-3", "2-4", "3"),
+    # the field's recipes beside Quamba's (issue 33, docs/field-recipes.md): fp32, Quamba1's mode 0, each recipe
+    "field": ("fp32", "0", "naive-static", "naive-dynamic", "smq-ssm", "mambaquant-w8a8", "mambaquant-w8a8+quamba",
+              "mambaquant-w4a8"),
 }
 
 # What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
@@ -164,4 +167,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
 # two W4 recipes (their GPTQ takes a few calibration forwards).
 MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1", "q2-w8a8", "q2-w4a8", "q2-w4a16"),
                                               "essential": ("fp32", "1", "q2-w8a8"),
-                                              "quant_only": ("q2-w8a8", "q2-w4a8", "q2-w4a16")}
+                                              "quant_only": ("q2-w8a8", "q2-w4a8", "q2-w4a16"),
+                                              # the recipes of the field defined on Mamba-2 (SmQ-SSM and
+                                              # MambaQuant are Mamba-1 only)
+                                              "field": ("fp32", "q2-w8a8", "naive-static", "naive-dynamic")}

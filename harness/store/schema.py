@@ -185,7 +185,8 @@ _Q2_GROUPS = obj({"sqnr_db": _BY_GROUP, "saturation": _BY_GROUP, "count": _CELLS
                   "scales": map_of(one_of(num(), list_of(num()), _PER_GROUP, _CELLS))},
                  required=("sqnr_db", "saturation", "scales"))  # metrics.q2groups
 _MODE = obj({"status": string(), "title": string(), "error": string(), "traceback": string(),
-             "recipe": map_of(one_of(string(), num(), boolean, map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
+             "recipe": map_of(one_of(string(), num(), boolean, map_of(one_of(string(), num(), boolean)),
+                                      map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
              "input": _RESEARCH, "output": _RESEARCH, "layers": map_of(obj({"q2_groups": _Q2_GROUPS}))})
 _ROW = obj({"identical": boolean, "input_differs": boolean, "max_abs_index": list_of(num(integer=True)),
             "undefined": map_of(string())}, rest=_STAT)
