@@ -9,9 +9,10 @@ import math
 
 from tabulate import tabulate
 
+from .html import esc, section, table
 from .text import fmt
 
-__all__ = ["FIELD_FAMILIES", "recipe_rows", "recipe_table", "has_field_modes"]
+__all__ = ["FIELD_FAMILIES", "recipe_rows", "recipe_table", "has_field_modes", "recipe_html"]
 
 FIELD_FAMILIES = ("naive", "smq", "mambaquant")
 _FIRST = ("output", "L0.block.out")
@@ -75,3 +76,18 @@ def recipe_table(rows: list[dict], reference: str) -> str:
     notes.append("lm-eval: not in the harness yet")
     return (f"\nrecipes side by side against {reference} (ranked by {by}; {'; '.join(notes)}):\n"
             + tabulate(table, headers=head, disable_numparse=True))
+
+
+def recipe_html(comparison: dict | None, stats: dict, reference: str) -> str:
+    """The report's "Recipes side by side" section ("" when no mode of the field's recipes is in the file)."""
+    if not comparison or not comparison.get("modes") or not has_field_modes(stats):
+        return ""
+    rows = recipe_rows(comparison, stats)
+    body = table(["rank", "mode", "recipe", "layer-0 SQNR dB", "isolated SQNR dB (mean)", "KL(ref||mode)", "top-1",
+                  "lm-eval acc"],
+                 [[r["rank"], r["mode"], r["recipe"], fmt(r["layer0_sqnr_db"]), fmt(r["isolated_sqnr_db_mean"]),
+                   fmt(r["kl"]), fmt(r["top1_agreement"]), fmt(r["lm_eval_acc"])] for r in rows], left=3)
+    by = "end-to-end KL" if all(r["kl"] is not None for r in rows) else "layer-0 output SQNR"
+    note = (f"Every mode's recipe against {esc(reference)}, ranked by {by} (docs/field-recipes.md); isolated: "
+            "capture with --isolated; KL and top-1: --end_to_end; lm-eval: not in the harness yet.")
+    return section("Recipes side by side", body, "recipes", note)

@@ -49,3 +49,10 @@ def test_compare_prints_and_writes_the_ranking(hf_dir, tmp_path, capsys):
     assert {r["mode"] for r in ranking} == {"0", "naive-static", "smq-ssm"}
     assert [r["rank"] for r in ranking] == [1, 2, 3] and all(r["kl"] is not None for r in ranking)
     assert {r["mode"]: r["recipe"] for r in ranking} == {"0": "quamba", "naive-static": "naive", "smq-ssm": "smq"}
+    from harness.report.build import build_report
+    html, _ = build_report(tmp_path / "capture.npz")
+    assert '<section id="recipes">' in html and "Recipes side by side" in html
+    assert html.index("smq-ssm", html.index('<section id="recipes">')) > 0
+    plain = run_modes(hf_dir, tmp_path / "plain", ["fp32", "0"], seq_len=16) if (tmp_path / "plain").mkdir() is None \
+        else None
+    assert '<section id="recipes">' not in build_report(tmp_path / "plain" / "capture.npz")[0] and plain is not None
