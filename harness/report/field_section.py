@@ -12,9 +12,8 @@ from tabulate import tabulate
 from .html import esc, section, table
 from .text import fmt
 
-__all__ = ["FIELD_FAMILIES", "recipe_rows", "recipe_table", "has_field_modes", "recipe_html"]
+__all__ = ["recipe_rows", "recipe_table", "has_field_modes", "recipe_html"]
 
-FIELD_FAMILIES = ("naive", "smq", "mambaquant")
 _FIRST = ("output", "L0.block.out")
 
 
@@ -28,7 +27,8 @@ def _family(entry: dict) -> str:
 
 def has_field_modes(stats: dict) -> bool:
     modes = stats.get("modes") if isinstance(stats.get("modes"), dict) else {}
-    return any(isinstance(e, dict) and _family(e) in FIELD_FAMILIES for e in modes.values())
+    return any(isinstance(e, dict) and isinstance(e.get("recipe"), dict) and e["recipe"].get("family")
+               for e in modes.values())
 
 
 def _sqnr(rows: dict, tensor: str) -> float | None:
