@@ -67,20 +67,21 @@ def _user_recipe(path: Path, name: str, spec: object, bases: dict[str, ModeRecip
         if not isinstance(base_name, str) or base_name not in bases:
             raise ModeError(f"modes file {path}: mode {name!r}: unknown base {base_name!r}; "
                             f"valid: {', '.join(bases)}")
-        return replace(bases[base_name], name=name, title=title, **values, **_layers_of(spec))
+        return replace(bases[base_name], name=name, title=title, **values, **_layers_of(path, name, spec))
     if "prep" not in values:  # as the built-in modes: Quamba's preparation for int8 weights, exact otherwise
         values["prep"] = "quamba" if values.get("weights") == "int8" else "exact"
     missing = [k for k in KNOBS if k not in values]
     if missing:
         raise ModeError(f"modes file {path}: mode {name!r} lacks knob(s) {', '.join(missing)}; "
                         f"give them or name a built-in 'base' mode")
-    return ModeRecipe(name=name, title=title, **values, **_layers_of(spec))
+    return ModeRecipe(name=name, title=title, **values, **_layers_of(path, name, spec))
 
 
-def _layers_of(spec: dict) -> dict:
+def _layers_of(path: Path, name: str, spec: dict) -> dict:
     out = {"layers": spec["layers"]} if "layers" in spec else {}
     if "options" in spec:
         if not isinstance(spec["options"], dict):
-            raise ModeError(f"options must be a table of a family's settings, e.g. {{\"alpha\": 0.5}}")
+            raise ModeError(f"modes file {path}: mode {name!r}: options must be a table of a family's settings, "
+                            f"e.g. {{\"alpha\": 0.5}}")
         out["options"] = spec["options"]
     return out

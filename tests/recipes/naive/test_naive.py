@@ -95,3 +95,21 @@ def test_both_baselines_run_on_both_architectures(arch, hf_dir, tmp_path):
         assert np.isfinite(out.by_mode[m]["output"]).all()
         assert not np.array_equal(out.by_mode[m]["output"], out.by_mode["fp32"]["output"])
     assert e2e is not None
+
+
+def test_options_a_family_does_not_take_exit_2(hf_dir, tmp_path, capsys):
+    import json
+    from harness.cli import capture_main
+    from helpers import FAST_CLI, run_cli
+    f = tmp_path / "m.json"
+    for spec, says in (({"base": "0", "options": {"alpha": 0.5}}, "recipe 'quamba1' takes no options"),
+                       ({"base": "naive-static", "options": {"quantizer": "odd"}}, "quantizer = static or dynamic")):
+        f.write_text(json.dumps({"modes": {"m-x": spec}}))
+        rc = run_cli(capture_main, ["--model", hf_dir, "--modes", "m-x", "--modes_file", f, "--output_file",
+                                    tmp_path / "o.npz", *FAST_CLI])
+        err = capsys.readouterr().err
+        assert rc == 2 and says in err and "m-x" in err and not (tmp_path / "o.npz").exists(), err
+    f.write_text(json.dumps({"modes": {"m-x": {"base": "naive-static", "options": "alpha"}}}))
+    rc = run_cli(capture_main, ["--model", hf_dir, "--modes", "m-x", "--modes_file", f, "--output_file",
+                                tmp_path / "o.npz", *FAST_CLI])
+    assert rc == 2 and "options must be a table" in capsys.readouterr().err
