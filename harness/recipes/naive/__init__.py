@@ -9,7 +9,7 @@ from ...emulation.modules import EmuBackbone
 from ...modes import ModeRecipe
 from ...runner.statcache import cached_statistics
 from ..registry import Recipe, register_recipe
-from .blocks import STATIC_POINTS, build_dynamic, build_static, observe_static, static_scale
+from .blocks import build_dynamic, build_static, observe_static, static_scale
 
 __all__ = ["Naive", "FLOAT_KNOBS", "calibrate_static"]
 
@@ -17,6 +17,7 @@ __all__ = ["Naive", "FLOAT_KNOBS", "calibrate_static"]
 FLOAT_KNOBS = dict(weights="fp32", rotate="no", norm_out="fp", in_proj_out="fp", conv_in="static", conv_out="fp32",
                    ssm_u="fp32", ssm_impl="reference", had_out="fp", act_dtype="fp32", prep="exact")
 _KEY = "naive-static"
+_F32 = torch.float32
 
 
 def calibrate_static(bank, windows, settings, depth: int, prefix_hashes, cache_dir, *, progress=None):
@@ -58,7 +59,6 @@ class Naive(Recipe):
         return build_dynamic(mode, bank, depth)
 
 
-_F32 = torch.float32
 _MODES = (
     ModeRecipe("naive-static", "naive W8A8, static per-tensor (Quamba1 fake path, no flags)", **FLOAT_KNOBS,
                family="naive", options={"quantizer": "static"}),

@@ -12,7 +12,7 @@ from ...emulation.modules import EmuBackbone
 from ...modes import ModeRecipe
 from ...runner.statcache import cached_statistics
 from ..registry import Recipe, register_recipe
-from .blocks import Q1_POINTS, build, observe_channels, observe_scales, smoothing_vectors, static_scale
+from .blocks import build, observe_channels, observe_scales, smoothing_vectors, static_scale
 
 __all__ = ["SmqSsm", "calibrate_smq", "alpha_of"]
 

@@ -11,7 +11,7 @@ from harness.architectures.registry import get_architecture
 from harness.checkpoints.loading import open_checkpoint
 from harness.cli import capture_main
 from harness.emulation.modules import EmuBackbone
-from harness.kernels.fakequant import fq_asym_rows, fq_sym, percentile_clip_rows
+from harness.kernels.fakequant import fq_asym_rows, percentile_clip_rows
 from harness.kernels.field_transforms import klt, random_hadamard
 from harness.recipes.mambaquant import mq_options
 from harness.recipes.mambaquant.blocks import build, fold_layer, rotations, weight_rtn
