@@ -97,6 +97,11 @@ class Wrap(nn.Module):
     def window_of(self, x_in, x_conv):
         return self.inner.window_of(x_in, x_conv)
 
+    @property
+    def state_rule(self):
+        """The wrapped scan's (the block hands its state over by it: emulation.state.ssm_handover)."""
+        return self.inner.state_rule
+
 
 def _place(block: nn.Module, table: dict[str, tuple[str, int | str]], fns: dict[str, Fn | None]) -> nn.Module:
     unknown = sorted(set(fns) - set(table))

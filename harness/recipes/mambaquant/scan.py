@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...emulation.state import StateRule
+
 __all__ = ["MQScan"]
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -30,6 +32,7 @@ class MQScan(nn.Module):
         super().__init__()
         self.A_log, self.D, self.dt_bias, self.gate_s = A_log, D, dt_bias, gate_s
         self.R3, self.S3, self.quant_h, self.quant_c, self.observe = R3, S3, quant_h, quant_c, observe
+        self.state_rule = StateRule(None)  # the prefill's fp32 state (there is no decode step: ``step``)
 
     def forward(self, u, delta, B, C, z):
         dt = F.softplus(delta + self.dt_bias)                              # (b, L, E), transformers' softplus
@@ -58,4 +61,5 @@ class MQScan(nn.Module):
         return y * gate, h
 
     def step(self, *args):
-        raise NotImplementedError("MambaQuant's modes have no decode step (their activation scales are per sequence)")
+        raise NotImplementedError("MambaQuant's modes have no decode step: their activation scales are per sequence "
+                                  "(docs/field-recipes.md); run them without --decode")

@@ -166,3 +166,12 @@ def test_w4a8_uses_gptq_weights_cached_and_4_bit_conv(hf_dir, tmp_path):
     conv = block.conv1d.inner.weight
     assert max(len(torch.unique(row)) for row in conv) <= 16  # 4-bit per channel
     assert e2e is None or "mambaquant-w4a8" in e2e
+
+
+def test_decode_runs_the_wrapped_blocks_and_refuses_mambaquant_by_name(hf_dir, tmp_path):
+    out = run_modes(hf_dir, tmp_path, ["fp32", "naive-static", "mambaquant-w8a8"], seq_len=12, decode=2)
+    modes = out.stats["modes"]
+    assert modes["naive-static"]["status"] == "ok", modes["naive-static"]
+    assert modes["mambaquant-w8a8"]["status"] != "ok"
+    assert "no decode step" in modes["mambaquant-w8a8"]["error"] and "without --decode" in modes["mambaquant-w8a8"]["error"]
+    assert any(k.startswith("mode_naive-static__decode") or "decode" in k for k in out.by_mode["naive-static"])
