@@ -89,6 +89,8 @@ def cached_statistics(kind: str, name: str, windows: torch.Tensor, settings: Cal
                              f"{', '.join(bad)}; nothing was cached")
     info.update(source="recomputed" if problems else "computed", seconds=round(time.perf_counter() - start, 3),
                 statistics=summarize(stats))
+    if problems:
+        info["reason"] = "; ".join(problems)
     if cache.enabled:
         try:
             info["cache_files"] = cache.write_layers(keys, [_entry(i, s, name, settings) for i, s in enumerate(stats)])

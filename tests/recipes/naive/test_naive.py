@@ -113,3 +113,24 @@ def test_options_a_family_does_not_take_exit_2(hf_dir, tmp_path, capsys):
     rc = run_cli(capture_main, ["--model", hf_dir, "--modes", "m-x", "--modes_file", f, "--output_file",
                                 tmp_path / "o.npz", *FAST_CLI])
     assert rc == 2 and "options must be a table" in capsys.readouterr().err
+
+
+def test_a_corrupted_or_non_finite_cache_entry_is_recomputed_never_used(bank, tmp_path, capsys):
+    import json as _json
+    windows = _windows(bank)
+    first = calibrate_static(bank, windows, SETTINGS, 0, ["a"], tmp_path)
+    path = first.info["cache_files"][0]
+    with np.load(path) as z:
+        members = {k: z[k] for k in z.files}
+    header = _json.loads(members["__entry__"].tobytes())
+    header["payload"]["floats"]["u"] *= 2  # a silent edit: the checksum fails
+    members["__entry__"] = np.frombuffer(_json.dumps(header).encode(), np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **members)
+    again = calibrate_static(bank, windows, SETTINGS, 0, ["a"], tmp_path)
+    assert again.info["source"] == "recomputed" and "checksum" in again.info["reason"]
+    assert again.scales == first.scales and "recomputing the calibration" in capsys.readouterr().err
+    from harness.runner.statcache import cached_statistics
+    with pytest.raises(ValueError, match="not finite in layer 0: x"):
+        cached_statistics("t", "t", windows, SETTINGS, 0, ["a"], tmp_path, compute=lambda: [{"x": float("nan")}])
+    assert not list(tmp_path.glob("t-*"))  # never cached
