@@ -13,7 +13,7 @@ from harness.recipes.registry import get_mode, recipe_for
 from harness.runner.calibration import CalibrationSettings
 from harness.runner.weightbank import WeightBank
 from helpers import run_modes
-from conftest import ROOT
+from conftest import ROOT, SHIPPED
 
 TINY2 = ROOT / "models" / "mamba2-tiny"  # the shipped trained Mamba-2
 
@@ -82,8 +82,8 @@ def test_dynamic_block_is_ptq_ssm_w8a8linear(bank):
 
 
 @pytest.mark.parametrize("arch", ["mamba1", "mamba2"])
-def test_both_baselines_run_on_both_architectures(arch, hf_dir, tmp_path):
-    model_dir = hf_dir if arch == "mamba1" else TINY2
+def test_both_baselines_run_on_both_shipped_models(arch, tmp_path):
+    model_dir = SHIPPED if arch == "mamba1" else TINY2
     out = run_modes(model_dir, tmp_path, ["fp32", "naive-static", "naive-dynamic"], seq_len=16, layers=[0, 1],
                     end_to_end=True)
     modes = out.stats["modes"]
