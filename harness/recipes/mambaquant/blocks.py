@@ -49,19 +49,19 @@ def _fp16(r: torch.Tensor) -> torch.Tensor:
 
 
 def rotations(stats: list[dict], layer: int, dims, seed: int, as_written: bool) -> dict[str, torch.Tensor]:
-    """R1, R2, R3, R5, R6 of one layer (float64), drawn from the seed in the code's order R1..R6."""
+    """R1, R2, R3, R5, R6 of one layer (float64), drawn from the seed in the code's order R1..R6. As written every
+    factor and every product is rounded to fp16 as the release's fp16 tensors are (quant_naive.py:646-705)."""
     H = {k: random_hadamard(n, seed * 16 + k) for k, n in
          ((1, dims.d_model), (2, dims.d_inner), (3, dims.d_inner), (5, dims.dt_rank), (6, dims.d_inner))}
-    r = {"R1": klt(stats[0]["cov_in"]) @ H[1], "R3": H[3], "R6": H[6]}
-    if as_written:
-        k_last, r2, r5 = klt(stats[-1]["cov_out"]), H[2], H[5]
-        for j in range(layer + 1):
-            r2 = k_last @ r2
-            r5 = _fp16(klt(stats[j]["cov_dt"]) @ r5)
-        r.update(R2=r2, R5=r5)
-        return {k: _fp16(v) for k, v in r.items()}
-    r.update(R2=klt(stats[layer]["cov_out"]) @ H[2], R5=klt(stats[layer]["cov_dt"]) @ H[5])
-    return r
+    if not as_written:
+        return {"R1": klt(stats[0]["cov_in"]) @ H[1], "R2": klt(stats[layer]["cov_out"]) @ H[2], "R3": H[3],
+                "R5": klt(stats[layer]["cov_dt"]) @ H[5], "R6": H[6]}
+    H = {k: _fp16(v) for k, v in H.items()}
+    k_last, r2, r5 = _fp16(klt(stats[-1]["cov_out"])), H[2], H[5]
+    for j in range(layer + 1):  # R2 = K @ R2 with the stale i = last layer; R5 = (K_j @ R5): both accumulate
+        r2 = _fp16(k_last @ r2)
+        r5 = _fp16(_fp16(klt(stats[j]["cov_dt"])) @ r5)
+    return {"R1": _fp16(_fp16(klt(stats[0]["cov_in"])) @ H[1]), "R2": r2, "R3": H[3], "R5": r5, "R6": H[6]}
 
 
 def fold_layer(p, st: dict, rot: dict, dims) -> dict[str, torch.Tensor]:

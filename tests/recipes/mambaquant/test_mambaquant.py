@@ -74,12 +74,13 @@ def test_rotations_are_klt_times_seeded_hadamard_and_as_written_accumulate(setup
     assert torch.equal(rotations(stats, 1, d, 0, False)["R3"], meant["R3"])          # seeded: runs repeat
     assert not torch.equal(rotations(stats, 1, d, 1, False)["R3"], meant["R3"])
     written = rotations(stats, 1, d, 0, as_written=True)
-    k_last = klt(stats[-1]["cov_out"])                                                # the stale index i = last layer
-    expected_r2 = (k_last @ (k_last @ random_hadamard(d.d_inner, 2))).to(torch.float16).to(torch.float64)
-    assert torch.equal(written["R2"], expected_r2)
-    r5 = (klt(stats[0]["cov_dt"]) @ random_hadamard(d.dt_rank, 5)).to(torch.float16).to(torch.float64)
-    r5 = (klt(stats[1]["cov_dt"]) @ r5).to(torch.float16).to(torch.float64)
-    assert torch.equal(written["R5"], r5)
+    f16 = lambda t: t.to(torch.float16).to(torch.float64)  # noqa: E731
+    k_last = f16(klt(stats[-1]["cov_out"]))                                           # the stale index i = last layer
+    h2 = f16(random_hadamard(d.d_inner, 2))
+    assert torch.equal(written["R2"], f16(k_last @ f16(k_last @ h2)))                 # accumulated over layers 0, 1
+    r5 = f16(f16(klt(stats[0]["cov_dt"])) @ f16(random_hadamard(d.dt_rank, 5)))
+    assert torch.equal(written["R5"], f16(f16(klt(stats[1]["cov_dt"])) @ r5))
+    assert not torch.equal(written["R2"], rotations(stats, 0, d, 0, as_written=True)["R2"])
 
 
 def test_quantizers_at_the_points_written_out(setup):
