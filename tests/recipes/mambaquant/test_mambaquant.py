@@ -176,3 +176,31 @@ def test_decode_runs_the_wrapped_blocks_and_refuses_mambaquant_by_name(hf_dir, t
     assert modes["mambaquant-w8a8"]["status"] != "ok"
     assert "no decode step" in modes["mambaquant-w8a8"]["error"] and "without --decode" in modes["mambaquant-w8a8"]["error"]
     assert any(k.startswith("mode_naive-static__decode") or "decode" in k for k in out.by_mode["naive-static"])
+
+
+def test_quamba_quantizer_variant_is_static_per_tensor_on_the_transformed_model(hf_dir):
+    from harness.kernels.fakequant import fq_sym, fq_sym_dynamic
+    from harness.recipes.mambaquant import MambaQuant
+    bank = WeightBank(open_checkpoint(hf_dir))
+    windows = torch.randint(0, bank.dims.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    calib = MambaQuant().calibrate("mambaquant+quamba@seed=0", bank, windows, SETTINGS, 0, ["x"], None)
+    layer = calib.scales[0]
+    # the static scale of in_proj's input: max |x R1| / 127 over the windows, on the transformed fp model (its norm
+    # weight folded into in_proj: x is the unweighted norm output)
+    rot = rotations(calib.scales, 0, bank.dims, 0, False)
+    seen = []
+    blocks = get_architecture("mamba1").build_blocks(get_mode("mambaquant-w8a8"), bank, None, 0, False)
+    wn = blocks[0].norm.weight
+    blocks[0].norm.register_forward_hook(
+        lambda _m, _i, out: seen.append(float(((out / wn) @ rot["R1"].float()).abs().max())))
+    model = _backbone(bank, blocks)
+    for batch in windows.split(2):
+        model(batch)
+    assert layer["q_in_proj"] == pytest.approx(max(seen) / 127, rel=1e-5)
+    mode = get_mode("mambaquant-w8a8+quamba")
+    block = build(mode, bank, calib.scales, 0, mq_options(mode),
+                  scales=[{n: layer[f"q_{n}"] for n in ("in_proj", "conv", "x_proj", "dt_proj", "out_proj", "h", "C")}])[0]
+    w = fq_sym_dynamic(fold_layer(bank.layer(0, "fp32", False, "exact"), layer, rot, bank.dims)["in_proj"])
+    assert torch.equal(block.in_proj.inner.weight, w) and len(torch.unique(w)) <= 255   # one scale per tensor
+    x = torch.randn(1, 5, bank.dims.d_model, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(block.in_proj(x), fq_sym(x @ rot["R1"].to(torch.float32), layer["q_in_proj"]) @ w.T)
