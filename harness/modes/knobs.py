@@ -162,6 +162,9 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "5": ("fp32", "5-0", "5-1", "5-2"),
     "6": ("fp32", "6-0", "6-1"),
     "se": ("fp32", "0", "4", "5-0", "5-1", "5-2", "5-3", "5-4", "5-6", "5-7", "6-0", "6-1", "6-2", "6-3", "6-4"),
+    # the field's recipes beside Quamba's (issue 33, docs/field-recipes.md): fp32, Quamba1's mode 0, each recipe
+    "field": ("fp32", "0", "naive-static", "naive-dynamic", "smq-ssm", "mambaquant-w8a8", "mambaquant-w8a8+quamba",
+              "mambaquant-w4a8"),
 }
 
 # What a preset means on a Mamba-2 model (docs/modes.md "Mamba-2"): the built-in modes that run there.
@@ -170,4 +173,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
 MAMBA2_PRESETS: dict[str, tuple[str, ...]] = {"all": ("fp32", "1", "q2-w8a8", "q2-w4a8", "q2-w4a16"),
                                               "essential": ("fp32", "1", "q2-w8a8"),
                                               "quant_only": ("q2-w8a8", "q2-w4a8", "q2-w4a16"),
-                                              "5": (), "6": (), "se": ()}  # Quamba-SE: Mamba-1 only
+                                              "5": (), "6": (), "se": (),  # Quamba-SE: Mamba-1 only
+                                              # the recipes of the field defined on Mamba-2 (SmQ-SSM and
+                                              # MambaQuant are Mamba-1 only)
+                                              "field": ("fp32", "q2-w8a8", "naive-static", "naive-dynamic")}

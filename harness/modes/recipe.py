@@ -46,8 +46,12 @@ class ModeRecipe:
     # the recipe family that runs the mode (harness.recipes.registry); "" for the built-in families, which own a
     # mode by its knobs. A plugin's modes name their family.
     family: str = ""
+    # a family's own settings, ((name, value), ...) as strings (a dict is accepted): e.g. SmQ-SSM's alpha
+    # (harness.recipes.smq); the family checks them (Recipe.mode_problem)
+    options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "options", _options_value(self.name, self.options))
         if not _NAME_RE.match(self.name) or self.name in PRESETS:
             raise ModeError(f"invalid mode name {self.name!r}: use letters, digits, '.', '+' and '-' "
                             f"(no '_'), not starting with a symbol, and not a preset name ({', '.join(PRESETS)})")
@@ -79,7 +83,13 @@ class ModeRecipe:
         knobs.update({k: getattr(self, k) for k, allowed in Q2_HEAD_KNOBS.items() if getattr(self, k) != allowed[0]})
         if self.family:
             knobs["family"] = self.family
+        if self.options:
+            knobs["options"] = dict(self.options)
         return knobs
+
+    def option(self, name: str, default: str) -> str:
+        """The value of option `name` (Recipe.mode_problem checks the values), or `default`."""
+        return dict(self.options).get(name, default)
 
     def for_layer(self, i: int) -> "ModeRecipe":
         """The recipe block i runs: the format knobs of every `layers` range holding i applied in order."""
@@ -120,6 +130,19 @@ class ModeRecipe:
         """True when any activation is quantized, i.e. the recipe reads calibrated scales."""
         return (self.weights in (Weights.INT8, Weights.INT4) or self.norm_out == Store.INT8 or self.in_proj_out == Store.INT8
                 or self.conv_out == ConvOut.INT8 or self.ssm_u in (SsmU.INT8, SsmU.GRID, SsmU.REQUANT) or self.had_out == Store.INT8)
+
+
+def _options_value(mode: str, options: object) -> tuple[tuple[str, str], ...]:
+    """{"alpha": 0.5} or its tuple form -> (("alpha", "0.5"),), sorted by name; a ModeError for anything else."""
+    items = options.items() if isinstance(options, dict) else options
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        raise ModeError(f"mode {mode!r}: options must map option names to values") from None
+    bad = [k for k, v in pairs if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (str, int, float))]
+    if bad:
+        raise ModeError(f"mode {mode!r}: options must map names to strings or numbers ({', '.join(map(str, bad))})")
+    return tuple(sorted((k, str(v)) for k, v in pairs))
 
 
 def _format_value(mode: str, knob: str, value: object) -> NumberFormat:

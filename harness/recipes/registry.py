@@ -28,7 +28,8 @@ __all__ = ["Recipe", "CheckpointFormat", "Exporter", "register_recipe", "registe
            "list_modes", "architecture_problem", "load_builtins", "BUILTIN_RECIPES", "RegistryError"]
 
 # the built-in folders, imported by name so that this module stays below them
-BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba", "harness.recipes.se")
+BUILTIN_RECIPES = ("harness.recipes.float", "harness.recipes.quamba", "harness.recipes.se", "harness.recipes.naive",
+                   "harness.recipes.smq", "harness.recipes.mambaquant")
 
 
 class RegistryError(ModeError):
@@ -58,6 +59,16 @@ class Recipe:
         """Why `mode` cannot run on `architecture`, or None."""
         runs = self.architectures(mode)
         return None if architecture in runs else f"recipe {self.name!r} runs on {', '.join(runs)}"
+
+    def mode_problem(self, mode: ModeRecipe) -> str | None:
+        """What is wrong with `mode`'s own settings (its ``options``), or None; asked when the modes are resolved,
+        before any work (default: a mode of this family takes no options)."""
+        return f"recipe {self.name!r} takes no options" if mode.options else None
+
+    def calibration_problem(self, mode: ModeRecipe, settings) -> str | None:
+        """Why `mode` cannot calibrate with these settings (runner.calibration.CalibrationSettings), or None; asked
+        with model_problem, before any work (default: None)."""
+        return None
 
     def model_problem(self, mode: ModeRecipe, dims) -> str | None:
         """Why `mode` cannot run on this model (its dims: a ModelDims or Mamba2Dims), or None; asked by the run
@@ -280,6 +291,9 @@ class ModeRegistry:
         if not names:
             raise ModeError(f"no modes given; valid: {', '.join(self._modes)} (presets: {', '.join(PRESETS)})")
         recipes = [on_architecture(self.get(n), architecture) for n in names]
+        for r in recipes:
+            if (why := recipe_for(r).mode_problem(r)) is not None:
+                raise ModeError(f"mode {r.name!r}: {why}")
         for r in recipes if architecture is not None else ():
             if (why := architecture_problem(r, architecture)) is not None:
                 runs = [n for n in self._modes if architecture_problem(self._modes[n], architecture) is None]
@@ -294,7 +308,7 @@ def resolve_modes(requested: list[str], modes_file: Path | None = None,
     not run on `architecture` (the model's, spec.ModelDims.architecture) is a ModeError."""
     registry = ModeRegistry()
     if modes_file is not None:
-        for recipe in load_modes_file(modes_file):
+        for recipe in load_modes_file(modes_file, {**BUILTIN_MODES, **_EXTRA_MODES}):
             registry.register(recipe)
     return registry.resolve(requested, architecture)
 

@@ -29,6 +29,7 @@ from .html import esc, page
 from .samples import samples_section
 from .q2_section import q2_section
 from .segments import se_segment_section
+from .field_section import recipe_html
 from .summary import summary_section
 from .sections import (
     Figures,
@@ -71,6 +72,7 @@ def build_report(npz_path: Path, reference: str | None = None, tensors: list[str
         ("summary", "Summary", summary_section(d)),
         ("run", "Run", header_section(d)),
         ("comparison", "Comparison", comparison_section(d)),
+        ("recipes", "Recipes side by side", recipe_html(d.comparison, d.stats, d.reference)),
         ("layers", "Error per layer", layers_section(d, figs, colors)),
         ("end-to-end", "End to end", end_to_end_section(d, figs, colors)),
         ("samples", "Across samples", samples_section(d, figs, colors)),

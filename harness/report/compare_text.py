@@ -6,6 +6,7 @@ from typing import Mapping
 
 from ..metrics.compare import failed_modes
 from .data import layer_and_site
+from .field_section import has_field_modes, recipe_rows, recipe_table
 from .q2text import q2_group_text, q2_groups_of
 from .segments import se_segment_text, se_segments_of
 from .text import comparison_tables, failed_lines, sample_mean_table, sensitivity_rankings, sensitivity_tables
@@ -41,6 +42,9 @@ def compare_output(comparison: dict, stats: dict, tensors: Mapping[str, list[str
     if segs:
         comparison["se_segments"] = segs
         parts.append(se_segment_text(segs))
+    if has_field_modes(stats):  # the field's recipes beside Quamba's (issue 33)
+        comparison["recipe_ranking"] = recipe_rows(comparison, stats)
+        parts.append(recipe_table(comparison["recipe_ranking"], reference))
     return "\n".join(p for p in parts if p), failed_lines(failed, reference)
 
 

@@ -175,6 +175,8 @@ def run(cfg: RunConfig, emit: Callable[[str], None] = print, progress: Progress 
             raise RunError(f"mode {r.name} cannot run on {cfg.model}: {problem}")
         if (cfg.decode or cfg.generate) and (problem := recipe_for(r).decode_problem(r)) is not None:
             raise RunError(f"--decode/--generate cannot run {problem}; run it without --decode and --generate")
+        if (problem := recipe_for(r).calibration_problem(r, cfg.calib)) is not None:
+            raise RunError(f"mode {r.name} cannot calibrate: {problem}")
     cfg.layers = resolve_layers(cfg.layers, n_layer)
     points = select_points(cfg.layers, cfg.taps, points_of(ckpt.dims.architecture))
     depth = max(parse_point(p)[0] for p in points)

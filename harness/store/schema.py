@@ -190,7 +190,8 @@ _Q2_GROUPS = obj({"sqnr_db": _BY_GROUP, "saturation": _BY_GROUP, "count": _CELLS
 _SE_SEGMENTS = map_of(map_of(obj({"fraction": num(finite=True), "error_share": num(finite=True),
                                   "count": num(integer=True)}, required=("fraction", "error_share"))))  # metrics.segments
 _MODE = obj({"status": string(), "title": string(), "error": string(), "traceback": string(),
-             "recipe": map_of(one_of(string(), num(), boolean, map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
+             "recipe": map_of(one_of(string(), num(), boolean, map_of(one_of(string(), num(), boolean)),
+                                      map_of(map_of(one_of(string(), num(), boolean))))), "seconds": _STAT, "tensors": map_of(_TENSOR),
              "input": _RESEARCH, "output": _RESEARCH,
              "layers": map_of(obj({"q2_groups": _Q2_GROUPS, "se_segments": _SE_SEGMENTS}))})
 _ROW = obj({"identical": boolean, "input_differs": boolean, "max_abs_index": list_of(num(integer=True)),
