@@ -12,17 +12,14 @@ Mamba-2's calibration (Quamba2) runs the windows through the blocks twice (a pas
 inputs, one for the outputs), each pass a forward of its d_inner = nheads x headdim channels: its estimate is
 the same cost per token, layer and inner channel, times the two passes.
 
-GPTQ's phase (Quamba2's W4 recipes) runs the windows through each layer in fp16 to collect in_proj's and out_proj's
-Hessians, then solves each weight column by column: measured on the shipped models (32 windows of 256 tokens, one
-layer, one torch thread, machine shared), it took 2.2 times the calibration cost of one pass on Mamba-1 (3.5 s) and
-1.0 times on Mamba-2 (1.6 s): GPTQ_PASSES.
+A recipe whose calibration costs another multiple of a forward says so with `passes` (GPTQ's phase of Quamba2's W4
+recipes: recipes.quamba.w4.calibrate_mamba2.GPTQ_PASSES).
 """
 from __future__ import annotations
 
-__all__ = ["SECONDS_PER_TOKEN_CHANNEL", "GPTQ_PASSES", "estimate_seconds"]
+__all__ = ["SECONDS_PER_TOKEN_CHANNEL", "estimate_seconds"]
 
 SECONDS_PER_TOKEN_CHANNEL = 52.7 / (512 * 512 * 384)  # about 5.2e-7 s per token, layer and inner channel
-GPTQ_PASSES = {"mamba1": 2.2, "mamba2": 1.0}  # GPTQ's phase in calibration passes, by architecture (above)
 
 
 def estimate_seconds(tokens: int, layers: int, dims, passes: float = 1) -> float:
