@@ -25,7 +25,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
 from ..runner.calibration import CalibrationSettings, default_cache_dir
-from .session import SessionKey, session_for
+from .session import EvalSession, SessionKey, session_for
 
 __all__ = ["QuambaHarnessLM", "session_key", "DEFAULT_MAX_LENGTH", "DEFAULT_MAX_GEN_TOKS"]
 
@@ -63,8 +63,9 @@ _CALIB_ARGS = ("calib_data_num", "calib_seqlen", "percentile_alpha", "calib_batc
 class QuambaHarnessLM(TemplateLM):
     """One mode of the harness as an lm-eval model (registered as ``quamba-harness`` by ``harness.lmeval``)."""
 
-    def __init__(self, pretrained, mode: str = "fp32", mamba_model_path=None, tokenizer=None, plugin=None,
-                 modes_file=None, max_length=None, max_gen_toks=None, device=None, batch_size=None, **kwargs) -> None:
+    def __init__(self, pretrained=None, mode: str = "fp32", mamba_model_path=None, tokenizer=None, plugin=None,
+                 modes_file=None, max_length=None, max_gen_toks=None, device=None, batch_size=None, *,
+                 session: EvalSession | None = None, **kwargs) -> None:
         super().__init__()
         calib = {k: kwargs.pop(k) for k in _CALIB_ARGS if k in kwargs}
         kwargs.pop("max_batch_size", None)  # lm-eval always passes these (None where not given)
@@ -74,8 +75,11 @@ class QuambaHarnessLM(TemplateLM):
             raise ValueError(f"quamba-harness: unknown model_args {', '.join(unknown)}; valid: pretrained, mode, "
                              f"mamba_model_path, tokenizer, plugin, modes_file, max_length, max_gen_toks, device, "
                              f"batch_size, {', '.join(_CALIB_ARGS)}")
-        self.session = session_for(session_key(pretrained, mamba_model_path, tokenizer, calib=calib, plugin=plugin,
-                                               modes_file=modes_file))
+        if session is None and pretrained is None:
+            raise ValueError("quamba-harness: model_args must name pretrained=DIR (a float model, or a Quamba "
+                             "checkpoint with mamba_model_path=DIR)")
+        self.session = session or session_for(session_key(pretrained, mamba_model_path, tokenizer, calib=calib,
+                                                          plugin=plugin, modes_file=modes_file))
         dev = str(device or "cpu")
         self.model = self.session.emulated(str(mode), "cuda" if dev.startswith("cuda") else "cpu")
         self.mode = self.model.recipe.name
@@ -84,7 +88,6 @@ class QuambaHarnessLM(TemplateLM):
         self._batch_size = int(bs.split(":")[0]) if not bs.startswith("auto") else 16
         self._max_length = int(max_length) if max_length else DEFAULT_MAX_LENGTH
         self._max_gen_toks = int(max_gen_toks) if max_gen_toks else DEFAULT_MAX_GEN_TOKS
-        self.per_request: list[dict] = []
 
     # --- tokenization (lm-eval's TemplateLM) ---
     @property
