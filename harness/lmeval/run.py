@@ -79,7 +79,10 @@ def task_manager(tasks: list[str], include_path: list[Path], local_dir: Path):
         write_local_tasks(local_dir, [t for t in tasks if t in LOCAL_TASKS])
     except TaskError as e:
         raise EvalInputError(str(e)) from None
-    tm = TaskManager(include_path=[str(local_dir)] + [str(Path(p).resolve()) for p in include_path])
+    paths = [str(local_dir)] + [str(Path(p).resolve()) for p in include_path]
+    tm = TaskManager(include_path=paths, include_defaults=False)  # indexing lm-eval's ~15,000 tasks takes a minute:
+    if any(t not in tm.all_tasks and not tm.match_tasks([t]) for t in tasks):  # only when a task is none of ours
+        tm = TaskManager(include_path=paths)
     unknown = [t for t in tasks if t not in tm.all_tasks and not tm.match_tasks([t])]
     if unknown:
         raise EvalInputError(f"unknown task(s) {', '.join(unknown)}; the local tasks are {', '.join(LOCAL_TASKS)} "
@@ -164,13 +167,11 @@ def _run_mode(cfg: EvalConfig, session: EvalSession, recipe, tm, doc: dict, out:
             start = time.perf_counter()
             entry["tasks"].update(evaluate_unit(lm, task, tm, cfg))
             entry["seconds"][task] = round(time.perf_counter() - start, 3)
-            emit(f"mode {recipe.name}, task {task}: {entry['seconds'][task]} s")
             write_json(out, {**doc, "paired": pair_modes(doc["modes"], cfg.reference, iters=cfg.bootstrap_iters)})
+            emit(f"mode {recipe.name}, task {task}: {entry['seconds'][task]} s")
         entry["status"] = "ok"
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as e:  # a mode that fails is recorded; the others still run
+    except Exception as e:  # a mode that fails is recorded; the others still run (an interruption is no Exception)
         entry.update(status="error", error=f"{type(e).__name__}: {e}")
-        emit(f"mode {recipe.name} failed: {entry['error']}")
     write_json(out, {**doc, "paired": pair_modes(doc["modes"], cfg.reference, iters=cfg.bootstrap_iters)})
+    emit(f"mode {recipe.name}: done" if entry["status"] == "ok" else f"mode {recipe.name} failed: {entry['error']}")
     return entry

@@ -45,9 +45,10 @@ LOCAL_TASKS: dict[str, tuple[dict, str]] = {"quamba_lastword": (_LASTWORD, "last
                                              "quamba_rolling": (_ROLLING, "rolling.jsonl")}
 
 
-def local_task_files(data_dir: Path = LOCAL_DATA_DIR) -> dict[str, Path]:
-    """Each local task's data file (absolute)."""
-    return {name: (Path(data_dir) / data).resolve() for name, (_, data) in LOCAL_TASKS.items()}
+def local_task_files(data_dir: Path | None = None) -> dict[str, Path]:
+    """Each local task's data file (absolute; data_dir None: LOCAL_DATA_DIR)."""
+    where = Path(LOCAL_DATA_DIR if data_dir is None else data_dir)
+    return {name: (where / data).resolve() for name, (_, data) in LOCAL_TASKS.items()}
 
 
 def check_data_files(files: dict[str, Path]) -> None:
@@ -57,7 +58,7 @@ def check_data_files(files: dict[str, Path]) -> None:
                         f"with python data/lmeval/make_tasks.py")
 
 
-def write_local_tasks(target: Path, tasks: list[str] | None = None, data_dir: Path = LOCAL_DATA_DIR) -> Path:
+def write_local_tasks(target: Path, tasks: list[str] | None = None, data_dir: Path | None = None) -> Path:
     """The local tasks (all, or those of `tasks` that are local) as lm-eval YAMLs in `target` with absolute data
     paths; returns `target` (an ``include_path``). JSON is YAML: the files are written as JSON."""
     target.mkdir(parents=True, exist_ok=True)
