@@ -63,8 +63,8 @@ _CALIB_ARGS = ("calib_data_num", "calib_seqlen", "percentile_alpha", "calib_batc
 class QuambaHarnessLM(TemplateLM):
     """One mode of the harness as an lm-eval model (registered as ``quamba-harness`` by ``harness.lmeval``)."""
 
-    def __init__(self, pretrained=None, mode: str = "fp32", mamba_model_path=None, tokenizer=None, plugin=None,
-                 modes_file=None, max_length=None, max_gen_toks=None, device=None, batch_size=None, *,
+    def __init__(self, pretrained=None, mode: str = "fp32", *, mamba_model_path=None, tokenizer=None, plugin=None,
+                 modes_file=None, max_length=None, max_gen_toks=None, device=None, batch_size=None,
                  session: EvalSession | None = None, **kwargs) -> None:
         super().__init__()
         calib = {k: kwargs.pop(k) for k in _CALIB_ARGS if k in kwargs}
