@@ -3,8 +3,8 @@
 lastword.jsonl: {"text": passage}, LAMBADA's layout (lm-eval's lambada_openai reads the same field: the context is
 every space-separated word but the last, the target the last word): passages of consecutive lines of the held-out
 plays (past their title and list of persons), whitespace collapsed to single spaces, at least MIN_CHARS characters, cut so that they end on an alphabetic
-word of at least three letters (its trailing punctuation dropped) that appears earlier in the passage (LAMBADA's
-criterion: the word is predictable from its context).
+word of at least three letters, not all capitals (a speaker's name), its trailing punctuation dropped, that appears
+earlier in the passage (LAMBADA's criterion: the word is predictable from its context).
 rolling.jsonl: {"page": document}, wikitext_document_level's field: the held-out plays (past their front matter) cut at blank lines into
 documents of at least DOC_CHARS characters (the rolling perplexity task scores every token of each).
 
@@ -39,8 +39,11 @@ def _predictable(passage: str) -> str | None:
     m = _LAST.match(passage)
     if m is None or len(passage) < MIN_CHARS:
         return None
+    word = m.group(2)
+    if word.isupper():  # a speaker's name (the plays' "MACBETH."): the play's layout, not its language
+        return None
     earlier = {w.lower() for w in re.findall(r"[A-Za-z]+", m.group(1))}
-    return m.group(1) + m.group(2) if m.group(2).lower() in earlier else None
+    return m.group(1) + word if word.lower() in earlier else None
 
 
 def lastword_passages(texts: list[str], n: int) -> list[str]:
