@@ -54,7 +54,8 @@ def test_an_interrupted_eval_keeps_the_modes_finished(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_eval(cfg, emit=emit)
     doc = json.loads((tmp_path / "cut_eval.json").read_text())
-    assert list(doc["modes"]) == ["fp32"] and doc["modes"]["fp32"]["status"] == "ok"
+    assert doc["modes"]["fp32"]["status"] == "ok"
+    assert doc["modes"]["2-1"]["status"] == "pending" and doc["modes"]["2-1"]["tasks"] == {}
     assert len(doc["modes"]["fp32"]["tasks"]["quamba_lastword"]["samples"]) == 2
 
 
@@ -82,3 +83,20 @@ def test_an_unknown_task_is_exit_2_naming_it(tmp_path, capsys):
     rc = run_cli(eval_main, ["--tasks", "quamba_lastword", "no_such_task_xyz", "--output", tmp_path / "x"])
     err = capsys.readouterr().err
     assert rc == 2 and "no_such_task_xyz" in err and "quamba_lastword" in err and "Traceback" not in err
+
+
+def _without_times(doc: dict) -> dict:
+    return {m: {k: v for k, v in e.items() if k != "seconds"} for m, e in doc["modes"].items()}
+
+
+def test_workers_give_the_serial_runs_results(tmp_path):
+    cfg = dict(model=ROOT / "models" / "mamba-tiny", modes=["fp32", "2-1"], tasks=["quamba_lastword", "quamba_rolling"],
+               limit=1, calib=CalibrationSettings(4, 32, batch_size=2), bootstrap_iters=200, max_length=64)
+    serial = run_eval(EvalConfig(output=tmp_path / "serial", **cfg), emit=lambda _l: None)
+    lines: list[str] = []
+    fanned = run_eval(EvalConfig(output=tmp_path / "fanned", workers=2, **cfg), emit=lines.append)
+    assert _without_times(fanned) == _without_times(serial)
+    assert fanned["paired"] == serial["paired"] and fanned["paired"]["2-1"]["quamba_rolling"]
+    assert sorted(line for line in lines if line.endswith(": done")) == ["mode 2-1: done", "mode fp32: done"]
+    on_disk = json.loads((tmp_path / "fanned_eval.json").read_text())
+    assert list(on_disk["modes"]) == ["fp32", "2-1"] and list(on_disk["modes"]["2-1"]["tasks"]) == cfg["tasks"]
