@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tabulate import tabulate
-
+from ..report.eval import task_tables
 from .paired import AGGREGATIONS, flipped, paired_difference
 
-__all__ = ["unit_result", "aggregation_of", "pair_modes", "task_tables", "eval_path"]
+__all__ = ["unit_result", "aggregation_of", "pair_modes", "task_tables", "eval_path"]  # task_tables: report.eval
 
 
 def eval_path(name: str | Path) -> Path:
@@ -94,36 +93,3 @@ def pair_modes(modes: dict, reference: str, *, iters: int = 1000, seed: int = 0)
                                         [p[0] for p in pairs], [p[1] for p in pairs]))
                 out.setdefault(mode, {}).setdefault(task, {})[metric] = diff
     return out
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
-
-
-def task_tables(modes: dict, paired: dict, reference: str) -> str:
-    """One table per task: each mode's metrics (value ± stderr) and its paired difference from the reference."""
-    tasks = list(dict.fromkeys(t for e in modes.values() if e.get("status") == "ok" for t in e["tasks"]))
-    parts = []
-    for task in tasks:
-        metrics = list(dict.fromkeys(m for e in modes.values() if e.get("status") == "ok"
-                                     for m in e["tasks"].get(task, {}).get("metrics", {})))
-        rows = []
-        for mode, entry in modes.items():
-            if entry.get("status") != "ok":
-                rows.append([mode] + [f"error: {entry.get('error', '?')}"] + [""] * (2 * len(metrics) - 1))
-                continue
-            got = entry["tasks"].get(task, {}).get("metrics", {})
-            row = [mode]
-            for m in metrics:
-                v = got.get(m)
-                row.append("-" if v is None else f"{v['value']:.4g} ± {_fmt(v['stderr'])}")
-                d = paired.get(mode, {}).get(task, {}).get(m)
-                row.append("(reference)" if mode == reference else "-" if d is None else
-                           f"{d['difference']:+.4g} [{_fmt(d['low'])}, {_fmt(d['high'])}]")
-            rows.append(row)
-        head = ["mode"] + [h for m in metrics for h in (m, f"Δ {m} vs {reference}")]
-        n = max((len(e["tasks"].get(task, {}).get("samples", [])) for e in modes.values() if e.get("status") == "ok"),
-                default=0)
-        parts.append(f"{task} ({n} examples; Δ: paired difference, 95% bootstrap interval)\n"
-                     + tabulate(rows, headers=head, tablefmt="github"))
-    return "\n\n".join(parts)
