@@ -13,7 +13,7 @@ from pathlib import Path
 from ..report.eval import task_tables
 from .paired import AGGREGATIONS, flipped, paired_difference
 
-__all__ = ["unit_result", "aggregation_of", "pair_modes", "task_tables", "eval_path"]  # task_tables: report.eval
+__all__ = ["unit_result", "example_text", "aggregation_of", "pair_modes", "task_tables", "eval_path"]  # task_tables: report.eval
 
 
 def eval_path(name: str | Path) -> Path:
@@ -42,6 +42,13 @@ def _plain(value):
     return [float(v) for v in value] if isinstance(value, (list, tuple)) else float(value)
 
 
+def example_text(sample: dict) -> str:
+    """The text of an example's first request: context and continuation of a loglikelihood request, the document
+    of a rolling one, the prompt of a generation (what ``capture --text_file`` can run through the layers)."""
+    args = (sample.get("arguments") or [()])[0]
+    return "".join(a for a in args if isinstance(a, str))
+
+
 def unit_result(evaluated: dict) -> dict:
     """task -> {"metrics": {metric: {"value", "stderr", "aggregation"}}, "samples": [{"doc_id", metric: value}]}
     of one simple_evaluate result (every task it holds, groups' subtasks included)."""
@@ -60,7 +67,8 @@ def unit_result(evaluated: dict) -> dict:
         samples = []
         for s in evaluated.get("samples", {}).get(task, []):
             names = s.get("metrics") or [m for m in metrics if m in s]
-            samples.append({"doc_id": int(s["doc_id"]), **{m: _plain(s[m]) for m in names if m in s}})
+            samples.append({"doc_id": int(s["doc_id"]), **{m: _plain(s[m]) for m in names if m in s},
+                            "text": example_text(s)})
         out[task] = {"metrics": metrics, "samples": sorted(samples, key=lambda x: x["doc_id"])}
     return out
 

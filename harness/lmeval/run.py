@@ -81,6 +81,10 @@ class _Collect:
         if error is not None:
             entry.update(status="error", error=f"{type(error).__name__}: {error}")
         else:
+            for name, task_result in result[0].items():  # each example's text once, from the reference's run
+                texts = {str(x["doc_id"]): x.pop("text", "") for x in task_result["samples"]}
+                if mode == self.cfg.reference:
+                    self.doc["examples"][name] = texts
             self.results[unit], entry["seconds"][task] = result[0], result[1]
             entry["tasks"] = {k: v for u in self.units if u[0] == mode and u in self.results
                               for k, v in self.results[u].items()}
@@ -133,7 +137,8 @@ def run_eval(cfg: EvalConfig, emit: Callable[[str], None] = print, progress=None
         recipes = _recipes(cfg, session, emit)
         session.prepare(list(recipes.values()))  # one calibration per key, before any unit (workers read the cache)
         doc = {**_header(cfg, session), "modes": {n: {"status": "pending", "recipe": r.knobs(), "tasks": {},
-                                                        "seconds": {}} for n, r in recipes.items()}, "paired": {}}
+                                                        "seconds": {}} for n, r in recipes.items()}, "paired": {},
+               "examples": {}}
         units = [(mode, task) for mode in recipes for task in cfg.tasks]
         collect = _Collect(cfg, doc, units, out, emit)
         if cfg.workers > 1:

@@ -41,6 +41,9 @@ def test_eval_writes_each_mode_its_examples_and_the_paired_difference(tmp_path, 
     ppl = lambda s: math.exp(-sum(x["perplexity"] for x in s) / len(s))  # noqa: E731
     assert pair["perplexity"]["difference"] == pytest.approx(ppl(q) - ppl(ref), rel=1e-9)
     assert pair["perplexity"]["low"] <= pair["perplexity"]["difference"] <= pair["perplexity"]["high"]
+    lines = local_tasks.local_task_files()["quamba_lastword"].read_text().splitlines()
+    assert doc["examples"]["quamba_lastword"] == {str(k): json.loads(lines[k])["text"] for k in range(3)}
+    assert all("text" not in s for s in ref + q)  # each example's text once, under "examples"
     assert "quamba_lastword (3 examples" in out and "| 2-1 " in out and "(reference)" in out
 
 
