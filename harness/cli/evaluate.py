@@ -60,7 +60,9 @@ def _eval(argv: list[str] | None, prog: str | None, progress) -> int:
         print("error: eval needs lm-evaluation-harness: pip install 'quamba-harness[eval]' (lm_eval==0.4.13)",
               file=sys.stderr)
         return 2
+    from ..lmeval.results import eval_path
     from ..lmeval.run import EvalConfig, EvalInputError, run_eval
+    from ..runtime.guard import Interrupted
     from ..runner.calibration import CalibrationSettings, default_cache_dir
     from ..runner.pipeline import InputError
 
@@ -74,11 +76,19 @@ def _eval(argv: list[str] | None, prog: str | None, progress) -> int:
                      max_length=args.max_length, bootstrap_iters=args.bootstrap_iters, workers=args.workers,
                      argv=list(sys.argv))
     progress.phase = "evaluating"
+    out = eval_path(cfg.output)
+    before = out.stat().st_mtime_ns if out.exists() else None
     try:
         doc = run_eval(cfg, emit=print, progress=progress.silenced(args.quiet))
     except (EvalInputError, *InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # the file is rewritten whole after every unit: it holds what finished
+        now = out.stat().st_mtime_ns if out.exists() else None
+        kept = "nothing was written" if now is None else f"{out} is unchanged" if now == before else \
+            f"{out} holds every mode and task that finished (status ok; a mode cut short: running or pending)"
+        print(f"interrupted by {e.name} while evaluating: {kept}", file=sys.stderr)
+        return e.exit_code
     failed = [m for m, e in doc["modes"].items() if e.get("status") != "ok"]
     if failed:
         print(f"failed modes: {', '.join(failed)}", file=sys.stderr)

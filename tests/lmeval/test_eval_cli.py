@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import math
 from pathlib import Path
 
@@ -103,3 +107,23 @@ def test_workers_give_the_serial_runs_results(tmp_path):
     assert sorted(line for line in lines if line.endswith(": done")) == ["mode 2-1: done", "mode fp32: done"]
     on_disk = json.loads((tmp_path / "fanned_eval.json").read_text())
     assert list(on_disk["modes"]) == ["fp32", "2-1"] and list(on_disk["modes"]["2-1"]["tasks"]) == cfg["tasks"]
+
+
+def test_ctrl_c_exits_130_and_names_what_the_file_keeps(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "eval", "--modes", "fp32", "2-1", "--tasks",
+                             "quamba_lastword", "--limit", "2", "--output", tmp_path / "sig", *FAST],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        for line in proc.stdout:
+            if line.strip() == "mode fp32: done":
+                proc.send_signal(signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert f"interrupted by SIGINT while evaluating: {tmp_path / 'sig_eval.json'} holds every mode" in err
+    assert "Traceback" not in err
+    modes = json.loads((tmp_path / "sig_eval.json").read_text())["modes"]
+    assert modes["fp32"]["status"] == "ok" and modes["2-1"]["status"] in ("pending", "running")
