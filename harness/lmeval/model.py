@@ -80,8 +80,8 @@ class QuambaHarnessLM(TemplateLM):
                              "checkpoint with mamba_model_path=DIR)")
         self.session = session or session_for(session_key(pretrained, mamba_model_path, tokenizer, calib=calib,
                                                           plugin=plugin, modes_file=modes_file))
-        dev = str(device or "cpu")
-        self.model = self.session.emulated(str(mode), "cuda" if dev.startswith("cuda") else "cpu")
+        dev = "cuda" if str(device or "cpu").startswith("cuda") and torch.cuda.is_available() else "cpu"
+        self.model = self.session.emulated(str(mode), dev)  # lm-eval's default cuda, without one: the CPU
         self.mode = self.model.recipe.name
         self.tokenizer_obj = self.session.tokenizer
         bs = str(batch_size or 1)

@@ -127,3 +127,13 @@ def test_ctrl_c_exits_130_and_names_what_the_file_keeps(tmp_path):
     assert "Traceback" not in err
     modes = json.loads((tmp_path / "sig_eval.json").read_text())["modes"]
     assert modes["fp32"]["status"] == "ok" and modes["2-1"]["status"] in ("pending", "running")
+
+
+def test_lm_evals_own_command_line_runs_quamba_harness_on_the_local_tasks(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "harness.lmeval", "run", "--model", "quamba-harness", "--model_args",
+                        f"pretrained={ROOT / 'models' / 'mamba-tiny'}", "mode=fp32", "no_cache=True", "--tasks",
+                        "quamba_lastword", "--limit", "1", "--device", "cpu"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "|quamba_lastword|" in r.stdout and "perplexity" in r.stdout
