@@ -2,11 +2,13 @@
 
 lastword.jsonl: {"text": passage}, LAMBADA's layout (lm-eval's lambada_openai reads the same field: the context is
 every space-separated word but the last, the target the last word): passages of consecutive lines of the held-out
-plays (past their title and list of persons), whitespace collapsed to single spaces, at least MIN_CHARS characters, cut so that they end on an alphabetic
-word of at least three letters, not all capitals (a speaker's name), its trailing punctuation dropped, that appears
-earlier in the passage (LAMBADA's criterion: the word is predictable from its context).
-rolling.jsonl: {"page": document}, wikitext_document_level's field: the held-out plays (past their front matter) cut at blank lines into
-documents of at least DOC_CHARS characters (the rolling perplexity task scores every token of each).
+plays (past their title and list of persons), whitespace collapsed to single spaces, at least MIN_CHARS
+characters, cut so that they end on an alphabetic word of at least three letters, not all capitals (a speaker's
+name), its trailing punctuation dropped, that appears earlier in the passage (LAMBADA's criterion: the word is
+predictable from its context).
+rolling.jsonl: {"page": document}, wikitext_document_level's field: the held-out plays (past their front matter)
+cut at blank lines into documents of at least DOC_CHARS characters (the rolling perplexity task scores every token
+of each).
 
 Deterministic; run from the repository root: python data/lmeval/make_tasks.py
 """

@@ -13,7 +13,8 @@ from pathlib import Path
 from ..report.eval import task_tables
 from .paired import AGGREGATIONS, flipped, paired_difference
 
-__all__ = ["unit_result", "example_text", "aggregation_of", "pair_modes", "task_tables", "eval_path"]  # task_tables: report.eval
+# task_tables: report.eval's, the eval run's tables
+__all__ = ["unit_result", "example_text", "aggregation_of", "pair_modes", "task_tables", "eval_path"]
 
 
 def eval_path(name: str | Path) -> Path:

@@ -135,7 +135,12 @@ def run_eval(cfg: EvalConfig, emit: Callable[[str], None] = print, progress=None
         tm = task_manager(cfg.tasks, cfg.include_path, Path(local))
         session = EvalSession(cfg.session_key(), progress=progress, emit=emit)
         recipes = _recipes(cfg, session, emit)
-        session.prepare(list(recipes.values()))  # one calibration per key, before any unit (workers read the cache)
+        if session.models.needs_calibration(list(recipes.values())):
+            session.calibration_windows()  # a calibration text too short or unreadable: an input error, exit 2
+        try:  # one calibration per key, before any unit (the workers read the cache)
+            session.prepare(list(recipes.values()))
+        except Exception as e:  # as capture: the modes that need it fail (each says why), the float modes run
+            emit(f"calibration failed: {type(e).__name__}: {e}")
         doc = {**_header(cfg, session), "modes": {n: {"status": "pending", "recipe": r.knobs(), "tasks": {},
                                                         "seconds": {}} for n, r in recipes.items()}, "paired": {},
                "examples": {}}

@@ -115,7 +115,8 @@ class EvalSession:
                            f"Quamba checkpoint: pass mamba_model_path=DIR (the float model it was made from)")
         return recipe
 
-    def _calib_windows(self) -> torch.Tensor:
+    def calibration_windows(self) -> torch.Tensor:
+        """The calibration text's windows (read once; a DataError names a text too short or unreadable)."""
         if self._windows is None:
             s = self.key.calib
             text = calibration_windows(self.tokenizer, self.key.calib_file, s.num_samples, s.seqlen, s.seed)
@@ -135,13 +136,13 @@ class EvalSession:
                 continue
             if self._prefix is None:
                 self._prefix = self.models.primary.prefix_hashes(self.depth)
-            self.calibs[k] = family.calibrate(k, self.models.bank, self._calib_windows(), self.key.calib, self.depth,
-                                              self._prefix, self.key.cache_dir, progress=self.progress)
+            self.calibs[k] = family.calibrate(k, self.models.bank, self.calibration_windows(), self.key.calib,
+                                              self.depth, self._prefix, self.key.cache_dir, progress=self.progress)
             info = self.calibs[k].info
             self.emit(f"calibration (prep={k}): {info.get('source', 'done')} ({self.key.calib.num_samples} samples "
                       f"x {self.key.calib.seqlen} tokens, {info.get('seconds', '?')} s)")
         if self.models.needs_calibration(recipes):
-            windows = self._calib_windows()
+            windows = self.calibration_windows()
             for family in dict.fromkeys(recipe_for(r) for r in recipes):
                 family.after_calibration(self.calibs, recipes, self.models.bank, windows, self.key.calib,
                                          self.key.cache_dir, self.progress)

@@ -137,3 +137,10 @@ def test_lm_evals_own_command_line_runs_quamba_harness_on_the_local_tasks(tmp_pa
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "|quamba_lastword|" in r.stdout and "perplexity" in r.stdout
+
+
+def test_a_calibration_text_too_short_is_exit_2_before_any_unit(tmp_path, capsys):
+    rc = run_cli(eval_main, ["--modes", "fp32", "2-1", "--tasks", "quamba_lastword", "--output", tmp_path / "x",
+                             "--calib_data_num", "100000", "--calib_seqlen", "512"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--calib_data_num 100000 is too many" in err and not (tmp_path / "x_eval.json").exists()
