@@ -39,6 +39,9 @@ def build_eval_parser(prog: str | None = None) -> argparse.ArgumentParser:
     opt(p, "max_length", type=positive_int, default=2048, help="the model's context for lm-eval (default: 2048)")
     opt(p, "bootstrap_iters", type=positive_int, default=1000, help="paired bootstrap resamples (default: 1000)")
     opt(p, "workers", type=positive_int, default=1, help="local processes running the units (default: 1)")
+    opt(p, "ray", default=None, metavar="ADDRESS",
+        help="run the units as tasks of the Ray cluster at ADDRESS (host:port, auto, or local: one started for "
+             "this run; the cluster extra)")
     g = p.add_argument_group("calibration (as for capture; the calibration cache is shared)")
     add_calibration_options(g)
     opt(p, "quiet", action="store_true", help="print only errors and the tables")
@@ -74,6 +77,7 @@ def _eval(argv: list[str] | None, prog: str | None, progress) -> int:
                      calib_file=args.calib_file, cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
                      plugins=args.plugin, modes_file=args.modes_file, batch_size=args.batch_size,
                      max_length=args.max_length, bootstrap_iters=args.bootstrap_iters, workers=args.workers,
+                     ray=args.ray,
                      argv=list(sys.argv))
     progress.phase = "evaluating"
     out = eval_path(cfg.output)

@@ -20,7 +20,8 @@ from ..store.format import write_json
 from .model import QuambaHarnessLM
 from .results import eval_path, pair_modes, task_tables
 from .session import EvalSession
-from .units import EvalConfig, EvalInputError, evaluate_unit, quiet_lm_eval, run_parallel, task_manager
+from .units import (EvalConfig, EvalInputError, check_ray, evaluate_unit, quiet_lm_eval, run_parallel, run_ray,
+                    task_manager)
 
 __all__ = ["EvalConfig", "EvalInputError", "run_eval", "SCHEMA"]
 
@@ -131,6 +132,8 @@ def run_eval(cfg: EvalConfig, emit: Callable[[str], None] = print, progress=None
     out = eval_path(cfg.output)
     if not out.parent.is_dir():
         raise EvalInputError(f"--output {cfg.output}: directory {out.parent} does not exist")
+    if cfg.ray:
+        check_ray(cfg.ray)
     with tempfile.TemporaryDirectory(prefix="quamba-lmeval-tasks-") as local:
         tm = task_manager(cfg.tasks, cfg.include_path, Path(local))
         session = EvalSession(cfg.session_key(), progress=progress, emit=emit)
@@ -146,7 +149,9 @@ def run_eval(cfg: EvalConfig, emit: Callable[[str], None] = print, progress=None
                "examples": {}}
         units = [(mode, task) for mode in recipes for task in cfg.tasks]
         collect = _Collect(cfg, doc, units, out, emit)
-        if cfg.workers > 1:
+        if cfg.ray:
+            run_ray(cfg, units, collect.done)
+        elif cfg.workers > 1:
             if cfg.cache_dir is None and session.calibs:
                 emit("note: --no_cache with --workers: every worker calibrates again")
             run_parallel(cfg, units, collect.done)

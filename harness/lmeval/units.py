@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import socket
 import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -25,7 +26,9 @@ from .session import EvalSession, SessionKey
 from .tasks import LOCAL_TASKS, TaskError, write_local_tasks
 
 __all__ = ["EvalConfig", "EvalInputError", "task_manager", "evaluate_unit", "quiet_lm_eval", "run_unit",
-           "run_parallel"]
+           "run_parallel", "check_ray", "run_ray", "RAY_EXTRA"]
+
+RAY_EXTRA = "pip install -e '.[cluster]' (ray==2.60.0)"
 
 
 class EvalInputError(ValueError):
@@ -54,6 +57,7 @@ class EvalConfig:
     stderr_iters: int = 1000
     device: str = "cpu"
     workers: int = 1
+    ray: str | None = None          # a Ray cluster's address, "auto", or "local" (a cluster started for this run)
     argv: list[str] = field(default_factory=list)
 
     def session_key(self) -> SessionKey:
@@ -145,3 +149,50 @@ def run_parallel(cfg: EvalConfig, units: list[tuple[str, str]],
                 proc.terminate()
         raise
     pool.shutdown(wait=True)
+
+
+def check_ray(address: str) -> None:
+    """Before any work: Ray is installed, and a host:port (ray://host:port too) answers a TCP connection (Ray itself
+    waits minutes on a dead address); an EvalInputError naming the extra or the address otherwise."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise EvalInputError(f"--ray needs Ray, an optional extra that is not installed: {RAY_EXTRA}") from None
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=5.0).close()
+    except OSError as e:
+        raise EvalInputError(f"--ray {address}: cannot reach the Ray cluster there ({e.strerror or e}); start one "
+                             f"(ray start --head), give the address its head printed (host:6379), auto, or local") \
+            from None
+
+
+def run_ray(cfg: EvalConfig, units: list[tuple[str, str]],
+            on_result: Callable[[tuple[str, str], tuple[dict, float] | None, BaseException | None], None]) -> None:
+    """Every unit a Ray task (one CPU each) on the cluster at cfg.ray; each node must hold the same harness and read
+    the model, the data and the calibration cache at the same paths (as capture's --ray, docs/scale-out.md)."""
+    import ray
+
+    ray.init(address=None if cfg.ray == "local" else cfg.ray, log_to_driver=False, logging_level="ERROR",
+             ignore_reinit_error=True)
+    remote = ray.remote(run_unit).options(num_cpus=1, max_retries=0)
+    refs = {remote.remote(cfg, mode, task): (mode, task) for mode, task in units}
+    try:
+        while refs:
+            (ref,), _ = ray.wait(list(refs), num_returns=1)
+            unit = refs.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:  # the unit's own exception: its mode fails
+                on_result(unit, None, e.as_instanceof_cause())
+                continue
+            except ray.exceptions.RayError as e:  # a worker or node lost
+                on_result(unit, None, e)
+                continue
+            on_result(unit, result, None)
+    finally:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        ray.shutdown()
