@@ -27,11 +27,12 @@ test: $(STAMP) $(EXTRAS_STAMP) chromium
 	$(PY) -m pytest -q
 
 # The optional extras the tests exercise: [cluster] (ray: tests/runner/test_ray.py starts a local cluster),
-# [formats] (torchao: the MX/NVFP4 reference) and [quamba2] (scikit-learn: Quamba2's grouping). Installed
+# [formats] (torchao: the MX/NVFP4 reference), [quamba2] (scikit-learn: Quamba2's grouping) and [eval]
+# (lm-eval and accelerate: tests/lmeval/ compare quamba-harness with lm-eval's hf model). Installed
 # on first use (a no-op afterwards); where they cannot be installed (offline) those tests skip and say why.
 $(EXTRAS_STAMP): pyproject.toml $(STAMP)
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,cluster,formats,quamba2]' && touch $(EXTRAS_STAMP) || \
-		echo "note: the extras (ray, torchao, scikit-learn) could not be installed; their tests will be skipped"
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,cluster,formats,quamba2,eval]' && touch $(EXTRAS_STAMP) || \
+		echo "note: the extras (ray, torchao, scikit-learn, lm-eval) could not be installed; their tests will be skipped"
 
 # The HTML report's browser test needs Debian's chromium; install it when missing (root + apt-get),
 # otherwise say why the test will be skipped.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .capture import capture_main
 from .compare import compare_main
+from .evaluate import eval_main
 from .export import export_main
 from .formats import formats_main
 from .guard import guarded
@@ -33,6 +34,7 @@ commands:
   compare   compare every mode of a capture against the reference (compare_with_fp.py)
   report    write the HTML report of a capture
   export    calibrate and write a Quamba W8A8 checkpoint
+  eval      every mode on lm-evaluation-harness tasks, paired with the reference (NAME_eval.json)
   modes     list the built-in modes with their knobs, and the presets
   points    list the capture points (taps) and what each one holds
   formats   list the number formats; with FILE.npz, the error of every captured tensor in each format;
@@ -43,7 +45,7 @@ commands:
 # start-up handler still leaves quietly (harness.runtime.startup), never under the run's own handlers,
 # where a signal raised inside torch's import could abort the process
 _HEAVY = {"capture": "harness.runner.pipeline", "export": "harness.runner.export", "report": "harness.report.build",
-          "formats": "harness.report.formats"}  # (formats --suggest imports the runner when it starts)
+          "formats": "harness.report.formats", "eval": "harness.runner.pipeline"}  # (formats --suggest imports the runner when it starts)
 
 
 def preload(command: str | None) -> None:
@@ -55,7 +57,7 @@ def preload(command: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"capture": capture_main, "compare": compare_main, "export": export_main, "report": report_main,
-                "modes": modes_main, "points": points_main, "formats": formats_main}
+                "modes": modes_main, "points": points_main, "formats": formats_main, "eval": eval_main}
     if argv[:1] in (["-h"], ["--help"]):
         print(_USAGE)
         return 0
@@ -65,6 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE, file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
-    if name in ("capture", "compare", "export", "report"):
+    if name in ("capture", "compare", "export", "report", "eval"):
         return commands[name](rest, prog=f"python -m harness {name}")
     return commands[name](rest)

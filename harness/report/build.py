@@ -25,6 +25,7 @@ from .target import check_target, report_path
 from .data import load_report_data
 from .crossrun import crossrun_section
 from .decoding import decode_section, generate_section
+from .eval import eval_report, is_eval_file
 from .html import esc, page
 from .samples import samples_section
 from .q2_section import q2_section
@@ -129,7 +130,8 @@ def write_report(npz_path: Path, out: Path | None = None, reference: str | None 
 def build_report_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Write one self-contained HTML report (tables and figures) "
                                 "of a capture file: ours (any schema, --stats-only too) or the research tool's.")
-    p.add_argument("file", type=Path, help="capture .npz")
+    p.add_argument("file", type=Path, help="capture .npz, or an eval file NAME_eval.json (python -m harness eval: "
+                   "its accuracy tables and paired differences, printed and written as NAME_eval.html)")
     p.add_argument("-o", "--output", type=Path, default=None, help="HTML file (default: FILE_report.html next to FILE)")
     p.add_argument("--figures", type=Path, default=None, metavar="DIR", help="also write every figure as PNG and SVG to DIR")
     p.add_argument("--reference", default=None, help="reference mode (default: the file's, else fp32)")
@@ -159,6 +161,11 @@ def report_main(argv: list[str] | None = None, prog: str | None = None, compare:
     try:
         load_all(args.plugin)
         formats = None if args.formats is None else (args.formats or list(DEFAULT_REPORT_FORMATS))
+        if is_eval_file(args.file):
+            text, out = eval_report(args.file, args.output)
+            print(text)
+            print(f"\nwrote report {out}")
+            return 0
         crossrun = None
         if args.against is not None:
             if compare is None:
