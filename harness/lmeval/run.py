@@ -16,12 +16,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
+from ..recipes.registry import recipe_for
 from ..store.format import write_json
 from .model import QuambaHarnessLM
 from .results import eval_path, pair_modes, task_tables
 from .session import EvalSession
-from .units import (EvalConfig, EvalInputError, check_ray, evaluate_unit, quiet_lm_eval, run_parallel, run_ray,
-                    task_manager)
+from .units import (EvalConfig, EvalInputError, check_ray, evaluate_unit, generation_tasks, quiet_lm_eval,
+                    run_parallel, run_ray, task_manager)
 
 __all__ = ["EvalConfig", "EvalInputError", "run_eval", "SCHEMA"]
 
@@ -63,6 +64,17 @@ def _recipes(cfg: EvalConfig, session: EvalSession, emit) -> dict:
         emit(f"note: the reference mode {cfg.reference} is not in --modes; it runs too (the paired differences "
              f"are against it)")
     return recipes
+
+
+def _refuse_generation(tm, tasks: list[str], recipes: dict) -> None:
+    """A generation task on a mode that cannot step token by token (recipe.decode_problem: an eval-only mode such as
+    Quamba-SE's, whose forward ignores the inference cache) is an input error, before any work."""
+    generating = generation_tasks(tm, tasks)
+    for name, recipe in recipes.items():
+        problem = recipe_for(recipe).decode_problem(recipe) if generating else None
+        if problem is not None:
+            raise EvalInputError(f"task(s) {', '.join(generating)} generate text, which mode {name} cannot: {problem}; "
+                                 f"run it on loglikelihood tasks (e.g. quamba_lastword, quamba_rolling)")
 
 
 class _Collect:
@@ -138,6 +150,7 @@ def run_eval(cfg: EvalConfig, emit: Callable[[str], None] = print, progress=None
         tm = task_manager(cfg.tasks, cfg.include_path, Path(local))
         session = EvalSession(cfg.session_key(), progress=progress, emit=emit)
         recipes = _recipes(cfg, session, emit)
+        _refuse_generation(tm, cfg.tasks, recipes)
         if session.models.needs_calibration(list(recipes.values())):
             session.calibration_windows()  # a calibration text too short or unreadable: an input error, exit 2
         try:  # one calibration per key, before any unit (the workers read the cache)

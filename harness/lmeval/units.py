@@ -93,6 +93,23 @@ def task_manager(tasks: list[str], include_path: list[Path], local_dir: Path):
     return tm
 
 
+def generation_tasks(tm, tasks: list[str]) -> list[str]:
+    """The tasks of `tasks` whose requests are generate_until (lm-eval's default output_type), read from their YAML
+    (includes resolved, no !function run, no data read); a group or tag is looked into no further."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    out = []
+    for task in tasks:
+        entry = tm.task_index.get(task)
+        cfg = getattr(entry, "cfg", None)
+        if not isinstance(cfg, dict) or "output_type" not in cfg:
+            path = getattr(entry, "yaml_path", None)
+            cfg = load_yaml(path, resolve_func=False) if path is not None else None
+        if isinstance(cfg, dict) and "task" in cfg and cfg.get("output_type", "generate_until") == "generate_until":
+            out.append(task)
+    return out
+
+
 def evaluate_unit(lm: QuambaHarnessLM, task: str, tm, cfg: EvalConfig) -> dict:
     """One unit: lm-eval's simple_evaluate of one mode on one task (per-example values kept)."""
     from lm_eval import simple_evaluate

@@ -92,6 +92,23 @@ def test_an_unknown_task_is_exit_2_naming_it(tmp_path, capsys):
     assert rc == 2 and "no_such_task_xyz" in err and "quamba_lastword" in err and "Traceback" not in err
 
 
+def test_a_generation_task_on_an_eval_only_mode_is_exit_2(tmp_path, capsys):
+    """Quamba-SE's modes have no token-by-token step (recipe.decode_problem): a generate_until task is refused
+    before any work, naming the task and the mode; the loglikelihood tasks are not."""
+    task = tmp_path / "tasks"
+    task.mkdir()
+    (task / "gen_stand_in.yaml").write_text(
+        "task: gen_stand_in\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: "
+        f"{tmp_path / 'none.jsonl'}\ntest_split: test\noutput_type: generate_until\ndoc_to_text: '{{{{text}}}}'\n"
+        "doc_to_target: ''\ngeneration_kwargs:\n  until: ['.']\nmetric_list:\n  - metric: exact_match\n")
+    rc = run_cli(eval_main, ["--modes", "fp32", "5-1", "--tasks", "quamba_lastword", "gen_stand_in",
+                             "--include_path", task, "--output", tmp_path / "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "gen_stand_in" in err and "5-1" in err and "Traceback" not in err, err
+    assert "quamba_lastword" not in err.split("generate text")[0]
+    assert not list(tmp_path.glob("x*"))  # nothing written
+
+
 def _without_times(doc: dict) -> dict:
     return {m: {k: v for k, v in e.items() if k != "seconds"} for m, e in doc["modes"].items()}
 
