@@ -34,6 +34,7 @@ __all__ = [
     "FORMAT_NAMES",
     "OutSpec",
     "ModelDims",
+    "FalconMambaDims",
     "Mamba2Dims",
     "LayerScales",
     "SCALE_NAMES",
@@ -142,6 +143,16 @@ class ModelDims:
     n_layer: int
     vocab_size: int
     norm_eps: float
+
+
+@dataclass(frozen=True)
+class FalconMambaDims(ModelDims):
+    """Sizes of a Falcon-Mamba model: a Mamba-1 whose dt, B and C (x_proj's output parts) pass a weightless RMSNorm
+    of epsilon ``mixer_rms_eps`` before dt_proj and the scan (transformers 5.23
+    models/falcon_mamba/modeling_falcon_mamba.py:350-352, 466-469)."""
+
+    architecture: ClassVar[str] = "falcon_mamba"
+    mixer_rms_eps: float = 1e-6
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ __all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RE
            "parse_point", "point_sort_key", "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE",
            "resolve_layers", "hook_attr", "module_path", "RESEARCH_TENSORS", "tensor_name", "array_key",
            "parse_array_key", "STATE_POINTS", "DECODE_PREFIX", "decode_tensor", "decode_points", "decode_site",
-           "MAMBA2_POINTS", "points_of", "tap_points_of"]
+           "MAMBA2_POINTS", "MIXER_NORM_POINTS", "NORMED_MAMBA1_POINTS", "points_of",
+           "tap_points_of"]
 
 # point -> what it holds (docs/file-format.md "Capture points" lists the same words)
 POINTS: dict[str, str] = {
@@ -69,6 +70,16 @@ MAMBA2_POINTS: dict[str, str] = {
     "block.residual": POINTS["block.residual"],
 }
 
+# A Mamba-1 variant's weightless RMSNorms of x_proj's output parts (emulation.norms), after x_proj.out.
+MIXER_NORM_POINTS: dict[str, str] = {
+    "dt_norm.out": "weightless RMSNorm of dt_low = dt_proj input [batch, seqlen, dt_rank]",
+    "b_norm.out": "weightless RMSNorm of B = the scan's B [batch, seqlen, d_state]",
+    "c_norm.out": "weightless RMSNorm of C = the scan's C [batch, seqlen, d_state]",
+}
+_AFTER_XPROJ = list(POINTS).index("x_proj.out") + 1
+NORMED_MAMBA1_POINTS: dict[str, str] = dict(list(POINTS.items())[:_AFTER_XPROJ] + list(MIXER_NORM_POINTS.items())
+                                            + list(POINTS.items())[_AFTER_XPROJ:])
+
 
 def points_of(architecture: str) -> dict[str, str]:
     """The site table of a registered architecture (spec.ModelDims.architecture): its ``Architecture.points``."""
@@ -93,6 +104,7 @@ _NAME_RE = re.compile(r"^L(\d+)\.(.+)$")
 # sort order over every table: the Mamba-1 sites, then Mamba-2's own before had.out (each table in data-flow order)
 _ORDER = list(POINTS)
 _ORDER[_ORDER.index("had.out"):_ORDER.index("had.out")] = [p for p in MAMBA2_POINTS if p not in POINTS]
+_ORDER[_AFTER_XPROJ:_AFTER_XPROJ] = list(MIXER_NORM_POINTS)
 
 
 class TapError(ValueError):

@@ -21,4 +21,4 @@ def prepare_layer(raw, weights: str, rotate: bool, prep: str, fp16):
 
 MAMBA2 = register_architecture(Architecture(
     "mamba2", "Mamba-2 (SSD)", MAMBA2_POINTS, build_blocks, prepare_layer, presets=MAMBA2_PRESETS,
-    open_config=open_mamba2))
+    open_config=open_mamba2, model_types=("mamba2",), class_names=("Mamba2ForCausalLM", "Mamba2Model")))

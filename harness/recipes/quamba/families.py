@@ -22,6 +22,9 @@ from .w4.calibrate_mamba2 import calibrate_q2w4
 __all__ = ["Quamba1", "Quamba2", "Quamba2W4", "calibrate_key"]
 
 _MAMBA1, _MAMBA2 = "mamba1", "mamba2"
+# the architectures whose blocks are Mamba-1's (Falcon-Mamba adds weightless dt/B/C norms, which the block's knob
+# interpreter quantizes as x_proj's output: architectures.mamba1.build.mixer_norms): every Mamba-1 recipe runs there
+_MAMBA1_BLOCKS = (_MAMBA1, "falcon_mamba")
 
 
 def calibrate_key(bank, windows, settings, depth: int, prefix_hashes: list[str], cache_dir: Path | None,
@@ -32,7 +35,7 @@ def calibrate_key(bank, windows, settings, depth: int, prefix_hashes: list[str],
     if key == "quamba2":
         return calibrate_quamba2(*args, progress=progress)
     if key in ("quamba2-w4a8", "quamba2-w4a16"):
-        w4 = calibrate_mamba1_w4 if bank.dims.architecture == _MAMBA1 else calibrate_q2w4
+        w4 = calibrate_mamba1_w4 if bank.dims.architecture in _MAMBA1_BLOCKS else calibrate_q2w4
         return w4(*args, key, progress=progress)
     return calibrate(*args, key, progress=progress)
 
@@ -53,7 +56,7 @@ class Quamba1(_Quamba):
             (mode.needs_calibration or mode.prep == Prep.QUAMBA)
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return (_MAMBA1,)
+        return _MAMBA1_BLOCKS
 
     def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
         if architecture in self.architectures(mode):
@@ -105,11 +108,11 @@ class Quamba2W4(_Quamba):
         return mode.weights == Weights.INT4
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return (_MAMBA1, _MAMBA2)
+        return _MAMBA1_BLOCKS + (_MAMBA2,)
 
     def on_architecture(self, mode: ModeRecipe, architecture: str | None) -> ModeRecipe:
         """On Mamba-1, Quamba1's preparation (prep=quamba)."""
-        if architecture == _MAMBA1 and mode.prep == Prep.QUAMBA2:
+        if architecture in _MAMBA1_BLOCKS and mode.prep == Prep.QUAMBA2:
             return replace(mode, prep=Prep.QUAMBA)
         return mode
 
@@ -122,5 +125,5 @@ class Quamba2W4(_Quamba):
         return q2_grouping_problem(dims)
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
-        build = build_blocks_mamba1 if bank.dims.architecture == _MAMBA1 else build_blocks_mamba2
+        build = build_blocks_mamba1 if bank.dims.architecture in _MAMBA1_BLOCKS else build_blocks_mamba2
         return build(mode, bank, scales, depth, calibration)
