@@ -18,7 +18,7 @@ __all__ = ["Architecture", "ArchitectureError", "register_architecture", "get_ar
 
 # the built-in folders, imported by name so that this module stays below them
 BUILTIN_ARCHITECTURES = ("harness.architectures.mamba1", "harness.architectures.mamba2",
-                         "harness.architectures.falcon_mamba")
+                         "harness.architectures.falcon_mamba", "harness.architectures.bamba")
 
 
 class ArchitectureError(ValueError):

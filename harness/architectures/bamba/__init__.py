@@ -1,0 +1,30 @@
+"""Hybrid SSM-attention models of the Bamba layout (transformers' BambaForCausalLM: IBM Bamba, Granite 4.0-H):
+Mamba-2 blocks (Mamba-2's own, asked through the registry), attention and MLP blocks (block), the checkpoint
+reader (config), the weight preparation (weights) and the float knob interpreter (build). Importing the package
+registers it (harness.architectures.registry)."""
+from __future__ import annotations
+
+from ...emulation.capture import HYBRID_POINTS
+from ...spec import FLOAT_DTYPES
+from ..registry import Architecture, get_architecture, register_architecture
+from .build import SSM_BLOCKS, build_blocks
+from .config import BAMBA_CLASSES, BAMBA_MODEL_TYPES, open_bamba
+from .weights import attention_layer, mlp_layer
+
+__all__ = ["BAMBA"]
+
+
+def prepare_layer(raw, weights: str, rotate: bool, prep: str, fp16):
+    """A float recipe's weights of one block, by the block's kind (the tensors its raw table holds)."""
+    tensors = raw()
+    if "in_proj" in tensors:
+        return get_architecture(SSM_BLOCKS).prepare_layer(lambda: tensors, weights, rotate, prep, fp16)
+    if weights not in FLOAT_DTYPES:
+        raise ValueError(f"weights={weights}: the attention and MLP blocks of a hybrid take fp32 or fp16 weights")
+    layer = attention_layer if "q_proj" in tensors else mlp_layer
+    return layer(tensors, rotate, FLOAT_DTYPES[weights])
+
+
+BAMBA = register_architecture(Architecture(
+    "bamba", "Bamba / Granite 4.0-H (Mamba-2, attention and MLP blocks)", HYBRID_POINTS, build_blocks, prepare_layer,
+    presets={"all": ("fp32", "1"), "essential": ("fp32", "1"), "quant_only": ()}, open_config=open_bamba, model_types=BAMBA_MODEL_TYPES, class_names=BAMBA_CLASSES))

@@ -1,0 +1,56 @@
+"""A hybrid block's weights as a float recipe needs them: the Mamba-2 blocks' are Mamba-2's own preparation
+(asked through the registry); the attention and MLP blocks' are rounded to the weight dtype, and with rotate=yes
+the residual stream is rotated with Had_D as for the Mamba blocks (architectures.transforms): the block's RMSNorm
+weight folds into the columns of the linears that read the normed stream (q, k, v; gate, up), which then take
+Had_D^T, and the linears that write the stream (o_proj, down_proj) become Had_D W. Attention and the MLP see the
+same values as unrotated (Had_D is orthogonal and RMSNorm only needs the norm of the stream)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...kernels.hadamard import hadamard_transform
+from ...kernels.quant import round_to_dtype
+
+__all__ = ["AttentionParams", "MLPParams", "attention_layer", "mlp_layer"]
+
+
+@dataclass
+class AttentionParams:
+    """q_proj (n_heads*head_dim, d_model), k_proj and v_proj (n_kv_heads*head_dim, d_model), o_proj (d_model,
+    n_heads*head_dim); norm_weight (d_model,) or None (folded); fp32 tensors holding values of their dtype."""
+
+    norm_weight: torch.Tensor | None
+    q_proj: torch.Tensor
+    k_proj: torch.Tensor
+    v_proj: torch.Tensor
+    o_proj: torch.Tensor
+
+
+@dataclass
+class MLPParams:
+    """gate_proj and up_proj (d_ff, d_model), down_proj (d_model, d_ff); norm_weight (d_model,) or None (folded)."""
+
+    norm_weight: torch.Tensor | None
+    gate_proj: torch.Tensor
+    up_proj: torch.Tensor
+    down_proj: torch.Tensor
+
+
+def _prepare(raw: dict[str, torch.Tensor | None], reads: tuple[str, ...], writes: str, rotate: bool,
+             dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
+    rnd = lambda t: round_to_dtype(t, dtype)  # noqa: E731
+    if not rotate:
+        return {"norm_weight": rnd(raw["norm_weight"]), writes: rnd(raw[writes]), **{n: rnd(raw[n]) for n in reads}}
+    norm = raw["norm_weight"].to(torch.float64)
+    out = {n: rnd(hadamard_transform(rnd(raw[n].to(torch.float64) * norm))) for n in reads}  # (W diag(w)) Had_D^T
+    return {"norm_weight": None, writes: rnd(hadamard_transform(rnd(raw[writes]).t()).t()), **out}  # Had_D W
+
+
+def attention_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: torch.dtype) -> AttentionParams:
+    return AttentionParams(**_prepare(raw, ("q_proj", "k_proj", "v_proj"), "o_proj", rotate, dtype))
+
+
+def mlp_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: torch.dtype) -> MLPParams:
+    return MLPParams(**_prepare(raw, ("gate_proj", "up_proj"), "down_proj", rotate, dtype))
