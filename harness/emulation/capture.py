@@ -85,11 +85,11 @@ NORMED_MAMBA1_POINTS: dict[str, str] = dict(list(POINTS.items())[:_AFTER_XPROJ] 
 # attention's input_layernorm, the MLP's pre_ff_layernorm), the residual-stream sites mean what they mean above.
 ATTENTION_POINTS: dict[str, str] = {
     "block.in": POINTS["block.in"], "norm.out": POINTS["norm.out"],
-    "attn.q": "queries after RoPE [batch, n_heads, seqlen, head_dim]",
-    "attn.k": "keys after RoPE, as the KV cache holds them [batch, n_kv_heads, seqlen, head_dim]",
-    "attn.v": "values, as the KV cache holds them [batch, n_kv_heads, seqlen, head_dim]",
+    "attn.q": "queries after RoPE [batch, seqlen, n_heads, head_dim]",
+    "attn.k": "keys after RoPE, as the KV cache holds them [batch, seqlen, n_kv_heads, head_dim]",
+    "attn.v": "values, as the KV cache holds them [batch, seqlen, n_kv_heads, head_dim]",
     "attn.scores": "attention probabilities, softmax(q k^T / sqrt(head_dim) + causal mask) [batch, n_heads, seqlen, "
-                   "seqlen]",
+                   "seqlen] (the prefill only: a decode step's width grows with the cache)",
     "attn.out": "attention output = o_proj input [batch, seqlen, n_heads*head_dim]",
     "o_proj.out": "o_proj output = mixer output [batch, seqlen, d_model]",
     "block.out": POINTS["block.out"], "block.residual": POINTS["block.residual"],

@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 from ...emulation.capture import ATTENTION_POINTS, MLP_POINTS, hook_attr
 from ...emulation.modules import EmuLinear, EmuRMSNorm, OpCache
+from ...emulation.state import KVState
 from ...kernels.quant import dequantize, to_output
 from ...spec import HookPoint, HybridDims, OutSpec
 
@@ -72,33 +73,55 @@ class EmuAttentionBlock(_Sites):
         self.dims, self.norm, self.out = dims, norm, out
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
 
+    def _seq_site(self, point: str, x: torch.Tensor) -> torch.Tensor:
+        """A (batch, heads, seqlen, head_dim) value through its site as (batch, seqlen, heads, head_dim): the
+        sequence axis second, as every site has it (the decode run stacks steps along it)."""
+        return self._at(point, x.transpose(1, 2)).transpose(1, 2)
+
     def _heads(self, x, n: int) -> torch.Tensor:
         b, L, _ = x.shape
         return dequantize(x).reshape(b, L, n, self.dims.head_dim).transpose(1, 2)
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """residual: (batch, seqlen, d_model) fp32 -> (mixer output, residual after the block), both fp32."""
+        out, residual, _ = self._attend(residual, None)
+        return out, residual
+
+    def prefill(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, KVState]:
+        """``forward``, plus the KV cache it hands to the first decode step."""
+        return self._attend(residual, None)
+
+    def step(self, residual: torch.Tensor, state: KVState) -> tuple[torch.Tensor, torch.Tensor, KVState]:
+        """One token (or a few) after the cached ones: the new keys and values join the cache (transformers'
+        DynamicCache.update, :222-223), the queries attend to every cached position; attn.scores is not a step site
+        (its width grows with the cache)."""
+        return self._attend(residual, state)
+
+    def _attend(self, residual: torch.Tensor, cache: KVState | None) -> tuple[torch.Tensor, torch.Tensor, KVState]:
         d = self.dims
         residual = self._at("block.in", residual)
         normed = self._at("norm.out", self._op("norm", self.norm, residual))
-        L = residual.shape[1]
-        cos, sin = rope_cos_sin(d, torch.arange(L))
+        L, start = residual.shape[1], 0 if cache is None else cache.k.shape[2]
+        cos, sin = rope_cos_sin(d, torch.arange(start, start + L))
         q = self._heads(self._op("q_proj", self.q_proj, normed), d.n_heads)
         k = self._heads(self._op("k_proj", self.k_proj, normed), d.n_kv_heads)
-        q = self._at("attn.q", to_output(apply_rope(q, cos, sin), self.out))
-        k = self._at("attn.k", to_output(apply_rope(k, cos, sin), self.out))
-        v = self._at("attn.v", self._heads(self._op("v_proj", self.v_proj, normed), d.n_kv_heads))
+        q = self._seq_site("attn.q", to_output(apply_rope(q, cos, sin), self.out))
+        k = self._seq_site("attn.k", to_output(apply_rope(k, cos, sin), self.out))
+        v = self._seq_site("attn.v", self._heads(self._op("v_proj", self.v_proj, normed), d.n_kv_heads))
+        if cache is not None:
+            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
         rep = d.n_heads // d.n_kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        logits = torch.matmul(q, k.transpose(2, 3)) * d.head_dim ** -0.5
-        causal = torch.ones(L, L, dtype=torch.bool).triu(1)
-        p = self._at("attn.scores", to_output(torch.softmax(logits.masked_fill(causal, float("-inf")), dim=-1),
-                                              self.out))
-        o = torch.matmul(p, v).transpose(1, 2).reshape(residual.shape[0], L, d.n_heads * d.head_dim)
+        keys, values = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        logits = torch.matmul(q, keys.transpose(2, 3)) * d.head_dim ** -0.5
+        future = torch.arange(start + L)[None, :] > torch.arange(start, start + L)[:, None]  # causal mask
+        p = to_output(torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1), self.out)
+        if cache is None:
+            p = self._at("attn.scores", p)
+        o = torch.matmul(p, values).transpose(1, 2).reshape(residual.shape[0], L, d.n_heads * d.head_dim)
         o = self._at("attn.out", to_output(o, self.out))
         out = self._at("o_proj.out", dequantize(self._op("o_proj", self.o_proj, o)))
         out = self._at("block.out", out)
-        return out, self._at("block.residual", residual + out)
+        return out, self._at("block.residual", residual + out), KVState(k, v)
 
 
 class EmuMLPBlock(_Sites):
@@ -120,3 +143,10 @@ class EmuMLPBlock(_Sites):
         out = self._at("mlp.down", dequantize(self._op("down_proj", self.down_proj, hidden)))
         out = self._at("block.out", out)
         return out, self._at("block.residual", residual + out)
+
+    def prefill(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """``forward``; an MLP carries no state between tokens."""
+        return (*self(residual), None)
+
+    def step(self, residual: torch.Tensor, state: None) -> tuple[torch.Tensor, torch.Tensor, None]:
+        return (*self(residual), None)

@@ -106,7 +106,7 @@ def test_attention_and_mlp_points(model):
     p = got["attn.scores"][b].double()
     assert p.shape == (1, 4, SEQ, SEQ) and torch.allclose(p.sum(-1), torch.ones(1, 4, SEQ, dtype=torch.float64), atol=1e-2)
     assert float(p.triu(1).abs().max()) == 0.0  # causal
-    assert got["attn.k"][b].shape == got["attn.v"][b].shape == (1, 2, SEQ, 8)
+    assert got["attn.k"][b].shape == got["attn.v"][b].shape == (1, SEQ, 2, 8)  # the sequence axis second
 
 
 def test_unknown_and_unsupported_hybrids_are_refused(model, tmp_path):
@@ -122,3 +122,27 @@ def test_unknown_and_unsupported_hybrids_are_refused(model, tmp_path):
         (d / "config.json").write_text(json.dumps(cfg))
         with pytest.raises(ModelDirError, match=message):
             open_checkpoint(d)
+
+
+def test_fp32_step_is_transformers_cached_decoding(model):
+    """The prefill over a prompt longer than a chunk, then one token a step: the Mamba-2 states and the attention's
+    KV cache stepped together, the logits within 1e-5 of transformers' cached decoding (HybridMambaAttention cache)."""
+    hf, path = model
+    prompt, steps = 11, 5
+    ids = _ids(9, prompt + steps)
+    bank = WeightBank(open_checkpoint(path))
+    ours, head = build_backbone(get_mode("fp32"), bank, None, bank.dims.n_layer - 1), build_head(get_mode("fp32"), bank)
+    with torch.no_grad():
+        out = hf(input_ids=ids[:, :prompt], use_cache=True)
+        cache = out.past_key_values
+        _, states = ours.prefill(ids[:, :prompt])
+        b = bank.dims.kinds.index("attention")
+        assert states[b].k.shape == (1, 2, prompt, 8) and states[b + 1] is None
+        for k in range(prompt, prompt + steps):
+            # BambaModel.forward takes position_ids = arange(seq_len) when none are given, whatever the cache holds
+            # (transformers 5.23 modeling_bamba.py:970-971); generate() passes them, and so does this test
+            out = hf(input_ids=ids[:, k:k + 1], past_key_values=cache, use_cache=True, position_ids=torch.tensor([[k]]))
+            cache = out.past_key_values
+            residual, states = ours.step(ids[:, k:k + 1], states)
+            assert rel(head(residual)[:, 0], out.logits[:, -1]) <= 1e-5, k
+        assert states[b].k.shape == (1, 2, prompt + steps, 8)

@@ -1,0 +1,101 @@
+"""A Bamba hybrid through the whole run (fp32 and mode 1: every layer and tap, isolated, end to end, two samples,
+sensitivity, the HTML report with the per-layer error grouped by layer kind), and the recipes it does not take yet
+refused with exit 2."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+from harness.cli import capture_main, main
+from harness.emulation.capture import ATTENTION_POINTS, MAMBA2_POINTS, MLP_POINTS
+from harness.report.data import load_report_data
+from helpers import FAST_CLI, run_cli, run_modes
+
+from bamba_fixtures import make_bamba
+
+SEQ = 24  # mamba_chunk_size 8: three chunks per sample
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bambarun") / "model"
+    hf = make_bamba(d, layers=3, attn=(1,), vocab=4096, seed=3)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(ROOT / "models" / "mamba-tiny" / name, d / name)
+    return hf, d
+
+
+@pytest.fixture(scope="module")
+def run(hybrid, tmp_path_factory):
+    _, d = hybrid
+    out = tmp_path_factory.mktemp("bambaout")
+    result = run_modes(d, out, ["all"], layers=["all"], taps=["all"], seq_len=SEQ, samples=2, isolated=True,
+                       end_to_end=True, sensitivity=True)
+    result.path = out / "capture.npz"
+    return result
+
+
+def test_every_block_captures_its_kind_s_points(run):
+    assert list(run.by_mode) == ["fp32", "1"] and not run.failed  # `all` on a hybrid: the float modes so far
+    fp = run.by_mode["fp32"]
+    kinds = ("ssm", "mlp", "attention", "mlp", "ssm", "mlp")
+    tables = {"ssm": MAMBA2_POINTS, "attention": ATTENTION_POINTS, "mlp": MLP_POINTS}
+    for layer, kind in enumerate(kinds):
+        have = {k.split(".", 1)[1] for k in fp if k.startswith(f"L{layer}.")}
+        want = (set(tables[kind]) | {"block.isolated"}) - ({"block.in", "block.out", "block.residual"} if layer == 0
+                                                            else set())  # layer 0's I/O keep the research names
+        assert have == want, (layer, kind, have ^ want)  # fp32 rotates: the Mamba-2 blocks have had.out
+    assert fp["L2.attn.scores"].shape == (2, 1, 4, SEQ, SEQ)
+    assert list(run.stats["provenance"]["model"]["dims"]["kinds"]) == list(kinds)
+
+
+def test_logits_equal_transformers_and_the_report_groups_by_kind(run, hybrid, tmp_path):
+    hf, _ = hybrid
+    with torch.no_grad():
+        ref = hf(input_ids=torch.as_tensor(run.token_ids)).logits.double().numpy()
+    logits = run.by_mode["fp32"]["logits"]
+    assert np.linalg.norm(logits.reshape(ref.shape) - ref) / np.linalg.norm(ref) <= 1e-5
+    e2e = run.stats["end_to_end"]
+    assert e2e["fp32"]["kl"]["mean"] == 0 < e2e["1"]["kl"]["mean"] < 1e-3
+    data = load_report_data(run.path)
+    layers, acc, iso = data.layer_sqnr()
+    by_kind = data.kind_sqnr()["1"]
+    assert {k: r["blocks"] for k, r in by_kind.items()} == {"ssm": 2, "mlp": 3, "attention": 1}
+    assert by_kind["attention"]["isolated_min_db"] == iso["1"][2] and by_kind["attention"]["isolated_min_layer"] == 2
+    assert by_kind["mlp"]["isolated_min_db"] == min(iso["1"][i] for i in (1, 3, 5))
+    assert by_kind["ssm"]["accumulated_min_db"] == min(acc["1"][i] for i in (0, 4))
+    page = tmp_path / "r.html"
+    assert main(["report", str(run.path), "--output", str(page)]) == 0
+    html = page.read_text()
+    assert "Error by layer kind: mode 1" in html and html.count("(breaks first)") == 1
+
+
+@pytest.mark.parametrize("mode,says", [("0", "quamba1"), ("q2-w8a8", "quamba2"), ("q2-w4a16", "quamba2-w4")])
+def test_a_quantized_recipe_is_exit_2_on_a_hybrid(hybrid, tmp_path, capsys, mode, says):
+    _, d = hybrid
+    code = run_cli(capture_main, ["--model", d, "--modes", mode, "--output_file", tmp_path / "c.npz", *FAST_CLI])
+    err = capsys.readouterr().err
+    assert code == 2 and "bamba" in err and "Traceback" not in err, err
+
+
+def test_decode_and_generate_step_the_kv_cache_and_the_ssm_states_together(hybrid, tmp_path):
+    """--decode over every block: the steps equal the same mode's prefill at the same positions (the consistency
+    the decode run reports), the Mamba-2 blocks record their states, the attention and MLP blocks none; --generate's
+    greedy ids are transformers' greedy generate."""
+    hf, d = hybrid
+    result = run_modes(d, tmp_path, ["fp32", "1"], layers=["all"], taps=["all"], seq_len=12, decode=4,
+                       generate=3, end_to_end=True)
+    assert not result.failed
+    fp = result.by_mode["fp32"]
+    assert fp["decode.L0.state.ssm"].shape[:2] == (1, 4) and "decode.L2.state.ssm" not in fp
+    assert fp["decode.L2.attn.k"].shape == (1, 4, 2, 8) and "decode.L2.attn.scores" not in fp  # one token a step
+    cons = result.stats["modes"]["fp32"]["decode"]["consistency"]
+    worst = max(v["max_abs"] for v in cons.values() if isinstance(v, dict) and "max_abs" in v)
+    assert worst < 1e-4, cons
+    with torch.no_grad():
+        want = hf.generate(torch.as_tensor(result.token_ids)[:, :12], max_new_tokens=3, do_sample=False)[:, 12:]
+    assert np.array_equal(fp["generated_ids"], want.numpy())
