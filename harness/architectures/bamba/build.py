@@ -10,10 +10,10 @@ from ...modes import ModeRecipe, Rotate
 from ...spec import FloatOut, HybridDims
 from ..registry import get_architecture
 from .block import EmuAttentionBlock, EmuMLPBlock
-from .config import ATTENTION, MLP
-from .weights import AttentionParams, MLPParams
+from .config import ATTENTION, MLP, SSM
+from .weights import AttentionParams, MLPParams, attention_layer, mlp_layer
 
-__all__ = ["build_blocks", "SSM_BLOCKS"]
+__all__ = ["build_blocks", "build_block", "float_block", "is_ssm_block", "SSM_BLOCKS"]
 
 SSM_BLOCKS = "mamba2"  # the architecture whose blocks a hybrid's SSM layers are
 
@@ -50,3 +50,16 @@ def build_blocks(recipe: ModeRecipe, bank, scales, depth: int, calibration: bool
     rotate = recipe.rotate == Rotate.YES
     return [build_block(recipe, bank.layer(i, recipe.weights, rotate, recipe.prep), bank.dims, i)
             for i in range(depth + 1)]
+
+
+def is_ssm_block(dims, layer: int) -> bool:
+    """Whether block `layer` is a Mamba-2 block (every block of a model that is not a hybrid)."""
+    kinds = getattr(dims, "kinds", None)
+    return kinds is None or kinds[layer] == SSM
+
+
+def float_block(recipe: ModeRecipe, raw: dict, dims: HybridDims, layer: int):
+    """An attention or MLP block of a float recipe straight from its checkpoint tensors (the recipes that quantize
+    the Mamba-2 blocks keep these in floating point: recipes.quamba.q2.hybrid)."""
+    prepare = attention_layer if dims.kinds[layer] == ATTENTION else mlp_layer
+    return build_block(recipe, prepare(raw, recipe.rotate == Rotate.YES, act_dtype(recipe)), dims, layer)

@@ -12,7 +12,8 @@ from ...modes import ModeRecipe, Prep, Weights
 from ..registry import Recipe
 from .calibration import calibrate
 from .q2.build import build_blocks as q2_blocks
-from .q2.calibration import q2_grouping_problem
+from .q2.calibration import q2_grouping_problem, ssm_dims
+from .q2.hybrid import build_q2_hybrid_blocks
 from .q2.calibrate import calibrate_quamba2
 from .q2.head_scale import observe_head_scales
 from .w4.build import build_blocks_mamba1, build_blocks_mamba2
@@ -25,6 +26,8 @@ _MAMBA1, _MAMBA2 = "mamba1", "mamba2"
 # the architectures whose blocks are Mamba-1's (Falcon-Mamba adds weightless dt/B/C norms, which the block's knob
 # interpreter quantizes as x_proj's output: architectures.mamba1.build.mixer_norms): every Mamba-1 recipe runs there
 _MAMBA1_BLOCKS = (_MAMBA1, "falcon_mamba")
+# the hybrids whose SSM blocks are Mamba-2's: Quamba2's W8A8 quantizes those, the attention and MLP blocks stay fp16
+_HYBRIDS = ("bamba",)
 
 
 def calibrate_key(bank, windows, settings, depth: int, prefix_hashes: list[str], cache_dir: Path | None,
@@ -77,7 +80,7 @@ class Quamba2(_Quamba):
         return mode.prep == Prep.QUAMBA2 and mode.weights != Weights.INT4
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return (_MAMBA2,)
+        return (_MAMBA2, *_HYBRIDS)
 
     def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
         if architecture in self.architectures(mode):
@@ -88,10 +91,11 @@ class Quamba2(_Quamba):
 
     def model_problem(self, mode: ModeRecipe, dims) -> str | None:
         """The head/dim grouping export checks (q2.export.check_q2_export), before any work."""
-        return q2_grouping_problem(dims) if dims.architecture == _MAMBA2 else None
+        return q2_grouping_problem(ssm_dims(dims)) if dims.architecture in (_MAMBA2, *_HYBRIDS) else None
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
-        return q2_blocks(mode, bank, scales, depth, calibration)
+        build = build_q2_hybrid_blocks if bank.dims.architecture in _HYBRIDS else q2_blocks
+        return build(mode, bank, scales, depth, calibration)
 
     def after_calibration(self, calibs, modes, bank, windows, settings, cache_dir, progress) -> None:
         """lm_head=quantized: lm_head's input scale, observed after the calibration (q2.head_scale)."""

@@ -40,7 +40,7 @@ def run(hybrid, tmp_path_factory):
 
 
 def test_every_block_captures_its_kind_s_points(run):
-    assert list(run.by_mode) == ["fp32", "1"] and not run.failed  # `all` on a hybrid: the float modes so far
+    assert list(run.by_mode) == ["fp32", "1", "q2-w8a8"] and not run.failed  # `all` on a hybrid
     fp = run.by_mode["fp32"]
     kinds = ("ssm", "mlp", "attention", "mlp", "ssm", "mlp")
     tables = {"ssm": MAMBA2_POINTS, "attention": ATTENTION_POINTS, "mlp": MLP_POINTS}
@@ -71,10 +71,28 @@ def test_logits_equal_transformers_and_the_report_groups_by_kind(run, hybrid, tm
     page = tmp_path / "r.html"
     assert main(["report", str(run.path), "--output", str(page)]) == 0
     html = page.read_text()
-    assert "Error by layer kind: mode 1" in html and html.count("(breaks first)") == 1
+    assert "Error by layer kind: mode 1" in html and "Error by layer kind: mode q2-w8a8" in html
+    assert html.count("(breaks first)") == 2  # one kind per mode
 
 
-@pytest.mark.parametrize("mode,says", [("0", "quamba1"), ("q2-w8a8", "quamba2"), ("q2-w4a16", "quamba2-w4")])
+def test_quamba2_w8a8_quantizes_the_mamba2_blocks_and_keeps_attention_and_mlp_in_fp16(hybrid, tmp_path):
+    """q2-w8a8 on a hybrid: Quamba2's calibration runs the whole rotated fp16 model, its W8A8 blocks replace the
+    Mamba-2 blocks, attention and the MLPs stay fp16; decode steps them all together."""
+    result = run_modes(hybrid[1], tmp_path, ["fp32", "1", "q2-w8a8"], layers=["all"], taps=["all"], seq_len=SEQ,
+                       end_to_end=True, decode=3)
+    assert not result.failed
+    kl = {m: r["kl"] for m, r in result.stats["end_to_end"].items()}
+    assert kl["fp32"] == 0 < kl["1"] < kl["q2-w8a8"] < 0.1
+    tensors = result.stats["modes"]["q2-w8a8"]["tensors"]
+    assert tensors["L0.norm.out"]["quantized"] and tensors["L4.norm.out"]["quantized"]  # Mamba-2 blocks: int8
+    for name in ("L2.norm.out", "L2.attn.q", "L2.attn.scores", "L3.mlp.hidden", "L1.mlp.down"):
+        assert not tensors[name]["quantized"], name
+        values = result.by_mode["q2-w8a8"][name]
+        assert np.array_equal(values.astype(np.float16).astype(np.float32), values), name  # fp16 values
+    assert result.stats["modes"]["q2-w8a8"]["decode"]["consistency"]
+
+
+@pytest.mark.parametrize("mode,says", [("0", "quamba1"), ("q2-w4a16", "quamba2-w4")])
 def test_a_quantized_recipe_is_exit_2_on_a_hybrid(hybrid, tmp_path, capsys, mode, says):
     _, d = hybrid
     code = run_cli(capture_main, ["--model", d, "--modes", mode, "--output_file", tmp_path / "c.npz", *FAST_CLI])
