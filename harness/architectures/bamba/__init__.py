@@ -27,5 +27,6 @@ def prepare_layer(raw, weights: str, rotate: bool, prep: str, fp16):
 
 BAMBA = register_architecture(Architecture(
     "bamba", "Bamba / Granite 4.0-H (Mamba-2, attention and MLP blocks)", HYBRID_POINTS, build_blocks, prepare_layer,
-    presets={"all": ("fp32", "1", "q2-w8a8"), "essential": ("fp32", "1", "q2-w8a8"), "quant_only": ("q2-w8a8",)},
+    presets={"all": ("fp32", "1", "q2-w8a8", "q2-w8a8-a8-kv8"), "essential": ("fp32", "1", "q2-w8a8"),
+             "quant_only": ("q2-w8a8", "q2-w8a8-a8", "q2-w8a8-a8-kv8", "q2-w8a8-a8-kvfp8")},
     open_config=open_bamba, model_types=BAMBA_MODEL_TYPES, class_names=BAMBA_CLASSES))

@@ -68,9 +68,12 @@ class EmuAttentionBlock(_Sites):
     site. ``out``: the output rule of q, k, v, the probabilities and the attention output."""
 
     def __init__(self, layer: int, dims: HybridDims, *, norm: EmuRMSNorm, q_proj: EmuLinear, k_proj: EmuLinear,
-                 v_proj: EmuLinear, o_proj: EmuLinear, out: OutSpec) -> None:
+                 v_proj: EmuLinear, o_proj: EmuLinear, out: OutSpec, kv: tuple[OutSpec, OutSpec] | None = None,
+                 mid: OutSpec | None = None) -> None:
         super().__init__(layer, ATTENTION_POINTS)
         self.dims, self.norm, self.out = dims, norm, out
+        self.kv = kv or (out, out)  # the KV cache's storage of k and v (int8 / fp8 values held in fp32)
+        self.mid = mid or out       # attn.out = o_proj's input
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
 
     def _seq_site(self, point: str, x: torch.Tensor) -> torch.Tensor:
@@ -106,8 +109,9 @@ class EmuAttentionBlock(_Sites):
         q = self._heads(self._op("q_proj", self.q_proj, normed), d.n_heads)
         k = self._heads(self._op("k_proj", self.k_proj, normed), d.n_kv_heads)
         q = self._seq_site("attn.q", to_output(apply_rope(q, cos, sin), self.out))
-        k = self._seq_site("attn.k", to_output(apply_rope(k, cos, sin), self.out))
-        v = self._seq_site("attn.v", self._heads(self._op("v_proj", self.v_proj, normed), d.n_kv_heads))
+        k = self._seq_site("attn.k", dequantize(to_output(apply_rope(k, cos, sin), self.kv[0])))
+        v = self._heads(self._op("v_proj", self.v_proj, normed), d.n_kv_heads)
+        v = self._seq_site("attn.v", dequantize(to_output(v, self.kv[1])) if self.kv[1] != self.out else v)
         if cache is not None:
             k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
         rep = d.n_heads // d.n_kv_heads
@@ -118,7 +122,7 @@ class EmuAttentionBlock(_Sites):
         if cache is None:
             p = self._at("attn.scores", p)
         o = torch.matmul(p, values).transpose(1, 2).reshape(residual.shape[0], L, d.n_heads * d.head_dim)
-        o = self._at("attn.out", to_output(o, self.out))
+        o = self._at("attn.out", to_output(o, self.mid))
         out = self._at("o_proj.out", dequantize(self._op("o_proj", self.o_proj, o)))
         out = self._at("block.out", out)
         return out, self._at("block.residual", residual + out), KVState(k, v)
@@ -128,9 +132,9 @@ class EmuMLPBlock(_Sites):
     """One MLP sublayer (pre-FFN RMSNorm, SiLU-gated MLP, residual add), a HookPoint at every MLP_POINTS site."""
 
     def __init__(self, layer: int, dims: HybridDims, *, norm: EmuRMSNorm, gate_proj: EmuLinear, up_proj: EmuLinear,
-                 down_proj: EmuLinear, out: OutSpec) -> None:
+                 down_proj: EmuLinear, out: OutSpec, mid: OutSpec | None = None) -> None:
         super().__init__(layer, MLP_POINTS)
-        self.dims, self.norm, self.out = dims, norm, out
+        self.dims, self.norm, self.out, self.mid = dims, norm, out, mid or out
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +143,7 @@ class EmuMLPBlock(_Sites):
         gate = self._at("mlp.gate", self._op("gate_proj", self.gate_proj, normed))
         up = self._at("mlp.up", self._op("up_proj", self.up_proj, normed))
         g = dequantize(gate)
-        hidden = self._at("mlp.hidden", to_output(F.silu(g) * dequantize(up), self.out))
+        hidden = self._at("mlp.hidden", to_output(F.silu(g) * dequantize(up), self.mid))
         out = self._at("mlp.down", dequantize(self._op("down_proj", self.down_proj, hidden)))
         out = self._at("block.out", out)
         return out, self._at("block.residual", residual + out)

@@ -7,13 +7,13 @@ from ...emulation.build import act_dtype
 from ...emulation.modules import EmuLinear, EmuRMSNorm
 from ...kernels.linear import Epilogue
 from ...modes import ModeRecipe, Rotate
-from ...spec import FloatOut, HybridDims
+from ...spec import FloatOut, FormatOut, HybridDims, OutSpec, QuantOut, Rounding
 from ..registry import get_architecture
 from .block import EmuAttentionBlock, EmuMLPBlock
 from .config import ATTENTION, MLP, SSM
-from .weights import AttentionParams, MLPParams, attention_layer, mlp_layer
+from .weights import AttentionParams, MLPParams, attention_layer, mlp_layer, per_channel_int8
 
-__all__ = ["build_blocks", "build_block", "float_block", "is_ssm_block", "SSM_BLOCKS"]
+__all__ = ["build_blocks", "build_block", "float_block", "w8a8_block", "is_ssm_block", "SSM_BLOCKS"]
 
 SSM_BLOCKS = "mamba2"  # the architecture whose blocks a hybrid's SSM layers are
 
@@ -63,3 +63,29 @@ def float_block(recipe: ModeRecipe, raw: dict, dims: HybridDims, layer: int):
     the Mamba-2 blocks keep these in floating point: recipes.quamba.q2.hybrid)."""
     prepare = attention_layer if dims.kinds[layer] == ATTENTION else mlp_layer
     return build_block(recipe, prepare(raw, recipe.rotate == Rotate.YES, act_dtype(recipe)), dims, layer)
+
+
+def _kv_out(kv: str, scale: float | None, act: FloatOut) -> OutSpec:
+    if kv == "int8":
+        return QuantOut(scale, Rounding.HALF_EVEN)
+    return act if kv == "fp16" else FormatOut(kv)
+
+
+def w8a8_block(recipe: ModeRecipe, raw: dict, dims: HybridDims, layer: int, scales, kv: str = "fp16"):
+    """An attention or MLP block under the W8A8 linear recipe (recipes.quamba.q2.linear): the weights of `recipe`
+    (rotated fp16) on their per-channel int8 grid, each linear's input int8 at its static scale (scales.s_in at the
+    RMSNorm's output, scales.s_mid at o_proj's or down_proj's input; RNE), every other output in act_dtype, and the
+    KV cache in `kv` ("fp16", "int8" at scales.s_k / s_v, or a number format such as "fp8_e4m3")."""
+    act = FloatOut(act_dtype(recipe))
+    q8 = lambda s: QuantOut(s, Rounding.HALF_EVEN)  # noqa: E731
+    lin = lambda w: _linear(per_channel_int8(w), act)  # noqa: E731
+    rotate = recipe.rotate == Rotate.YES
+    norm = lambda w: EmuRMSNorm(w, dims.norm_eps, q8(scales.s_in))  # noqa: E731
+    if dims.kinds[layer] == ATTENTION:
+        p = attention_layer(raw, rotate, act_dtype(recipe))
+        return EmuAttentionBlock(layer, dims, norm=norm(p.norm_weight), q_proj=lin(p.q_proj), k_proj=lin(p.k_proj),
+                                 v_proj=lin(p.v_proj), o_proj=lin(p.o_proj), out=act, mid=q8(scales.s_mid),
+                                 kv=(_kv_out(kv, scales.s_k, act), _kv_out(kv, scales.s_v, act)))
+    p = mlp_layer(raw, rotate, act_dtype(recipe))
+    return EmuMLPBlock(layer, dims, norm=norm(p.norm_weight), gate_proj=lin(p.gate_proj), up_proj=lin(p.up_proj),
+                       down_proj=lin(p.down_proj), out=act, mid=q8(scales.s_mid))

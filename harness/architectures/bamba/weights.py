@@ -12,8 +12,9 @@ import torch
 
 from ...kernels.hadamard import hadamard_transform
 from ...kernels.quant import round_to_dtype
+from ...kernels.rounding import round_half_even
 
-__all__ = ["AttentionParams", "MLPParams", "attention_layer", "mlp_layer"]
+__all__ = ["AttentionParams", "MLPParams", "attention_layer", "mlp_layer", "per_channel_int8"]
 
 
 @dataclass
@@ -54,3 +55,12 @@ def attention_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: to
 
 def mlp_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: torch.dtype) -> MLPParams:
     return MLPParams(**_prepare(raw, ("gate_proj", "up_proj"), "down_proj", rotate, dtype))
+
+
+def per_channel_int8(w: torch.Tensor) -> torch.Tensor:
+    """A linear weight (out, in) on its per-output-channel int8 grid, as fp32 values: s_c = max(|w_c|, 1e-5) / 127
+    in fp32, codes RNE(w / s_c) (within [-127, 127]), values codes * s_c. The W8A8 GEMM with per-channel weight
+    scales multiplies these values by the int8 input's (exactly, in fp32, for the sizes tested)."""
+    w = w.to(torch.float32)
+    s = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-5) / 127
+    return round_half_even(w / s) * s

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ...modes import ModeRecipe, Prep, Weights
+from ...modes import BUILTIN_MODES, ModeRecipe, Prep, Weights
 from ..registry import Recipe
 from .calibration import calibrate
 from .q2.build import build_blocks as q2_blocks
@@ -20,7 +20,7 @@ from .w4.build import build_blocks_mamba1, build_blocks_mamba2
 from .w4.calibrate_mamba1 import calibrate_mamba1_w4
 from .w4.calibrate_mamba2 import calibrate_q2w4
 
-__all__ = ["Quamba1", "Quamba2", "Quamba2W4", "calibrate_key"]
+__all__ = ["Quamba1", "Quamba2", "Quamba2W4", "Quamba2HybridW8A8", "calibrate_key"]
 
 _MAMBA1, _MAMBA2 = "mamba1", "mamba2"
 # the architectures whose blocks are Mamba-1's (Falcon-Mamba adds weightless dt/B/C norms, which the block's knob
@@ -77,7 +77,7 @@ class Quamba2(_Quamba):
     title = "Quamba2 W8A8 (head/dim-grouped int8 SSD input), Mamba-2"
 
     def owns(self, mode: ModeRecipe) -> bool:
-        return mode.prep == Prep.QUAMBA2 and mode.weights != Weights.INT4
+        return not mode.family and mode.prep == Prep.QUAMBA2 and mode.weights != Weights.INT4
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
         return (_MAMBA2, *_HYBRIDS)
@@ -131,3 +131,34 @@ class Quamba2W4(_Quamba):
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
         build = build_blocks_mamba1 if bank.dims.architecture in _MAMBA1_BLOCKS else build_blocks_mamba2
         return build(mode, bank, scales, depth, calibration)
+
+
+# mode -> the KV cache format of its attention blocks (q2.linear.KV_FORMATS)
+_HYBRID_KV = {"q2-w8a8-a8": "fp16", "q2-w8a8-a8-kv8": "int8", "q2-w8a8-a8-kvfp8": "fp8_e4m3"}
+_HYBRID_FAMILY = "quamba2-hybrid-w8a8"
+
+
+class Quamba2HybridW8A8(Quamba2):
+    """q2-w8a8 on a hybrid whose attention and MLP linears are W8A8 too (static per-tensor int8 inputs, per-channel
+    int8 weights: q2.linear), the KV cache in fp16 (q2-w8a8-a8), int8 (-kv8) or fp8 E4M3 (-kvfp8). The calibration
+    is q2-w8a8's (one pass observes both)."""
+
+    name = _HYBRID_FAMILY
+    title = "Quamba2 W8A8 of a hybrid's Mamba-2 blocks, W8A8 attention and MLP linears, KV cache fp16/int8/fp8"
+    modes = tuple(replace(BUILTIN_MODES["q2-w8a8"], name=n, family=_HYBRID_FAMILY,
+                          title=f"Quamba2 W8A8 + W8A8 attention/MLP linears, KV cache {kv}")
+                  for n, kv in _HYBRID_KV.items())
+
+    def owns(self, mode: ModeRecipe) -> bool:
+        return mode.family == self.name
+
+    def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
+        return _HYBRIDS
+
+    def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
+        if architecture in _HYBRIDS:
+            return None
+        return "it quantizes a hybrid's attention and MLP linears; a model without them runs q2-w8a8"
+
+    def build_blocks(self, mode, bank, scales, depth, calibration=False):
+        return build_q2_hybrid_blocks(mode, bank, scales, depth, calibration, linear_kv=_HYBRID_KV[mode.name])

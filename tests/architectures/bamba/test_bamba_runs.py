@@ -40,7 +40,7 @@ def run(hybrid, tmp_path_factory):
 
 
 def test_every_block_captures_its_kind_s_points(run):
-    assert list(run.by_mode) == ["fp32", "1", "q2-w8a8"] and not run.failed  # `all` on a hybrid
+    assert list(run.by_mode) == ["fp32", "1", "q2-w8a8", "q2-w8a8-a8-kv8"] and not run.failed  # `all` on a hybrid
     fp = run.by_mode["fp32"]
     kinds = ("ssm", "mlp", "attention", "mlp", "ssm", "mlp")
     tables = {"ssm": MAMBA2_POINTS, "attention": ATTENTION_POINTS, "mlp": MLP_POINTS}
@@ -72,7 +72,7 @@ def test_logits_equal_transformers_and_the_report_groups_by_kind(run, hybrid, tm
     assert main(["report", str(run.path), "--output", str(page)]) == 0
     html = page.read_text()
     assert "Error by layer kind: mode 1" in html and "Error by layer kind: mode q2-w8a8" in html
-    assert html.count("(breaks first)") == 2  # one kind per mode
+    assert html.count("(breaks first)") == 3  # one kind per mode
 
 
 def test_quamba2_w8a8_quantizes_the_mamba2_blocks_and_keeps_attention_and_mlp_in_fp16(hybrid, tmp_path):
@@ -117,3 +117,26 @@ def test_decode_and_generate_step_the_kv_cache_and_the_ssm_states_together(hybri
     with torch.no_grad():
         want = hf.generate(torch.as_tensor(result.token_ids)[:, :12], max_new_tokens=3, do_sample=False)[:, 12:]
     assert np.array_equal(fp["generated_ids"], want.numpy())
+
+
+def test_the_w8a8_linear_recipe_and_the_kv_cache_knob(hybrid, tmp_path):
+    """quant_only on a hybrid: q2-w8a8 (attention and MLP fp16), and the W8A8 linear recipe of attention and the MLPs
+    (static per-tensor int8 inputs, per-channel int8 weights) with the KV cache in fp16, int8 or fp8 E4M3; each step
+    of quantization costs KL, the int8 KV cache holds the calibrated grid."""
+    result = run_modes(hybrid[1], tmp_path, ["fp32", "quant_only"], layers=["all"], taps=["all"], seq_len=SEQ,
+                       end_to_end=True)
+    assert list(result.by_mode) == ["fp32", "q2-w8a8", "q2-w8a8-a8", "q2-w8a8-a8-kv8", "q2-w8a8-a8-kvfp8"]
+    assert not result.failed
+    kl = {m: r["kl"] for m, r in result.stats["end_to_end"].items()}
+    assert 0 < kl["q2-w8a8"] < kl["q2-w8a8-a8"] < min(kl["q2-w8a8-a8-kv8"], kl["q2-w8a8-a8-kvfp8"]) < 0.1
+    layers = result.stats["provenance"]["calibration_by_prep"]["quamba2"]["layers"]
+    assert set(layers[2]) == {"s_in", "s_mid", "s_k", "s_v"} and set(layers[3]) >= {"s_in", "s_mid"}
+    for mode in ("q2-w8a8-a8", "q2-w8a8-a8-kv8"):
+        tensors = result.stats["modes"][mode]["tensors"]
+        for name, key in (("L2.norm.out", "s_in"), ("L2.attn.out", "s_mid"), ("L3.mlp.hidden", "s_mid"),
+                          ("L3.norm.out", "s_in")):
+            assert tensors[name]["quantized"] and tensors[name]["scale"] == layers[int(name[1])][key], (mode, name)
+    k8 = result.by_mode["q2-w8a8-a8-kv8"]["L2.attn.k"].astype(np.float64) / layers[2]["s_k"]
+    assert np.abs(k8 - np.round(k8)).max() < 1e-3 and np.abs(k8).max() <= 128
+    k16 = result.by_mode["q2-w8a8-a8"]["L2.attn.k"].astype(np.float64) / layers[2]["s_k"]
+    assert np.abs(k16 - np.round(k16)).max() > 0.1  # the fp16 cache is not on that grid

@@ -74,9 +74,9 @@ def _from_entry(entry: Entry, dims) -> Q2Scales:
     return s
 
 
-def _bad(s: Q2Scales | None) -> list[str]:
-    if s is None:  # a hybrid's attention or MLP block: nothing calibrated
-        return []
+def _bad(s) -> list[str]:
+    if not isinstance(s, Q2Scales):  # a hybrid's attention or MLP block: its linears' scales (q2.linear)
+        return [f"{k}={v}" for k, v in s.floats() if not (math.isfinite(v) and v > 0)]
     flat = [(k, getattr(s, k)) for k in _FLOATS] + [(k, x) for k in _TABLES for x in getattr(s, k).flatten().tolist()]
     return [f"{k}={v}" for k, v in flat if not (math.isfinite(v) and v > 0)]
 
@@ -87,7 +87,7 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
     """Q2Scales of blocks 0..depth, from the cache when every layer's entry is valid, else computed (and cached);
     computed scales that are not finite and positive are a ValueError naming them, never cached."""
     keys = layer_keys(prefix_hashes[: depth + 1], windows, settings, f"quamba2-v{Q2_CALIB_VERSION}")
-    # a hybrid's (spec.HybridDims) calibration is not cached yet: its attention and MLP blocks have no entry
+    # a hybrid's (spec.HybridDims) calibration is not cached yet: its attention and MLP blocks' scales have no entry
     cache = _cache(None if hasattr(bank.dims, "kinds") else cache_dir)
     info = {"prep": "quamba2", "settings": asdict(settings), "tokens": int(windows.numel()), "keys": keys,
             "observers": "min-max per tensor; cross-head min-max of x; per-SSD-group min-max of B, C "
@@ -113,7 +113,7 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
             raise ValueError(f"Quamba2 calibration gave scales that are not finite and positive in layer {i}: "
                              f"{', '.join(bad)}; nothing was cached")
     info.update(source="recomputed" if problems else "computed", seconds=round(time.perf_counter() - start, 3),
-                layers=[s.info() if s is not None else None for s in scales])
+                layers=[s.info() for s in scales])
     if problems:
         info["reason"] = "; ".join(problems)
     if cache.enabled:

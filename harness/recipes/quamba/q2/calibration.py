@@ -30,6 +30,7 @@ from ....emulation.modules import EmuBackbone
 from ..observers import MinMaxObserver, PercentileObserver
 from .observers import CachedStatesObserver, CrossHeadMinmaxObserver
 from ....kernels import portable
+from .linear import LinearScales, linear_observers, linear_scales
 from .params import Q2Scales, reorder_raw
 from ....architectures.mamba2.weights import float_layer_mamba2
 from ....architectures.bamba.build import float_block, is_ssm_block
@@ -133,11 +134,13 @@ def q2_grouping_problem(dims: Mamba2Dims) -> str | None:
 
 
 def calibrate_q2(model_dims, raw: Callable[[int], dict], embed: Callable, windows: torch.Tensor, depth: int,
-                 batch_size: int, recipe, *, step: Callable | None = None, alpha: float = 0.9995) -> list[Q2Scales | None]:
+                 batch_size: int, recipe, *, step: Callable | None = None,
+                 alpha: float = 0.9995) -> list[Q2Scales | LinearScales]:
     """Scales of blocks 0..depth. raw(i): block i's checkpoint tensors (fp32); embed(ids): the rotated fp16
     embedding; recipe: the float calibration recipe (fp16 weights and activations, rotated, chunked SSD);
     alpha: the percentile of s_x_tensor (Quamba's non-grouped x observer, modelutils_mamba.py:132). A hybrid's
-    (spec.HybridDims) attention and MLP blocks run in the calibration model as its rotated fp16 blocks and get None."""
+    (spec.HybridDims) attention and MLP blocks run in the calibration model as its rotated fp16 blocks and get the
+    static input scales of their linears (q2.linear.LinearScales), observed in the same pass."""
     dims = ssm_dims(model_dims)
     if (problem := q2_grouping_problem(dims)) is not None:
         raise ValueError(problem)
@@ -151,12 +154,14 @@ def calibrate_q2(model_dims, raw: Callable[[int], dict], embed: Callable, window
     model = _model(model_dims, [r if g is None else reorder_raw(r, g, dims.d_inner, dims.nheads)
                                 for r, g in zip(raws, reorders)], embed, recipe)
     gs = dims.ngroups * dims.d_state
-    obs = [None if g is None else
+    kinds = getattr(model_dims, "kinds", None)
+    obs = [linear_observers(kinds[i]) if g is None else
            {**{k: MinMaxObserver() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
             "x": CrossHeadMinmaxObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups),
             "B": PerSSDGroupObserver(dims.d_state), "C": PerSSDGroupObserver(dims.d_state),
             "s_x_tensor": PercentileObserver(alpha),
-            "state": CachedStatesObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups)} for g in reorders]
+            "state": CachedStatesObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups)}
+           for i, g in enumerate(reorders)]
 
     def x_out(o: dict, t: torch.Tensor) -> None:
         o["x"].update(t.to(torch.float16).to(torch.float32))
@@ -170,8 +175,8 @@ def calibrate_q2(model_dims, raw: Callable[[int], dict], embed: Callable, window
 
     def want(layer: int, point: str):
         o = obs[layer]
-        if o is None:
-            return None
+        if reorders[layer] is None:  # a hybrid's attention or MLP block: its linears' input scales
+            return o[point].observe if point in o else None
         if point in _MINMAX:
             return o[_MINMAX[point]].observe
         if point == "in_proj.xBC":
@@ -184,8 +189,8 @@ def calibrate_q2(model_dims, raw: Callable[[int], dict], embed: Callable, window
 
     _run(model, _hook(model, lambda layer, point: want(layer, point) if layer <= depth else None), windows,
          batch_size, step)
-    return [None if o is None else
+    return [linear_scales(kinds[i], o) if g is None else
             Q2Scales(**{k: o[k].compute_scale() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
                      x_table=o["x"].scales(), B_scales=o["B"].scales(), C_scales=o["C"].scales(), reorder=g,
                      s_x_tensor=o["s_x_tensor"].compute_scale(), ssm_state_scale=o["state"].scales())
-            for o, g in zip(obs, reorders)]
+            for i, (o, g) in enumerate(zip(obs, reorders))]
