@@ -140,3 +140,18 @@ def test_the_w8a8_linear_recipe_and_the_kv_cache_knob(hybrid, tmp_path):
     assert np.abs(k8 - np.round(k8)).max() < 1e-3 and np.abs(k8).max() <= 128
     k16 = result.by_mode["q2-w8a8-a8"]["L2.attn.k"].astype(np.float64) / layers[2]["s_k"]
     assert np.abs(k16 - np.round(k16)).max() > 0.1  # the fp16 cache is not on that grid
+
+
+def test_local_workers_give_the_same_arrays(hybrid, tmp_path):
+    """--workers 2 on a hybrid (a float mode and the W8A8 linear one with the int8 KV cache): every array equals the
+    single-process run's, bit for bit."""
+    runs = []
+    for workers in (1, 2):
+        (tmp_path / str(workers)).mkdir()
+        runs.append(run_modes(hybrid[1], tmp_path / str(workers), ["fp32", "q2-w8a8-a8-kv8"], layers=["all"],
+                              taps=["all"], seq_len=16, end_to_end=True, workers=workers))
+    one, two = runs
+    assert not one.failed and not two.failed and list(one.by_mode) == list(two.by_mode)
+    for mode, arrays in one.by_mode.items():
+        assert set(arrays) == set(two.by_mode[mode])
+        assert all(np.array_equal(a, two.by_mode[mode][k]) for k, a in arrays.items()), mode
