@@ -155,3 +155,18 @@ def test_local_workers_give_the_same_arrays(hybrid, tmp_path):
     for mode, arrays in one.by_mode.items():
         assert set(arrays) == set(two.by_mode[mode])
         assert all(np.array_equal(a, two.by_mode[mode][k]) for k, a in arrays.items()), mode
+
+
+def test_the_hybrid_calibration_is_cached_per_block(hybrid, tmp_path):
+    """Quamba2's calibration of a hybrid (Mamba-2 blocks' tables, attention and MLP blocks' linear scales) goes into
+    the layer cache; a second run reuses every entry and computes the same arrays."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    one = run_modes(hybrid[1], first, ["q2-w8a8-a8-kv8"], layers=["all"], taps=["all"], seq_len=16)
+    shutil.copytree(first / "cache", second / "cache")
+    two = run_modes(hybrid[1], second, ["q2-w8a8-a8-kv8"], layers=["all"], taps=["all"], seq_len=16)
+    calib = [r.stats["provenance"]["calibration_by_prep"]["quamba2"] for r in (one, two)]
+    assert calib[0]["source"] == "computed" and calib[1]["source"] == "reused"
+    assert calib[0]["layers"] == calib[1]["layers"] and set(calib[1]["layers"][2]) == {"s_in", "s_mid", "s_k", "s_v"}
+    a, b = one.by_mode["q2-w8a8-a8-kv8"], two.by_mode["q2-w8a8-a8-kv8"]
+    assert set(a) == set(b) and all(np.array_equal(v, b[k]) for k, v in a.items())
