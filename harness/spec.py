@@ -37,6 +37,7 @@ __all__ = [
     "FalconMambaDims",
     "Mamba2Dims",
     "HybridDims",
+    "NemotronHDims",
     "LayerScales",
     "SCALE_NAMES",
     "HookPoint",
@@ -216,6 +217,7 @@ class HybridDims:
     rope_theta: float
     rope_dim: int
     d_ff: int
+    mlp_act: str = "silu_gated"  # the MLP: down(silu(gate(x)) * up(x)), or "relu2": down(relu(up(x))^2)
 
     @property
     def conv_dim(self) -> int:
@@ -227,6 +229,14 @@ class HybridDims:
                           n_layer=self.n_layer, vocab_size=self.vocab_size, norm_eps=self.norm_eps,
                           ngroups=self.ngroups, headdim=self.headdim, nheads=self.nheads, chunk_size=self.chunk_size,
                           gnorm_eps=self.gnorm_eps)
+
+
+@dataclass(frozen=True)
+class NemotronHDims(HybridDims):
+    """A Nemotron-H hybrid (transformers' NemotronHForCausalLM): every layer is one block (its RMSNorm, one mixer:
+    Mamba-2, attention without RoPE, or a ReLU^2 MLP, and the residual add), so kinds is the layer pattern."""
+
+    architecture: ClassVar[str] = "nemotron_h"
 
 
 # Calibrated activation scales of one block (spec notes §2.4), in the order the data flows.

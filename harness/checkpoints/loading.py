@@ -55,8 +55,9 @@ LAYER_TENSORS: dict[str, str] = {
     "out_proj": "mixer.out_proj.weight",
 }
 _OPTIONAL = {"conv_bias"}
-# the embedding's key: transformers' Mamba layouts, mamba_ssm's, and the decoder-model layout of the hybrids (Bamba)
-_EMBED_KEYS = ("backbone.embeddings.weight", "backbone.embedding.weight", "model.embed_tokens.weight")
+# the embedding's key: transformers' Mamba layouts, mamba_ssm's, and the hybrids' (Bamba, Nemotron-H)
+_EMBED_KEYS = ("backbone.embeddings.weight", "backbone.embedding.weight", "model.embed_tokens.weight",
+               "model.embeddings.weight")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 

@@ -12,7 +12,9 @@ Attention (``BambaAttention``, :182-246, eager path :118-141):
     out      = o_proj(o)                                                   o_proj.out, block.out, block.residual
 
 MLP (``BambaMLP``, :803-817): ``down_proj(silu(gate_proj(x)) * up_proj(x))`` on the pre-FFN RMSNorm's output:
-sites norm.out, mlp.gate, mlp.up, mlp.hidden, mlp.down.
+sites norm.out, mlp.gate, mlp.up, mlp.hidden, mlp.down; Nemotron-H's ungated ``down_proj(relu(up_proj(x))^2)``
+(models/nemotron_h/modeling_nemotron_h.py:637-649) has no mlp.gate. Attention with rope_dim 0 has no RoPE
+(Nemotron-H's).
 
 Every op computes in fp32 and stores its output by its rule (act_dtype for the float recipes), as the Mamba
 blocks do. The sites are named from emulation.capture.ATTENTION_POINTS / MLP_POINTS.
@@ -131,8 +133,8 @@ class EmuAttentionBlock(_Sites):
 class EmuMLPBlock(_Sites):
     """One MLP sublayer (pre-FFN RMSNorm, SiLU-gated MLP, residual add), a HookPoint at every MLP_POINTS site."""
 
-    def __init__(self, layer: int, dims: HybridDims, *, norm: EmuRMSNorm, gate_proj: EmuLinear, up_proj: EmuLinear,
-                 down_proj: EmuLinear, out: OutSpec, mid: OutSpec | None = None) -> None:
+    def __init__(self, layer: int, dims: HybridDims, *, norm: EmuRMSNorm, gate_proj: EmuLinear | None,
+                 up_proj: EmuLinear, down_proj: EmuLinear, out: OutSpec, mid: OutSpec | None = None) -> None:
         super().__init__(layer, MLP_POINTS)
         self.dims, self.norm, self.out, self.mid = dims, norm, out, mid or out
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
@@ -140,10 +142,12 @@ class EmuMLPBlock(_Sites):
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         residual = self._at("block.in", residual)
         normed = self._at("norm.out", self._op("norm", self.norm, residual))
-        gate = self._at("mlp.gate", self._op("gate_proj", self.gate_proj, normed))
-        up = self._at("mlp.up", self._op("up_proj", self.up_proj, normed))
-        g = dequantize(gate)
-        hidden = self._at("mlp.hidden", to_output(F.silu(g) * dequantize(up), self.mid))
+        up = dequantize(self._at("mlp.up", self._op("up_proj", self.up_proj, normed)))
+        if self.gate_proj is None:  # Nemotron-H: relu(up)^2 (ReLUSquaredActivation, activations.py)
+            act = torch.square(F.relu(up))
+        else:
+            act = F.silu(dequantize(self._at("mlp.gate", self._op("gate_proj", self.gate_proj, normed)))) * up
+        hidden = self._at("mlp.hidden", to_output(act, self.mid))
         out = self._at("mlp.down", dequantize(self._op("down_proj", self.down_proj, hidden)))
         out = self._at("block.out", out)
         return out, self._at("block.residual", residual + out)

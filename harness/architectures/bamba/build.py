@@ -30,7 +30,7 @@ def _attention(p: AttentionParams, dims: HybridDims, layer: int, act: FloatOut) 
 
 def _mlp(p: MLPParams, dims: HybridDims, layer: int, act: FloatOut) -> EmuMLPBlock:
     return EmuMLPBlock(layer, dims, norm=EmuRMSNorm(p.norm_weight, dims.norm_eps, act),
-                       gate_proj=_linear(p.gate_proj, act), up_proj=_linear(p.up_proj, act),
+                       gate_proj=None if p.gate_proj is None else _linear(p.gate_proj, act), up_proj=_linear(p.up_proj, act),
                        down_proj=_linear(p.down_proj, act), out=act)
 
 
@@ -87,5 +87,6 @@ def w8a8_block(recipe: ModeRecipe, raw: dict, dims: HybridDims, layer: int, scal
                                  v_proj=lin(p.v_proj), o_proj=lin(p.o_proj), out=act, mid=q8(scales.s_mid),
                                  kv=(_kv_out(kv, scales.s_k, act), _kv_out(kv, scales.s_v, act)))
     p = mlp_layer(raw, rotate, act_dtype(recipe))
-    return EmuMLPBlock(layer, dims, norm=norm(p.norm_weight), gate_proj=lin(p.gate_proj), up_proj=lin(p.up_proj),
+    return EmuMLPBlock(layer, dims, norm=norm(p.norm_weight), up_proj=lin(p.up_proj),
+                       gate_proj=None if p.gate_proj is None else lin(p.gate_proj),
                        down_proj=lin(p.down_proj), out=act, mid=q8(scales.s_mid))

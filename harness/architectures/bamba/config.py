@@ -19,7 +19,7 @@ from ...spec import HybridDims
 from ..config_values import REQUIRED, config_int, config_table
 
 __all__ = ["BAMBA_MODEL_TYPES", "BAMBA_CLASSES", "SSM", "ATTENTION", "MLP", "is_bamba_config", "bamba_dims",
-           "bamba_block_keys", "open_bamba"]
+           "bamba_block_keys", "open_bamba", "check_hybrid_dims", "check_hybrid_shapes"]
 
 BAMBA_MODEL_TYPES = ("bamba",)
 BAMBA_CLASSES = ("BambaForCausalLM", "BambaModel")
@@ -94,11 +94,12 @@ def bamba_dims(cfg: dict, vocab: int) -> HybridDims:
         rope_theta=_number(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
         rope_dim=int(head_dim * _number(rope.get("partial_rotary_factor", 0.5))),
         d_ff=get("intermediate_size", REQUIRED))
-    _check(d)
+    check_hybrid_dims(d)
     return d
 
 
-def _check(d: HybridDims) -> None:
+def check_hybrid_dims(d: HybridDims) -> None:
+    """Sizes and their relations of any hybrid's dims; ValueError naming the keys."""
     sizes = {k: getattr(d, k) for k in ("d_model", "n_layer", "d_inner", "d_state", "d_conv", "ngroups", "headdim",
                                          "nheads", "chunk_size", "n_heads", "n_kv_heads", "head_dim", "d_ff")}
     bad = [f"{k}={v}" for k, v in sizes.items() if not 0 < v <= 1 << 20]
@@ -107,7 +108,7 @@ def _check(d: HybridDims) -> None:
     if d.nheads * d.headdim != d.d_inner or d.nheads % d.ngroups:
         raise ValueError(f"mamba_n_heads * mamba_d_head = {d.nheads} * {d.headdim} must be mamba_expand * "
                          f"hidden_size = {d.d_inner}, and mamba_n_groups={d.ngroups} must divide mamba_n_heads")
-    if d.n_heads % d.n_kv_heads or d.rope_dim % 2 or d.rope_dim > d.head_dim:
+    if d.n_heads % d.n_kv_heads or d.rope_dim % 2 or d.rope_dim > d.head_dim:  # rope_dim 0: no RoPE
         raise ValueError(f"num_key_value_heads={d.n_kv_heads} must divide num_attention_heads={d.n_heads}, and the "
                          f"rotary width {d.rope_dim} must be even and at most head_dim={d.head_dim}")
     if not (math.isfinite(d.norm_eps) and 0.0 < d.norm_eps < 1.0) or not (math.isfinite(d.rope_theta) and d.rope_theta > 0):
@@ -136,7 +137,8 @@ def _expected(d: HybridDims, kind: str) -> dict[str, set[tuple[int, ...]]]:
             "down_proj": one(d.d_model, d.d_ff)}
 
 
-def _check_shapes(ckpt) -> None:
+def check_hybrid_shapes(ckpt) -> None:
+    """Every block tensor of a hybrid checkpoint (headers only) against its dims and its block's kind."""
     d = ckpt.dims
     for block in range(d.n_layer):
         expected = _expected(d, d.kinds[block])
@@ -144,8 +146,8 @@ def _check_shapes(ckpt) -> None:
             if not ckpt.has(key):
                 if name in _OPTIONAL:
                     continue
-                raise ValueError(f"tensor {key!r} is missing; config.json says decoder layer {block // 2} has "
-                                 f"{'attention' if d.kinds[block] == ATTENTION else 'a Mamba-2 mixer and an MLP'}")
+                raise ValueError(f"tensor {key!r} is missing; config.json says block {block} is of kind "
+                                 f"{d.kinds[block]}")
             got, dtype = ckpt.meta(key)
             if not dtype.is_floating_point or got not in expected[name]:
                 want = " or ".join(str(list(s)) for s in expected[name])
@@ -168,7 +170,7 @@ def open_bamba(ckpt, cfg: dict, error: type[Exception]) -> bool:
     ckpt.block_keys, ckpt.optional = bamba_block_keys(ckpt.dims), _OPTIONAL
     ckpt.final_norm_key = "model.final_layernorm.weight"
     try:
-        _check_shapes(ckpt)
+        check_hybrid_shapes(ckpt)
     except ValueError as e:
         raise error(f"{ckpt.path}: {e}") from None
     return True

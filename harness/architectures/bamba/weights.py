@@ -31,12 +31,13 @@ class AttentionParams:
 
 @dataclass
 class MLPParams:
-    """gate_proj and up_proj (d_ff, d_model), down_proj (d_model, d_ff); norm_weight (d_model,) or None (folded)."""
+    """gate_proj and up_proj (d_ff, d_model), down_proj (d_model, d_ff); norm_weight (d_model,) or None (folded);
+    gate_proj None for an ungated MLP (Nemotron-H's ReLU^2)."""
 
     norm_weight: torch.Tensor | None
-    gate_proj: torch.Tensor
     up_proj: torch.Tensor
     down_proj: torch.Tensor
+    gate_proj: torch.Tensor | None = None
 
 
 def _prepare(raw: dict[str, torch.Tensor | None], reads: tuple[str, ...], writes: str, rotate: bool,
@@ -54,7 +55,8 @@ def attention_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: to
 
 
 def mlp_layer(raw: dict[str, torch.Tensor | None], rotate: bool, dtype: torch.dtype) -> MLPParams:
-    return MLPParams(**_prepare(raw, ("gate_proj", "up_proj"), "down_proj", rotate, dtype))
+    return MLPParams(**_prepare(raw, tuple(n for n in ("gate_proj", "up_proj") if n in raw), "down_proj", rotate,
+                                dtype))
 
 
 def per_channel_int8(w: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ _MAMBA1, _MAMBA2 = "mamba1", "mamba2"
 # interpreter quantizes as x_proj's output: architectures.mamba1.build.mixer_norms): every Mamba-1 recipe runs there
 _MAMBA1_BLOCKS = (_MAMBA1, "falcon_mamba")
 # the hybrids whose SSM blocks are Mamba-2's: Quamba2's W8A8 quantizes those, the attention and MLP blocks stay fp16
-_HYBRIDS = ("bamba",)
+_HYBRIDS = ("bamba", "nemotron_h")
 
 
 def calibrate_key(bank, windows, settings, depth: int, prefix_hashes: list[str], cache_dir: Path | None,

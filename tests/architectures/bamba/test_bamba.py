@@ -111,8 +111,8 @@ def test_attention_and_mlp_points(model):
 
 def test_unknown_and_unsupported_hybrids_are_refused(model, tmp_path):
     _, path = model
-    for edit, message in (({"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"]},
-                           "model_type 'nemotron_h' is not supported; supported model types: .*bamba"),
+    for edit, message in (({"model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"]},
+                           "model_type .zamba2. is not supported; supported model types: .*bamba, nemotron_h"),
                           ({"attention_bias": True}, "attention_bias is not supported"),
                           ({"hidden_act": "gelu"}, "hidden_act='gelu' .SiLU only. is not supported")):
         d = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
