@@ -35,7 +35,10 @@ __all__ = [
     "FORMAT_NAMES",
     "OutSpec",
     "ModelDims",
+    "FalconMambaDims",
     "Mamba2Dims",
+    "HybridDims",
+    "NemotronHDims",
     "LayerScales",
     "SCALE_NAMES",
     "HookPoint",
@@ -167,6 +170,16 @@ class ModelDims:
 
 
 @dataclass(frozen=True)
+class FalconMambaDims(ModelDims):
+    """Sizes of a Falcon-Mamba model: a Mamba-1 whose dt, B and C (x_proj's output parts) pass a weightless RMSNorm
+    of epsilon ``mixer_rms_eps`` before dt_proj and the scan (transformers 5.23
+    models/falcon_mamba/modeling_falcon_mamba.py:350-352, 466-469)."""
+
+    architecture: ClassVar[str] = "falcon_mamba"
+    mixer_rms_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
 class Mamba2Dims:
     """Sizes of a Mamba-2 model (mamba_ssm's Mamba2 / transformers' Mamba2Mixer).
 
@@ -192,6 +205,60 @@ class Mamba2Dims:
     @property
     def conv_dim(self) -> int:
         return self.d_inner + 2 * self.ngroups * self.d_state
+
+
+@dataclass(frozen=True)
+class HybridDims:
+    """Sizes of a hybrid SSM-attention model (transformers' BambaForCausalLM: IBM Bamba, Granite 4.0-H).
+
+    The harness's blocks are the decoder layers' sublayers: decoder layer i is block 2i (its mixer: a Mamba-2
+    block or an attention block, each with its input RMSNorm and residual add) then block 2i+1 (its MLP with the
+    pre-FFN RMSNorm and residual add); ``kinds[b]`` is block b's kind ("ssm", "attention" or "mlp") and n_layer
+    the number of blocks (twice the decoder layers). The ssm fields are the Mamba-2 blocks' (``ssm_dims``); the
+    attention's: n_heads query heads and n_kv_heads key/value heads of head_dim, RoPE of base rope_theta on the
+    first rope_dim channels of each head; d_ff the MLP's width.
+    """
+
+    architecture: ClassVar[str] = "bamba"
+    d_model: int
+    n_layer: int
+    vocab_size: int
+    norm_eps: float
+    kinds: tuple[str, ...]
+    d_inner: int
+    d_state: int
+    d_conv: int
+    ngroups: int
+    headdim: int
+    nheads: int
+    chunk_size: int
+    gnorm_eps: float
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rope_dim: int
+    d_ff: int
+    mlp_act: str = "silu_gated"  # the MLP: down(silu(gate(x)) * up(x)), or "relu2": down(relu(up(x))^2)
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.ngroups * self.d_state
+
+    def ssm_dims(self) -> Mamba2Dims:
+        """The Mamba-2 blocks' dims (n_layer: this model's block count)."""
+        return Mamba2Dims(d_model=self.d_model, d_inner=self.d_inner, d_state=self.d_state, d_conv=self.d_conv,
+                          n_layer=self.n_layer, vocab_size=self.vocab_size, norm_eps=self.norm_eps,
+                          ngroups=self.ngroups, headdim=self.headdim, nheads=self.nheads, chunk_size=self.chunk_size,
+                          gnorm_eps=self.gnorm_eps)
+
+
+@dataclass(frozen=True)
+class NemotronHDims(HybridDims):
+    """A Nemotron-H hybrid (transformers' NemotronHForCausalLM): every layer is one block (its RMSNorm, one mixer:
+    Mamba-2, attention without RoPE, or a ReLU^2 MLP, and the residual add), so kinds is the layer pattern."""
+
+    architecture: ClassVar[str] = "nemotron_h"
 
 
 # Calibrated activation scales of one block (spec notes §2.4), in the order the data flows.

@@ -12,13 +12,22 @@ from __future__ import annotations
 import math
 import sys
 
-__all__ = ["REQUIRED", "ConfigValueError", "OversizedInt", "parse_int", "config_int", "config_table", "check_config_tables",
-           "SUPPORTED_MODEL_TYPES", "SUPPORTED_ARCHITECTURES"]
+from .registry import architecture_names, get_architecture
 
-# the transformers model types and class names the harness computes; anything else (falcon_mamba, whose dt/B/C
-# RMSNorms plain Mamba-1 would silently drop, jamba, ...) is refused by name. mamba_ssm configs carry no model_type.
-SUPPORTED_MODEL_TYPES = ("mamba", "mamba2")
-SUPPORTED_ARCHITECTURES = ("MambaForCausalLM", "MambaModel", "Mamba2ForCausalLM", "Mamba2Model", "MambaLMHeadModel")
+__all__ = ["REQUIRED", "ConfigValueError", "OversizedInt", "parse_int", "config_int", "config_table", "check_config_tables",
+           "supported_model_types", "supported_classes"]
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """The transformers model types the harness computes: those its registered architectures declare
+    (Architecture.model_types); anything else (jamba, a falcon_mamba before its architecture existed, ...) is
+    refused by name, never computed as another family. mamba_ssm configs carry no model_type."""
+    return tuple(t for name in architecture_names() for t in get_architecture(name).model_types)
+
+
+def supported_classes() -> tuple[str, ...]:
+    """The ``architectures`` class names the registered architectures declare (Architecture.class_names)."""
+    return tuple(c for name in architecture_names() for c in get_architecture(name).class_names)
 
 REQUIRED = object()  # config_int's default for a key that must be there
 _MAX_DIGITS = 4000  # below Python's int-string limit (sys.get_int_max_str_digits(), 4300 by default)
@@ -87,14 +96,14 @@ def check_config_tables(cfg: dict) -> None:
     if cfg.get("model_type") is not None and not isinstance(cfg["model_type"], str):
         raise ConfigValueError(f"'model_type' must be a string (e.g. \"mamba\" or \"mamba2\"), "
                                f"got {_show(cfg['model_type'])}")
-    kind = cfg.get("model_type")
-    if kind is not None and kind not in SUPPORTED_MODEL_TYPES:
+    kind, types, classes = cfg.get("model_type"), supported_model_types(), supported_classes()
+    if kind is not None and kind not in types:
         raise ConfigValueError(f"model_type {kind!r} is not supported; supported model types: "
-                               f"{', '.join(SUPPORTED_MODEL_TYPES)} (or a mamba_ssm config without model_type)")
-    unknown = [a for a in archs or () if a not in SUPPORTED_ARCHITECTURES]
+                               f"{', '.join(types)} (or a mamba_ssm config without model_type)")
+    unknown = [a for a in archs or () if a not in classes]
     if unknown:
         raise ConfigValueError(f"architectures entry {unknown[0]!r} is not supported; supported: "
-                               f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+                               f"{', '.join(classes)}")
     config_table(cfg, "ssm_cfg")
     where = _oversized(cfg)
     if where is not None:

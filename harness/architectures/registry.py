@@ -17,7 +17,8 @@ __all__ = ["Architecture", "ArchitectureError", "register_architecture", "get_ar
            "load_builtins", "BUILTIN_ARCHITECTURES"]
 
 # the built-in folders, imported by name so that this module stays below them
-BUILTIN_ARCHITECTURES = ("harness.architectures.mamba1", "harness.architectures.mamba2")
+BUILTIN_ARCHITECTURES = ("harness.architectures.mamba1", "harness.architectures.mamba2",
+                         "harness.architectures.falcon_mamba", "harness.architectures.bamba")
 
 
 class ArchitectureError(ValueError):
@@ -39,7 +40,9 @@ class Architecture:
     float checkpoint reader of the architecture's own layout: True when `config` (config.json) is one of its
     models, after it has set the just-indexed checkpoint's tensor table, format and dims (checkpoints.loading
     asks every architecture that has one; the Mamba-1 layout is the loader's own); it raises `error` for a
-    config or tensor it cannot use.
+    config or tensor it cannot use. model_types / class_names: the transformers ``model_type`` values and
+    ``architectures`` class names of its checkpoints (config_values.check_config_tables accepts those of the
+    registered architectures and refuses any other by name).
     """
 
     name: str
@@ -50,6 +53,8 @@ class Architecture:
     presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     open_config: Callable[..., bool] | None = None
+    model_types: tuple[str, ...] = ()
+    class_names: tuple[str, ...] = ()
 
 
 _ARCHITECTURES: dict[str, Architecture] = {}

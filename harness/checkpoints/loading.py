@@ -55,6 +55,9 @@ LAYER_TENSORS: dict[str, str] = {
     "out_proj": "mixer.out_proj.weight",
 }
 _OPTIONAL = {"conv_bias"}
+# the embedding's key: transformers' Mamba layouts, mamba_ssm's, and the hybrids' (Bamba, Nemotron-H)
+_EMBED_KEYS = ("backbone.embeddings.weight", "backbone.embedding.weight", "model.embed_tokens.weight",
+               "model.embeddings.weight")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -82,6 +85,10 @@ class Checkpoint:
     def __init__(self, path: Path, key_file: dict[str, Path], embed_key: str, handles: dict[Path, object]) -> None:
         self.path, self.format, self.dims = path, "?", None  # dims: ModelDims, or Mamba2Dims (architectures.mamba2.config)
         self.layer_tensors, self.optional = LAYER_TENSORS, _OPTIONAL  # a Mamba-2's own (architectures.mamba2.config)
+        # a layout whose blocks differ (a hybrid's, architectures.bamba.config): block -> {canonical name: full key};
+        # None: every block has layer_tensors under backbone.layers.{i}.
+        self.block_keys = None
+        self.final_norm_key = "backbone.norm_f.weight"  # the final RMSNorm's weight (runner.head)
         self._key_file, self._embed_key, self._handles = key_file, embed_key, handles
         self.tensors_read: dict[str, int] = {}  # key -> bytes, for every tensor read so far
         self._embedding: torch.Tensor | None = None
@@ -133,13 +140,20 @@ class Checkpoint:
                 "keys": sorted(self.tensors_read)}
 
     def layer_key(self, layer: int, name: str) -> str:
+        if self.block_keys is not None:
+            return self.block_keys(layer)[name]
         return f"backbone.layers.{layer}.{self.layer_tensors[name]}"
+
+    def layer_names(self, layer: int):
+        """The canonical tensor names of block `layer`."""
+        return self.layer_tensors if self.block_keys is None else self.block_keys(layer)
 
     def raw_layer(self, layer: int) -> dict[str, torch.Tensor | None]:
         """The float tensors of block `layer` as fp32 (conv weight reshaped to (d_inner, d_conv))."""
         out = {name: None if (name in self.optional and not self.has(self.layer_key(layer, name)))
-               else self.tensor(self.layer_key(layer, name)).to(torch.float32) for name in self.layer_tensors}
-        out["conv_weight"] = out["conv_weight"].reshape(-1, self.dims.d_conv)  # (channels, d_conv)
+               else self.tensor(self.layer_key(layer, name)).to(torch.float32) for name in self.layer_names(layer)}
+        if "conv_weight" in out:
+            out["conv_weight"] = out["conv_weight"].reshape(-1, self.dims.d_conv)  # (channels, d_conv)
         return out
 
     def embedding(self) -> torch.Tensor:
@@ -157,7 +171,7 @@ class Checkpoint:
         _hash_tensor(h, "embedding", self.embedding(), self._raw_bytes(self._embed_key))
         out = []
         for layer in range(depth + 1):
-            for name in self.layer_tensors:
+            for name in self.layer_names(layer):
                 key = self.layer_key(layer, name)
                 if self.has(key):
                     _hash_tensor(h, f"{layer}.{name}", self.tensor(key), self._raw_bytes(key))
@@ -383,7 +397,7 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     except ConfigValueError as e:
         raise ModelDirError(f"{cfg_file}: {e}") from None
     key_file, handles = _weight_index(path)
-    embed_key = next((k for k in ("backbone.embeddings.weight", "backbone.embedding.weight") if k in key_file), None)
+    embed_key = next((k for k in _EMBED_KEYS if k in key_file), None)
     if embed_key is None:
         raise ModelDirError(f"{path}: no embedding tensor (backbone.embeddings.weight or backbone.embedding.weight); "
                             f"is this a Mamba checkpoint? {MODEL_DIR_CONTENTS}")

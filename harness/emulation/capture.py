@@ -28,7 +28,9 @@ __all__ = ["POINTS", "DERIVED_POINTS", "ISOLATED", "TAP_POINTS", "BLOCK_IO", "RE
            "parse_point", "point_sort_key", "select_points", "Captured", "capture", "TapError", "LAYER_SPEC_RE",
            "resolve_layers", "hook_attr", "module_path", "RESEARCH_TENSORS", "tensor_name", "array_key",
            "parse_array_key", "STATE_POINTS", "DECODE_PREFIX", "decode_tensor", "decode_points", "decode_site",
-           "MAMBA2_POINTS", "points_of", "tap_points_of"]
+           "MAMBA2_POINTS", "MIXER_NORM_POINTS", "NORMED_MAMBA1_POINTS", "ATTENTION_POINTS",
+           "MLP_POINTS", "HYBRID_POINTS", "points_of",
+           "tap_points_of"]
 
 # point -> what it holds (docs/file-format.md "Capture points" lists the same words)
 POINTS: dict[str, str] = {
@@ -69,6 +71,43 @@ MAMBA2_POINTS: dict[str, str] = {
     "block.residual": POINTS["block.residual"],
 }
 
+# A Mamba-1 variant's weightless RMSNorms of x_proj's output parts (emulation.norms), after x_proj.out.
+MIXER_NORM_POINTS: dict[str, str] = {
+    "dt_norm.out": "weightless RMSNorm of dt_low = dt_proj input [batch, seqlen, dt_rank]",
+    "b_norm.out": "weightless RMSNorm of B = the scan's B [batch, seqlen, d_state]",
+    "c_norm.out": "weightless RMSNorm of C = the scan's C [batch, seqlen, d_state]",
+}
+_AFTER_XPROJ = list(POINTS).index("x_proj.out") + 1
+NORMED_MAMBA1_POINTS: dict[str, str] = dict(list(POINTS.items())[:_AFTER_XPROJ] + list(MIXER_NORM_POINTS.items())
+                                            + list(POINTS.items())[_AFTER_XPROJ:])
+
+# A hybrid's attention and MLP blocks (architectures.bamba.block); norm.out is the block's input RMSNorm (the
+# attention's input_layernorm, the MLP's pre_ff_layernorm), the residual-stream sites mean what they mean above.
+ATTENTION_POINTS: dict[str, str] = {
+    "block.in": POINTS["block.in"], "norm.out": POINTS["norm.out"],
+    "attn.q": "queries after RoPE [batch, seqlen, n_heads, head_dim]",
+    "attn.k": "keys after RoPE, as the KV cache holds them [batch, seqlen, n_kv_heads, head_dim]",
+    "attn.v": "values, as the KV cache holds them [batch, seqlen, n_kv_heads, head_dim]",
+    "attn.scores": "attention probabilities, softmax(q k^T / sqrt(head_dim) + causal mask) [batch, n_heads, seqlen, "
+                   "seqlen] (the prefill only: a decode step's width grows with the cache)",
+    "attn.out": "attention output = o_proj input [batch, seqlen, n_heads*head_dim]",
+    "o_proj.out": "o_proj output = mixer output [batch, seqlen, d_model]",
+    "block.out": POINTS["block.out"], "block.residual": POINTS["block.residual"],
+}
+MLP_POINTS: dict[str, str] = {
+    "block.in": POINTS["block.in"], "norm.out": "pre-FFN RMSNorm output = gate and up input [batch, seqlen, d_model]",
+    "mlp.gate": "gate_proj output [batch, seqlen, d_ff]", "mlp.up": "up_proj output [batch, seqlen, d_ff]",
+    "mlp.hidden": "SiLU(gate) * up = down_proj input [batch, seqlen, d_ff]",
+    "mlp.down": "down_proj output = the MLP's output [batch, seqlen, d_model]",
+    "block.out": POINTS["block.out"], "block.residual": POINTS["block.residual"],
+}
+# a hybrid's site table: every kind's sites (a block has its kind's only)
+_IO = ("block.in", "block.out", "block.residual")
+HYBRID_POINTS: dict[str, str] = {
+    "block.in": POINTS["block.in"],
+    **{p: d for table in (MAMBA2_POINTS, ATTENTION_POINTS, MLP_POINTS) for p, d in table.items() if p not in _IO},
+    "block.out": POINTS["block.out"], "block.residual": POINTS["block.residual"]}
+
 
 def points_of(architecture: str) -> dict[str, str]:
     """The site table of a registered architecture (spec.ModelDims.architecture): its ``Architecture.points``."""
@@ -93,6 +132,8 @@ _NAME_RE = re.compile(r"^L(\d+)\.(.+)$")
 # sort order over every table: the Mamba-1 sites, then Mamba-2's own before had.out (each table in data-flow order)
 _ORDER = list(POINTS)
 _ORDER[_ORDER.index("had.out"):_ORDER.index("had.out")] = [p for p in MAMBA2_POINTS if p not in POINTS]
+_ORDER[_AFTER_XPROJ:_AFTER_XPROJ] = list(MIXER_NORM_POINTS)
+_ORDER[_ORDER.index("block.out"):_ORDER.index("block.out")] = [p for p in HYBRID_POINTS if p not in _ORDER]
 
 
 class TapError(ValueError):

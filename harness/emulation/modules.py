@@ -27,6 +27,7 @@ from ..kernels.quant import dequantize, f32, quantize, quantize_prescaled, round
 from ..kernels.scan import ScanOrder, selective_scan
 from ..kernels.state_update import quant_state_update, requantize_state
 from ..kernels.step import float_conv_update, int8_conv_update, shift_window, w8a8_gemv
+from .norms import MIXER_NORM_SITES, EmuMixerNorms
 from .state import BlockState, StateRule, conv_window, ssm_handover
 
 __all__ = [
@@ -247,12 +248,14 @@ class EmuMambaBlock(nn.Module):
 
     def __init__(self, layer: int, dims, *, norm: EmuRMSNorm, in_proj: EmuLinear, conv1d: EmuConv1d,
                  x_proj: EmuLinear, dt_proj: EmuLinear, ssm: EmuSelectiveScan, had: EmuHadamard | None,
-                 out_proj: EmuLinear, u_input: UInput) -> None:
+                 out_proj: EmuLinear, u_input: UInput, mixer_norms: EmuMixerNorms | None = None) -> None:
         super().__init__()
         self.layer, self.dims, self.u_input = layer, dims, u_input
+        self.mixer_norms = mixer_norms  # Falcon-Mamba's dt/B/C norms (emulation.norms), None for Mamba-1
         self.norm, self.in_proj, self.conv1d = norm, in_proj, conv1d
         self.x_proj, self.dt_proj, self.ssm, self.had, self.out_proj = x_proj, dt_proj, ssm, had, out_proj
-        self.hooks = nn.ModuleDict({hook_attr(p): HookPoint(p, layer) for p in BLOCK_POINTS})
+        sites = BLOCK_POINTS + (MIXER_NORM_SITES if mixer_norms is not None else ())
+        self.hooks = nn.ModuleDict({hook_attr(p): HookPoint(p, layer) for p in sites})
         self.shared: OpCache | None = None  # a run's ops shared across modes (harness.runner.sharedops)
 
     def _op(self, name: str, module: nn.Module, *args):
@@ -260,6 +263,15 @@ class EmuMambaBlock(nn.Module):
 
     def _at(self, point: str, x):
         return self.hooks[hook_attr(point)](x)
+
+    def _split(self, dbl: Act) -> tuple[Act, Act, Act]:
+        """x_proj's output -> dt_low, B, C; through the variant's norms where it has them."""
+        sizes = [self.dims.dt_rank, self.dims.d_state, self.dims.d_state]
+        dt, B, C = dbl.split(sizes) if isinstance(dbl, QTensor) else dbl.split(sizes, dim=-1)
+        n = self.mixer_norms
+        if n is None:
+            return dt, B, C
+        return (self._at("dt_norm.out", n.dt(dt)), self._at("b_norm.out", n.b(B)), self._at("c_norm.out", n.c(C)))
 
     def _xproj_input(self, conv_out: Act) -> Act:
         if isinstance(conv_out, QTensor) or not self.u_input.xproj_requant:
@@ -299,8 +311,7 @@ class EmuMambaBlock(nn.Module):
         conv_out = self._at("conv1d.out", self._op("conv1d", self.conv1d, x))   # (batch, seqlen, d_inner)
         xp_in    = self._at("x_proj.in", self._xproj_input(conv_out))
         dbl      = self._at("x_proj.out", self._op("x_proj", self.x_proj, xp_in))  # (batch, seqlen, dt_rank + 2 * d_state)
-        sizes    = [dims.dt_rank, dims.d_state, dims.d_state]
-        dt, B, C = dbl.split(sizes) if isinstance(dbl, QTensor) else dbl.split(sizes, dim=-1)
+        dt, B, C = self._split(dbl)
         delta    = self._at("dt_proj.out", self._op("dt_proj", self.dt_proj, dt))  # (batch, seqlen, d_inner), before the bias
         u        = self._at("ssm.u", self._ssm_u(conv_out))
         y, state = self._op("ssm", self.ssm, u, delta, B, C, z)
@@ -328,8 +339,7 @@ class EmuMambaBlock(nn.Module):
         conv_out, window = self.conv1d.step(x, state.conv)
         conv_out = self._at("conv1d.out", conv_out)
         dbl      = self._at("x_proj.out", self.x_proj.step(self._at("x_proj.in", self._xproj_input(conv_out))))
-        sizes    = [dims.dt_rank, dims.d_state, dims.d_state]
-        dt, B, C = dbl.split(sizes) if isinstance(dbl, QTensor) else dbl.split(sizes, dim=-1)
+        dt, B, C = self._split(dbl)
         delta    = self._at("dt_proj.out", self.dt_proj.step(dt))
         y, ssm   = self.ssm.step(self._at("ssm.u", self._ssm_u(conv_out)), delta, B, C, z, state.ssm)
         y        = self._at("ssm.out", y)

@@ -22,7 +22,7 @@ from ..kernels.quant import dequantize, round_to_dtype
 from ..kernels.ssd_step import dequantize_q2_state
 from ..kernels.state_update import handover_codes
 
-__all__ = ["StateRule", "BlockState", "Q2BlockState", "conv_window", "ssm_handover"]
+__all__ = ["StateRule", "BlockState", "Q2BlockState", "KVState", "conv_window", "ssm_handover"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,16 @@ class BlockState:
     def ssm_values(self) -> torch.Tensor:
         """The SSM state as real values, fp32 (batch, d_inner, d_state)."""
         return dequantize(self.ssm)
+
+
+@dataclass
+class KVState:
+    """An attention block's KV cache after the tokens so far: keys (after RoPE) and values, (batch, n_kv_heads,
+    tokens, head_dim), as the block stored them (its output rule). It has no SSM state or conv window: the decode
+    run records those of the blocks that have them."""
+
+    k: torch.Tensor
+    v: torch.Tensor
 
 
 def conv_window(x: Act, d_conv: int) -> Act:

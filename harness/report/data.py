@@ -150,6 +150,32 @@ class ReportData:
                 isolated[mode] = iso
         return layers, accumulated, isolated
 
+    def layer_kinds(self) -> dict[int, str]:
+        """Block -> its kind ("ssm", "attention", "mlp") for a hybrid model (spec.HybridDims.kinds); {} otherwise."""
+        dims = (((self.stats.get("provenance") or {}).get("model") or {}).get("dims") or {})
+        kinds = dims.get("kinds") if isinstance(dims, dict) else None
+        return dict(enumerate(kinds)) if isinstance(kinds, list) else {}
+
+    def kind_sqnr(self) -> dict[str, dict[str, dict]]:
+        """mode -> kind -> the per-layer error grouped by layer kind: blocks, the worst isolated SQNR and its
+        block, the mean isolated SQNR, the worst accumulated SQNR (the question: which kind breaks first)."""
+        kinds = self.layer_kinds()
+        layers, acc, iso = self.layer_sqnr()
+        out: dict[str, dict[str, dict]] = {}
+        for mode in dict.fromkeys([*acc, *iso]):
+            by_kind: dict[str, dict] = {}
+            for j, layer in enumerate(layers):
+                kind = kinds.get(layer)
+                if kind is None:
+                    continue
+                row = by_kind.setdefault(kind, {"blocks": [], "isolated": [], "accumulated": []})
+                row["blocks"].append(layer)
+                for key, values in (("isolated", iso.get(mode)), ("accumulated", acc.get(mode))):
+                    if values is not None and values[j] is not None:
+                        row[key].append((values[j], layer))
+            out[mode] = {k: _kind_row(r) for k, r in by_kind.items()}
+        return out
+
     def _row(self, mode: str, tensor: str) -> dict | None:
         return ((self.comparison or {}).get("modes", {}).get(mode) or {}).get(tensor)
 
@@ -244,3 +270,11 @@ def load_report_data(path: Path, reference: str | None = None, require_reference
         raise CompareError(f"reference mode {ref!r} is not in the file; modes present: {', '.join(ok_modes)}; "
                            f"choose one with --reference {ok_modes[0]}")
     return ReportData(Path(path), cf, stats, ref, ok_modes, comparison, failed)
+
+
+def _kind_row(r: dict) -> dict:
+    iso, acc = r["isolated"], r["accumulated"]
+    worst = min(iso) if iso else (None, None)
+    return {"blocks": len(r["blocks"]), "isolated_min_db": worst[0], "isolated_min_layer": worst[1],
+            "isolated_mean_db": sum(v for v, _ in iso) / len(iso) if iso else None,
+            "accumulated_min_db": min(acc)[0] if acc else None}

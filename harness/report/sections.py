@@ -123,6 +123,7 @@ def layers_section(d: ReportData, figs: Figures, colors: dict) -> str:
     parts = [figs.embed("layers_sqnr", fig, "SQNR per layer",
                         "Solid: accumulated (the mode's own input, errors of earlier layers included); dashed: "
                         "isolated (the layer alone on the reference's input), where the file has it.")]
+    parts += _kind_tables(d)
     for mode, rows in d.sensitivity().items():
         cols = [("layer", "layer"), ("isolated_sqnr_db", "isolated SQNR dB"), ("accumulated_sqnr_db", "accumulated SQNR dB"),
                 ("sqnr_drop_db", "SQNR lost at this layer dB"), ("kl", "KL with only this layer in the mode"),
@@ -131,6 +132,23 @@ def layers_section(d: ReportData, figs: Figures, colors: dict) -> str:
         parts.append(f"<h3>Sensitivity ranking: mode {esc(mode)} ({esc(d.sensitivity_order(rows))})</h3>"
                      + table([h for _, h in cols], [[r[k] for k, _ in cols] for r in rows]))
     return section("Error per layer", "".join(parts), "layers")
+
+
+def _kind_tables(d: ReportData) -> list[str]:
+    """A hybrid's per-layer error grouped by layer kind (SSM, attention, MLP), per mode; the kind whose worst
+    isolated SQNR is lowest is the one that breaks first."""
+    out = []
+    for mode, kinds in d.kind_sqnr().items():
+        if not kinds:
+            continue
+        scored = {k: r["isolated_min_db"] for k, r in kinds.items() if r["isolated_min_db"] is not None}
+        first = min(scored, key=scored.get) if scored else None
+        rows = [[k + (" (breaks first)" if k == first else ""), r["blocks"], r["isolated_min_db"],
+                 r["isolated_min_layer"], r["isolated_mean_db"], r["accumulated_min_db"]] for k, r in kinds.items()]
+        out.append(f"<h3>Error by layer kind: mode {esc(mode)}</h3>" + table(
+            ["kind", "blocks", "worst isolated SQNR dB", "at block", "mean isolated SQNR dB",
+             "worst accumulated SQNR dB"], rows))
+    return out
 
 
 def end_to_end_section(d: ReportData, figs: Figures, colors: dict) -> str:

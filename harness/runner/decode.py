@@ -63,7 +63,10 @@ class DecodeResult:
 
 
 def _state_capture(layer: int, state: BlockState) -> dict[str, tuple[torch.Tensor, QTensor | None]]:
-    """(values (1, 1, ...), the int8 QTensor or None) of a block's states after a step."""
+    """(values (1, 1, ...), the int8 QTensor or None) of a block's states after a step; none for a block without
+    an SSM state (a hybrid's attention block: its KV cache grows each step, an MLP: no state)."""
+    if getattr(state, "ssm", None) is None:
+        return {}
     def one(x) -> tuple[torch.Tensor, QTensor | None]:
         q = x if isinstance(x, QTensor) else None
         return (x.dequantize() if q else x.to(torch.float32))[:, None].clone(), q

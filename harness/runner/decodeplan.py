@@ -18,9 +18,11 @@ def state_scales(scales: list) -> list | None:
     tables = [getattr(s, "scales", s) for s in scales]    # Q2W4Layer -> its W8A8 scales (None for W4A16)
     if any(t is None for t in tables):
         return None
-    if not all(hasattr(t, "s_h") or hasattr(t, "ssm_state_scale") for t in tables):
+    has = [hasattr(t, "s_h") or hasattr(t, "ssm_state_scale") for t in tables]
+    if not any(has):
         return None  # a recipe whose statistics hold no state scale (the field's recipes: docs/field-recipes.md)
-    return [t.s_h if hasattr(t, "s_h") else t.ssm_state_scale.tolist() for t in tables]
+    return [t.s_h if hasattr(t, "s_h") else t.ssm_state_scale.tolist() if hasattr(t, "ssm_state_scale") else None
+            for t in tables]  # None: a hybrid's attention or MLP block (no SSM state)
 
 
 def check_decode(cfg: RunConfig) -> None:

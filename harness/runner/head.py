@@ -64,7 +64,7 @@ def _float_head(bank: WeightBank, dtype: torch.dtype, rotate: bool, prep: str) -
     if (dtype, rotate, prep) not in cache:
         ckpt = bank.ckpt
         w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()  # tied: the embedding
-        norm_w = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), dtype)
+        norm_w = round_to_dtype(ckpt.tensor(ckpt.final_norm_key).to(torch.float32), dtype)
         if rotate:  # rounded to dtype block by block there: no unrotated copy of the head
             norm_w, w = None, rotated_head(w, norm_w, dtype)
         else:

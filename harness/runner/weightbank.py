@@ -135,6 +135,6 @@ def lm_head_weight(ckpt: Checkpoint) -> torch.Tensor:
     with the fast_hadamard_transform kernel's arithmetic (fp16 store), like the embedding."""
     w = ckpt.tensor("lm_head.weight") if ckpt.has("lm_head.weight") else ckpt.embedding()
     w16 = round_to_dtype(w.to(torch.float32), torch.float16)
-    norm = round_to_dtype(ckpt.tensor("backbone.norm_f.weight").to(torch.float32), torch.float16)
+    norm = round_to_dtype(ckpt.tensor(ckpt.final_norm_key).to(torch.float32), torch.float16)
     folded = round_to_dtype(w16.to(torch.float64) * norm.to(torch.float64), torch.float16)
     return fht_fp16(folded)

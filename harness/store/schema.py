@@ -205,7 +205,8 @@ _SAMPLES = obj({"count": num(integer=True), "windows": list_of(list_of(num(integ
                                      rest=anything)),
                 })
 _PAIR = interval("mean_diff")
-_PROVENANCE = obj({"model": obj({"dims": obj(rest=one_of(num(), string(), boolean), optional=True)}, optional=True),
+_DIM = one_of(num(), string(), boolean, list_of(string()))  # a hybrid's dims hold its blocks' kinds, a list
+_PROVENANCE = obj({"model": obj({"dims": obj(rest=_DIM, optional=True)}, optional=True),
                    "sample": obj(optional=True), "calibration": obj({"settings": obj(optional=True)}, optional=True)})
 _TOP = obj({
     "schema_version": num(integer=True), "timestamp": string(), "model": string(), "pretrained_dir": string(),

@@ -47,8 +47,7 @@ def ctx(tmp_path_factory):
     _model_variant(c, "zero-layers", lambda cfg: cfg.update(num_hidden_layers=0))
     _model_variant(c, "three-layers", lambda cfg: cfg.update(num_hidden_layers=3))
     _model_variant(c, "architectures-int", lambda cfg: cfg.update(architectures=5))
-    _model_variant(c, "falcon-mamba", lambda cfg: cfg.update(model_type="falcon_mamba",
-                                                             architectures=["FalconMambaForCausalLM"]))
+    _model_variant(c, "jamba", lambda cfg: cfg.update(model_type="jamba", architectures=["JambaForCausalLM"]))
     _model_variant(c, "unknown-type", lambda cfg: cfg.update(model_type="quux"))
     _model_variant(c, "unknown-class", lambda cfg: cfg.update(architectures=["JambaForCausalLM"]))
     _model_variant(c, "inf-state", lambda cfg: cfg.update(state_size=float("inf")))
@@ -171,8 +170,8 @@ CASES = [
     ("config-zero-layers", C, ["--model", "{c}/zero-layers"], "sizes must be positive integers up to 2^20, got n_layer=0"),
     ("config-more-layers", C, ["--model", "{c}/three-layers"], "config.json says the model has 3 blocks"),
     ("config-architectures-int", C, ["--model", "{c}/architectures-int"], "'architectures' must be a list of class"),
-    ("config-falcon-mamba", C, ["--model", "{c}/falcon-mamba"],
-     "model_type 'falcon_mamba' is not supported; supported model types: mamba, mamba2"),
+    ("config-jamba", C, ["--model", "{c}/jamba"],
+     "model_type 'jamba' is not supported; supported model types: mamba, mamba2, falcon_mamba"),
     ("config-unknown-type", C, ["--model", "{c}/unknown-type"], "model_type 'quux' is not supported"),
     ("config-unknown-class", C, ["--model", "{c}/unknown-class"],
      "architectures entry 'JambaForCausalLM' is not supported; supported: MambaForCausalLM"),

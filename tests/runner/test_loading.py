@@ -59,13 +59,15 @@ def test_malformed_directories(hf_dir, tmp_path, breakage, message):
 
 
 @pytest.mark.parametrize("edit,message", [
-    ({"model_type": "falcon_mamba", "architectures": ["FalconMambaForCausalLM"]},
-     "model_type 'falcon_mamba' is not supported; supported model types: mamba, mamba2"),
+    ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]},
+     "model_type 'jamba' is not supported; supported model types: mamba, mamba2, falcon_mamba"),
     ({"model_type": "nope"}, "model_type 'nope' is not supported"),
-    ({"architectures": ["FalconMambaForCausalLM"]}, "architectures entry 'FalconMambaForCausalLM' is not supported"),
+    ({"architectures": ["JambaForCausalLM"]}, "architectures entry 'JambaForCausalLM' is not supported; supported: "
+                                                "MambaForCausalLM, .*FalconMambaForCausalLM"),
 ])
 def test_unimplemented_model_kinds_are_refused(hf_dir, tmp_path, edit, message):
-    """A Falcon-Mamba (dt/B/C RMSNorms) is not plain Mamba-1: refused by name, never computed as one."""
+    """A model kind no registered architecture declares is refused by name (listing the supported ones), never
+    computed as another family (a Falcon-Mamba is its own architecture: tests/architectures/falcon_mamba)."""
     d = tmp_path / "m"
     shutil.copytree(hf_dir, d)
     cfg = json.loads((d / "config.json").read_text())

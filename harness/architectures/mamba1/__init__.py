@@ -29,4 +29,5 @@ def prepare_layer(raw, weights: str, rotate: bool, prep: str, fp16):
 
 MAMBA1 = register_architecture(Architecture(
     "mamba1", "Mamba-1 (selective scan)", POINTS, build_blocks, prepare_layer, presets=PRESETS,
-    extra={"formats": True}))
+    extra={"formats": True}, model_types=("mamba",),
+    class_names=("MambaForCausalLM", "MambaModel", "MambaLMHeadModel")))

@@ -37,6 +37,7 @@ import torch
 from ...emulation.build import act_dtype
 from ...emulation.modules import (ConvInput, EmuConv1d, EmuHadamard, EmuLinear, EmuMambaBlock, EmuRMSNorm,
                                   EmuSelectiveScan, UInput)
+from ...emulation.norms import EmuMixerNorms, EmuWeightlessRMSNorm, bound_scale
 from ...emulation.state import StateRule
 from ...kernels.formats import FORMATS, fake_quantize
 from ...kernels.linear import Epilogue
@@ -45,7 +46,7 @@ from ...modes import ConvIn, ConvOut, ModeRecipe, NumberFormat, Prep, Rotate, Ss
 from ...spec import FloatOut, FormatOut, LayerScales, ModelDims, OutSpec, QuantOut, Rounding
 from .weights import LayerParams
 
-__all__ = ["build_block", "build_blocks", "layer_formats"]
+__all__ = ["build_block", "build_blocks", "layer_formats", "mixer_norms"]
 
 
 def _out(quantized: bool, scales: LayerScales | None, name: str, rounding: Rounding, act: FloatOut) -> OutSpec:
@@ -99,6 +100,21 @@ def layer_formats(recipe: ModeRecipe, dims: ModelDims, depth: int) -> dict[str, 
             kept += [f"{n}.weight" for n, w in ins.items() if not _fits(r.weight_format, w)]
         out[str(i)] = {**row, "kept": kept}
     return out
+
+
+def mixer_norms(recipe: ModeRecipe, dims: ModelDims, int8: bool, act: FloatOut) -> EmuMixerNorms | None:
+    """A Falcon-Mamba block's dt, B and C norms (dims.mixer_rms_eps; None for plain Mamba-1). Their outputs
+    take what x_proj's output takes: int8 when x_proj's is (the W8A8 recipes: re-quantized at the norm's
+    bound sqrt(width) / 127, emulation.norms, RNE as x_proj's own output), else act_dtype or act_format."""
+    eps = getattr(dims, "mixer_rms_eps", None)
+    if eps is None:
+        return None
+
+    def norm(width: int) -> EmuWeightlessRMSNorm:
+        out = QuantOut(bound_scale(width), Rounding.HALF_EVEN) if int8 else _fmt_out(recipe, width, act)
+        return EmuWeightlessRMSNorm(eps, out)
+
+    return EmuMixerNorms(norm(dims.dt_rank), norm(dims.d_state), norm(dims.d_state))
 
 
 def _scan_order(recipe: ModeRecipe, calibration: bool) -> ScanOrder:
@@ -162,6 +178,7 @@ def build_block(recipe: ModeRecipe, p: LayerParams, scales: LayerScales | None, 
                         fht=quamba) if rotate else None,
         out_proj=EmuLinear(p.out_proj, Epilogue.WEIGHT_THEN_RATIO, act),
         u_input=UInput(ssm_u=recipe.ssm_u, s_u=s_u, xproj_requant=int8_weights),
+        mixer_norms=mixer_norms(recipe, dims, int8_weights, act),
     )
 
 

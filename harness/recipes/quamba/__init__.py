@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ..registry import register_recipe
 from .export import register_exporters
-from .families import Quamba1, Quamba2, Quamba2W4
+from .families import Quamba1, Quamba2, Quamba2HybridW8A8, Quamba2W4
 from .formats import register_formats
 
-for _family in (Quamba1(), Quamba2(), Quamba2W4()):
+for _family in (Quamba1(), Quamba2(), Quamba2W4(), Quamba2HybridW8A8()):
     register_recipe(_family)
 register_formats()
 register_exporters()

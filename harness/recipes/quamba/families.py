@@ -8,20 +8,26 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ...modes import ModeRecipe, Prep, Weights
+from ...modes import BUILTIN_MODES, ModeRecipe, Prep, Weights
 from ..registry import Recipe
 from .calibration import calibrate
 from .q2.build import build_blocks as q2_blocks
-from .q2.calibration import q2_grouping_problem
+from .q2.calibration import q2_grouping_problem, ssm_dims
+from .q2.hybrid import build_q2_hybrid_blocks
 from .q2.calibrate import calibrate_quamba2
 from .q2.head_scale import observe_head_scales
 from .w4.build import build_blocks_mamba1, build_blocks_mamba2
 from .w4.calibrate_mamba1 import calibrate_mamba1_w4
 from .w4.calibrate_mamba2 import calibrate_q2w4
 
-__all__ = ["Quamba1", "Quamba2", "Quamba2W4", "calibrate_key"]
+__all__ = ["Quamba1", "Quamba2", "Quamba2W4", "Quamba2HybridW8A8", "calibrate_key"]
 
 _MAMBA1, _MAMBA2 = "mamba1", "mamba2"
+# the architectures whose blocks are Mamba-1's (Falcon-Mamba adds weightless dt/B/C norms, which the block's knob
+# interpreter quantizes as x_proj's output: architectures.mamba1.build.mixer_norms): every Mamba-1 recipe runs there
+_MAMBA1_BLOCKS = (_MAMBA1, "falcon_mamba")
+# the hybrids whose SSM blocks are Mamba-2's: Quamba2's W8A8 quantizes those, the attention and MLP blocks stay fp16
+_HYBRIDS = ("bamba", "nemotron_h")
 
 
 def calibrate_key(bank, windows, settings, depth: int, prefix_hashes: list[str], cache_dir: Path | None,
@@ -32,7 +38,7 @@ def calibrate_key(bank, windows, settings, depth: int, prefix_hashes: list[str],
     if key == "quamba2":
         return calibrate_quamba2(*args, progress=progress)
     if key in ("quamba2-w4a8", "quamba2-w4a16"):
-        w4 = calibrate_mamba1_w4 if bank.dims.architecture == _MAMBA1 else calibrate_q2w4
+        w4 = calibrate_mamba1_w4 if bank.dims.architecture in _MAMBA1_BLOCKS else calibrate_q2w4
         return w4(*args, key, progress=progress)
     return calibrate(*args, key, progress=progress)
 
@@ -53,7 +59,7 @@ class Quamba1(_Quamba):
             (mode.needs_calibration or mode.prep == Prep.QUAMBA)
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return (_MAMBA1,)
+        return _MAMBA1_BLOCKS
 
     def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
         if architecture in self.architectures(mode):
@@ -71,10 +77,10 @@ class Quamba2(_Quamba):
     title = "Quamba2 W8A8 (head/dim-grouped int8 SSD input), Mamba-2"
 
     def owns(self, mode: ModeRecipe) -> bool:
-        return mode.prep == Prep.QUAMBA2 and mode.weights != Weights.INT4
+        return not mode.family and mode.prep == Prep.QUAMBA2 and mode.weights != Weights.INT4
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return (_MAMBA2,)
+        return (_MAMBA2, *_HYBRIDS)
 
     def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
         if architecture in self.architectures(mode):
@@ -85,10 +91,11 @@ class Quamba2(_Quamba):
 
     def model_problem(self, mode: ModeRecipe, dims) -> str | None:
         """The head/dim grouping export checks (q2.export.check_q2_export), before any work."""
-        return q2_grouping_problem(dims) if dims.architecture == _MAMBA2 else None
+        return q2_grouping_problem(ssm_dims(dims)) if dims.architecture in (_MAMBA2, *_HYBRIDS) else None
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
-        return q2_blocks(mode, bank, scales, depth, calibration)
+        build = build_q2_hybrid_blocks if bank.dims.architecture in _HYBRIDS else q2_blocks
+        return build(mode, bank, scales, depth, calibration)
 
     def after_calibration(self, calibs, modes, bank, windows, settings, cache_dir, progress) -> None:
         """lm_head=quantized: lm_head's input scale, observed after the calibration (q2.head_scale)."""
@@ -105,11 +112,11 @@ class Quamba2W4(_Quamba):
         return mode.weights == Weights.INT4
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return (_MAMBA1, _MAMBA2)
+        return _MAMBA1_BLOCKS + (_MAMBA2,)
 
     def on_architecture(self, mode: ModeRecipe, architecture: str | None) -> ModeRecipe:
         """On Mamba-1, Quamba1's preparation (prep=quamba)."""
-        if architecture == _MAMBA1 and mode.prep == Prep.QUAMBA2:
+        if architecture in _MAMBA1_BLOCKS and mode.prep == Prep.QUAMBA2:
             return replace(mode, prep=Prep.QUAMBA)
         return mode
 
@@ -122,5 +129,36 @@ class Quamba2W4(_Quamba):
         return q2_grouping_problem(dims)
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
-        build = build_blocks_mamba1 if bank.dims.architecture == _MAMBA1 else build_blocks_mamba2
+        build = build_blocks_mamba1 if bank.dims.architecture in _MAMBA1_BLOCKS else build_blocks_mamba2
         return build(mode, bank, scales, depth, calibration)
+
+
+# mode -> the KV cache format of its attention blocks (q2.linear.KV_FORMATS)
+_HYBRID_KV = {"q2-w8a8-a8": "fp16", "q2-w8a8-a8-kv8": "int8", "q2-w8a8-a8-kvfp8": "fp8_e4m3"}
+_HYBRID_FAMILY = "quamba2-hybrid-w8a8"
+
+
+class Quamba2HybridW8A8(Quamba2):
+    """q2-w8a8 on a hybrid whose attention and MLP linears are W8A8 too (static per-tensor int8 inputs, per-channel
+    int8 weights: q2.linear), the KV cache in fp16 (q2-w8a8-a8), int8 (-kv8) or fp8 E4M3 (-kvfp8). The calibration
+    is q2-w8a8's (one pass observes both)."""
+
+    name = _HYBRID_FAMILY
+    title = "Quamba2 W8A8 of a hybrid's Mamba-2 blocks, W8A8 attention and MLP linears, KV cache fp16/int8/fp8"
+    modes = tuple(replace(BUILTIN_MODES["q2-w8a8"], name=n, family=_HYBRID_FAMILY,
+                          title=f"Quamba2 W8A8 + W8A8 attention/MLP linears, KV cache {kv}")
+                  for n, kv in _HYBRID_KV.items())
+
+    def owns(self, mode: ModeRecipe) -> bool:
+        return mode.family == self.name
+
+    def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
+        return _HYBRIDS
+
+    def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
+        if architecture in _HYBRIDS:
+            return None
+        return "it quantizes a hybrid's attention and MLP linears; a model without them runs q2-w8a8"
+
+    def build_blocks(self, mode, bank, scales, depth, calibration=False):
+        return build_q2_hybrid_blocks(mode, bank, scales, depth, calibration, linear_kv=_HYBRID_KV[mode.name])

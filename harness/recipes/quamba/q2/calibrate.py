@@ -18,7 +18,9 @@ import torch
 
 from .grouping import GroupReorder
 from .calibration import calibrate_q2
+from .linear import LinearScales
 from .params import Q2Scales
+from ....architectures.bamba.build import is_ssm_block
 from ....modes import Q2_CALIBRATION_RECIPE
 from ....runtime.guard import Progress
 from ....runtime.log import warn
@@ -42,17 +44,24 @@ def _cache(cache_dir: Path | None) -> LayerCache:
     return LayerCache(cache_dir, CACHE_KIND, max_bytes=1 << 24)  # an entry is a few KB
 
 
-def _entry(layer: int, s: Q2Scales, settings: CalibrationSettings) -> tuple[dict, dict[str, np.ndarray]]:
-    """A layer's cache entry: the scalar scales in the payload, the tables and groups as arrays (bit for bit)."""
-    payload = {"version": Q2_CALIB_VERSION, "layer": layer, "prep": "quamba2", "settings": asdict(settings),
-               "scales": {k: getattr(s, k) for k in _FLOATS}}
+def _entry(layer: int, s: Q2Scales | LinearScales, settings: CalibrationSettings) -> tuple[dict, dict[str, np.ndarray]]:
+    """A layer's cache entry: the scalar scales in the payload, the tables and groups as arrays (bit for bit); a
+    hybrid's attention or MLP block: its linears' scales in the payload, no arrays."""
+    payload = {"version": Q2_CALIB_VERSION, "layer": layer, "prep": "quamba2", "settings": asdict(settings)}
+    if isinstance(s, LinearScales):
+        return {**payload, "linear": s.info()}, {}
+    payload["scales"] = {k: getattr(s, k) for k in _FLOATS}
     arrays = {k: getattr(s, k).numpy() for k in _TABLES}
     arrays.update({k: getattr(s.reorder, k).numpy() for k in _GROUPS})
     return payload, arrays
 
 
-def _from_entry(entry: Entry, dims) -> Q2Scales:
-    """ValueError naming what does not fit the model."""
+def _from_entry(entry: Entry, dims, layer: int) -> Q2Scales | LinearScales:
+    """ValueError naming what does not fit the model (a hybrid's attention or MLP block: its linears' scales)."""
+    if is_ssm_block(dims, layer) == ("linear" in entry.payload):
+        raise ValueError("the entry is not of this block's kind")
+    if "linear" in entry.payload:
+        return _linear_entry(entry.payload["linear"])
     d, a = entry.payload.get("scales"), entry.arrays
     try:
         r = GroupReorder(*(torch.tensor(a[k], dtype=t) for k, t in zip(_GROUPS, _GROUP_DTYPES)))
@@ -74,7 +83,19 @@ def _from_entry(entry: Entry, dims) -> Q2Scales:
     return s
 
 
-def _bad(s: Q2Scales) -> list[str]:
+def _linear_entry(table) -> LinearScales:
+    try:
+        s = LinearScales(**{k: None if v is None else float(v) for k, v in table.items()})
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ValueError(f"bad entry ({type(e).__name__}: {e})") from None
+    if bad := _bad(s):
+        raise ValueError(f"scales that are not finite and positive: {', '.join(bad)}")
+    return s
+
+
+def _bad(s) -> list[str]:
+    if not isinstance(s, Q2Scales):  # a hybrid's attention or MLP block: its linears' scales (q2.linear)
+        return [f"{k}={v}" for k, v in s.floats() if not (math.isfinite(v) and v > 0)]
     flat = [(k, getattr(s, k)) for k in _FLOATS] + [(k, x) for k in _TABLES for x in getattr(s, k).flatten().tolist()]
     return [f"{k}={v}" for k, v in flat if not (math.isfinite(v) and v > 0)]
 
@@ -90,7 +111,7 @@ def calibrate_quamba2(bank: WeightBank, windows: torch.Tensor, settings: Calibra
             "observers": "min-max per tensor; cross-head min-max of x; per-SSD-group min-max of B, C "
                          "(Quamba c474646 quamba/modelutils_mamba.py:236-372); s_x_tensor: per-tensor percentile "
                          "of x, alpha --percentile_alpha (the non-grouped path's, :125-132, 161-167)"}
-    scales, problems = cache.read_layers(keys, lambda _layer, entry: _from_entry(entry, bank.dims), "cache file")
+    scales, problems = cache.read_layers(keys, lambda layer, entry: _from_entry(entry, bank.dims, layer), "cache file")
     if cache.enabled and len(scales) == depth + 1:
         return CalibrationResult(scales, {**info, "source": "reused", "cache_files": [str(cache.path(k)) for k in keys],
                                           "seconds": 0.0, "layers": [s.info() for s in scales]})

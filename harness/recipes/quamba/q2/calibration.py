@@ -30,10 +30,12 @@ from ....emulation.modules import EmuBackbone
 from ..observers import MinMaxObserver, PercentileObserver
 from .observers import CachedStatesObserver, CrossHeadMinmaxObserver
 from ....kernels import portable
+from .linear import LinearScales, linear_observers, linear_scales
 from .params import Q2Scales, reorder_raw
 from ....architectures.mamba2.weights import float_layer_mamba2
+from ....architectures.bamba.build import float_block, is_ssm_block
 
-__all__ = ["calibrate_q2", "check_finite_weights", "q2_grouping_problem", "PerSSDGroupObserver"]
+__all__ = ["calibrate_q2", "check_finite_weights", "q2_grouping_problem", "PerSSDGroupObserver", "ssm_dims"]
 
 _MINMAX = {"norm.out": "s_in", "in_proj.z": "s_z", "in_proj.dt": "s_dt", "had.out": "s_H"}
 
@@ -55,9 +57,18 @@ class PerSSDGroupObserver:
         return (self.amax / 127).to(torch.float32).clamp(min=1e-6)
 
 
-def _model(dims: Mamba2Dims, raws: list[dict], embed: Callable, recipe) -> EmuBackbone:
-    return EmuBackbone(embed, [build_mamba2_block(recipe, float_layer_mamba2(raw, True, torch.float16), dims, i)
-                               for i, raw in enumerate(raws)])
+def ssm_dims(dims) -> Mamba2Dims:
+    """The Mamba-2 blocks' dims: the model's, or a hybrid's (spec.HybridDims.ssm_dims)."""
+    return dims.ssm_dims() if hasattr(dims, "ssm_dims") else dims
+
+
+def _model(dims, raws: list[dict], embed: Callable, recipe) -> EmuBackbone:
+    """The rotated fp16 calibration model; a hybrid's attention and MLP blocks are its own float blocks."""
+    def block(i: int, raw: dict):
+        if not is_ssm_block(dims, i):
+            return float_block(recipe, raw, dims, i)
+        return build_mamba2_block(recipe, float_layer_mamba2(raw, True, torch.float16), ssm_dims(dims), i)
+    return EmuBackbone(embed, [block(i, raw) for i, raw in enumerate(raws)])
 
 
 def _hook(model: EmuBackbone, want: Callable[[int, str], Callable | None]) -> list:
@@ -122,25 +133,35 @@ def q2_grouping_problem(dims: Mamba2Dims) -> str | None:
     return None
 
 
-def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, windows: torch.Tensor, depth: int,
-                 batch_size: int, recipe, *, step: Callable | None = None, alpha: float = 0.9995) -> list[Q2Scales]:
+def calibrate_q2(model_dims, raw: Callable[[int], dict], embed: Callable, windows: torch.Tensor, depth: int,
+                 batch_size: int, recipe, *, step: Callable | None = None,
+                 alpha: float = 0.9995) -> list[Q2Scales | LinearScales]:
     """Scales of blocks 0..depth. raw(i): block i's checkpoint tensors (fp32); embed(ids): the rotated fp16
     embedding; recipe: the float calibration recipe (fp16 weights and activations, rotated, chunked SSD);
-    alpha: the percentile of s_x_tensor (Quamba's non-grouped x observer, modelutils_mamba.py:132)."""
+    alpha: the percentile of s_x_tensor (Quamba's non-grouped x observer, modelutils_mamba.py:132). A hybrid's
+    (spec.HybridDims) attention and MLP blocks run in the calibration model as its rotated fp16 blocks and get the
+    static input scales of their linears (q2.linear.LinearScales), observed in the same pass."""
+    dims = ssm_dims(model_dims)
     if (problem := q2_grouping_problem(dims)) is not None:
         raise ValueError(problem)
     raws = [raw(i) for i in range(depth + 1)]
+    ssm = [is_ssm_block(model_dims, i) for i in range(depth + 1)]
     for i, r in enumerate(raws):
-        check_finite_weights(i, r)
-    stats = _channel_stats(_model(dims, raws, embed, recipe), depth, windows, batch_size, step)
-    reorders = [_grouping(i, st, dims) for i, st in enumerate(stats)]
-    model = _model(dims, [reorder_raw(r, g, dims.d_inner, dims.nheads) for r, g in zip(raws, reorders)], embed, recipe)
+        if ssm[i]:
+            check_finite_weights(i, r)
+    stats = _channel_stats(_model(model_dims, raws, embed, recipe), depth, windows, batch_size, step)
+    reorders = [_grouping(i, st, dims) if ssm[i] else None for i, st in enumerate(stats)]
+    model = _model(model_dims, [r if g is None else reorder_raw(r, g, dims.d_inner, dims.nheads)
+                                for r, g in zip(raws, reorders)], embed, recipe)
     gs = dims.ngroups * dims.d_state
-    obs = [{**{k: MinMaxObserver() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
+    kinds = getattr(model_dims, "kinds", None)
+    obs = [linear_observers(kinds[i]) if g is None else
+           {**{k: MinMaxObserver() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
             "x": CrossHeadMinmaxObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups),
             "B": PerSSDGroupObserver(dims.d_state), "C": PerSSDGroupObserver(dims.d_state),
             "s_x_tensor": PercentileObserver(alpha),
-            "state": CachedStatesObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups)} for g in reorders]
+            "state": CachedStatesObserver(dims.ngroups, dims.headdim, g.head_groups, g.dim_groups)}
+           for i, g in enumerate(reorders)]
 
     def x_out(o: dict, t: torch.Tensor) -> None:
         o["x"].update(t.to(torch.float16).to(torch.float32))
@@ -154,6 +175,8 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
 
     def want(layer: int, point: str):
         o = obs[layer]
+        if reorders[layer] is None:  # a hybrid's attention or MLP block: its linears' input scales
+            return o[point].observe if point in o else None
         if point in _MINMAX:
             return o[_MINMAX[point]].observe
         if point == "in_proj.xBC":
@@ -166,7 +189,8 @@ def calibrate_q2(dims: Mamba2Dims, raw: Callable[[int], dict], embed: Callable, 
 
     _run(model, _hook(model, lambda layer, point: want(layer, point) if layer <= depth else None), windows,
          batch_size, step)
-    return [Q2Scales(**{k: o[k].compute_scale() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
+    return [linear_scales(kinds[i], o) if g is None else
+            Q2Scales(**{k: o[k].compute_scale() for k in ("s_in", "s_z", "s_x", "s_B", "s_C", "s_dt", "s_H")},
                      x_table=o["x"].scales(), B_scales=o["B"].scales(), C_scales=o["C"].scales(), reorder=g,
                      s_x_tensor=o["s_x_tensor"].compute_scale(), ssm_state_scale=o["state"].scales())
-            for o, g in zip(obs, reorders)]
+            for i, (o, g) in enumerate(zip(obs, reorders))]

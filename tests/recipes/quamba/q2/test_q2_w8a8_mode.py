@@ -245,8 +245,9 @@ def test_chunked_and_sequential_ssd_variants_agree(model):
 
 def test_the_recipe_states_its_architectures():
     q2 = get_mode("q2-w8a8")
-    assert architectures_of(q2) == ("mamba2",) and architectures_of(get_mode("0")) == ("mamba1",)
-    assert architectures_of(get_mode("fp32")) == ("mamba1", "mamba2")
+    assert architectures_of(q2) == ("mamba2", "bamba", "nemotron_h")  # hybrids' Mamba-2 blocks (q2.hybrid)
+    assert architectures_of(get_mode("0")) == ("mamba1", "falcon_mamba")
+    assert architectures_of(get_mode("fp32")) == ("mamba1", "mamba2", "falcon_mamba", "bamba", "nemotron_h")
     with pytest.raises(ModeError, match=r"mode 'q2-w8a8' does not run on a mamba1 model.*run mode 0"):
         resolve_modes(["fp32", "q2-w8a8"])
     assert [r.name for r in resolve_modes(["quant_only"], architecture="mamba2")] == ["q2-w8a8", "q2-w4a8", "q2-w4a16"]
