@@ -32,6 +32,18 @@ def test_rows_rank_by_kl_when_every_mode_has_one_else_by_layer0_sqnr():
     assert "ranked by layer-0 output SQNR" in recipe_table(no_e2e, "fp32")
 
 
+def test_rows_take_the_mean_of_a_measured_metric():
+    """With --samples N the stats hold {"mean", "ci95"} for KL and top-1: the row ranks and prints the mean (the
+    report's table raised a TypeError formatting the dict)."""
+    comparison = {"modes": {"a": {"output": {"sqnr_db": 30.0}}, "b": {"output": {"sqnr_db": 20.0}}}}
+    stats = _stats({"a": "naive", "b": "mambaquant"},
+                   {"a": {"kl": {"mean": 0.3, "ci95": [0.2, 0.4]}, "top1_agreement": {"mean": 0.9, "ci95": [0.8, 1]}},
+                    "b": {"kl": {"mean": 0.1, "ci95": [0.0, 0.2]}, "top1_agreement": {"mean": 0.95, "ci95": [0.9, 1]}}})
+    rows = recipe_rows(comparison, stats)
+    assert [(r["mode"], r["kl"], r["top1_agreement"]) for r in rows] == [("b", 0.1, 0.95), ("a", 0.3, 0.9)]
+    assert "0.1" in recipe_table(rows, "fp32")
+
+
 def test_field_preset_names_each_recipe_by_architecture():
     assert PRESETS["field"] == ("fp32", "0", "naive-static", "naive-dynamic", "smq-ssm", "mambaquant-w8a8",
                                 "mambaquant-w8a8+quamba", "mambaquant-w4a8")
