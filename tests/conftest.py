@@ -13,12 +13,22 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Ray 2.60's local ray.init() writes a token to ~/.ray/auth_token, and every later cluster and client that finds it
+# turns token auth on: one test's local cluster broke the next's `ray start` cluster ("InvalidAuthToken"), and the
+# user's home was written. The suite's clusters run without token auth, and none reads or writes ~/.ray.
+os.environ["RAY_AUTH_MODE"] = "disabled"
 torch.set_num_threads(2)
 # Hermetic: the suite's runs (and the harness processes it starts, which inherit the variable) calibrate into a
 # cache of their own, empty at the start as on a new machine; the user's ~/.cache/quamba-harness is never read
 # or written. Removed when the session ends (pytest_sessionfinish).
 TEST_CACHE = Path(tempfile.mkdtemp(prefix="quamba-harness-tests-"))
 os.environ["QUAMBA_HARNESS_CACHE"] = str(TEST_CACHE)
+
+
+# lm-eval's runs (tests/lmeval): the datasets and Hub caches in the same temporary directory, offline, no bootstrap
+# pool; set before lm-eval (and with it `datasets`, which reads its cache directory once, on import) is imported.
+os.environ.update(HF_DATASETS_CACHE=str(TEST_CACHE / "datasets"), HF_HOME=str(TEST_CACHE / "hf"),
+                  HF_DATASETS_OFFLINE="1", DISABLE_MULTIPROC="1")
 
 
 def pytest_sessionfinish(session, exitstatus):
