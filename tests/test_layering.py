@@ -163,3 +163,11 @@ def test_no_function_takes_more_than_seven_positional_parameters(path):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             positional = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
             assert len(positional) <= 7, f"{node.name} (line {node.lineno}) takes {len(positional)} positionally"
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports each test folder's modules by basename (no __init__.py): two test files of one name in two
+    folders stop the whole collection ("import file mismatch"), as tests/lmeval/test_generate.py did."""
+    tests = Path(__file__).resolve().parent
+    names = [p.name for p in tests.rglob("*.py") if p.name != "conftest.py" and "fixtures" not in p.parts]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
