@@ -34,7 +34,7 @@ from ..emulation.modules import EmuBackbone, EmuMambaBlock
 from ..kernels.hadamard import hadamard_transform
 from .head import Head, build_head, keep_only
 from .sharedops import SharedOps
-from ..spec import LayerScales, QTensor
+from ..spec import LayerScales
 from ..store.format import tensor_name
 from .weightbank import WeightBank
 
