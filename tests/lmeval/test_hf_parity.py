@@ -53,10 +53,10 @@ def test_registering_keeps_lm_evals_own_models():
     assert get_model("hf").__name__ == "HFLM"
 
 
-@pytest.mark.parametrize("task", list(DOCS))
-def test_fp32_scores_as_lm_evals_hf_model(task, tm):
-    ref = _evaluate("hf", f"pretrained={MODEL},dtype=float32,max_length=96", task, tm)
-    ours = _evaluate("quamba-harness", f"pretrained={MODEL},mode=fp32,max_length=96,no_cache=True", task, tm)
+def _compare(model: Path, task: str, tm) -> list:
+    """fp32 through quamba-harness against lm-eval's hf model on `model`: every example and metric; the hf samples."""
+    ref = _evaluate("hf", f"pretrained={model},dtype=float32,max_length=96", task, tm)
+    ours = _evaluate("quamba-harness", f"pretrained={model},mode=fp32,max_length=96,no_cache=True", task, tm)
     r_samples = sorted(ref["samples"][task], key=lambda s: s["doc_id"])
     o_samples = sorted(ours["samples"][task], key=lambda s: s["doc_id"])
     assert [s["doc_id"] for s in o_samples] == [s["doc_id"] for s in r_samples] == DOCS[task]
@@ -73,5 +73,18 @@ def test_fp32_scores_as_lm_evals_hf_model(task, tm):
             assert rows[1][key] == rows[0][key], key
         else:
             assert _close(rows[1][key], rows[0][key]), (key, rows[1][key], rows[0][key])
+    return r_samples
+
+
+@pytest.mark.parametrize("task", list(DOCS))
+def test_fp32_scores_as_lm_evals_hf_model(task, tm):
+    r_samples = _compare(MODEL, task, tm)
     if task == "quamba_lastword":
         assert sum(s["acc"] for s in r_samples) == 2  # hits are compared, not only misses
+
+
+@pytest.mark.parametrize("task", list(DOCS))
+def test_a_hybrid_scores_as_lm_evals_hf_model(task, tm):
+    """The shipped Bamba hybrid (Mamba-2, attention and MLP blocks; issue 34) through quamba-harness scores as
+    lm-eval's hf model (transformers' BambaForCausalLM) on both local tasks."""
+    _compare(ROOT / "models" / "bamba-tiny", task, tm)

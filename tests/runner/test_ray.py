@@ -118,3 +118,16 @@ def test_without_ray_the_option_names_the_extra(model, tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert rc == 2 and "pip install -e '.[cluster]'" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_hybrid_on_ray(cluster, tmp_path):
+    """The shipped Bamba hybrid (issue 34): its Mamba-2, attention and MLP blocks, Quamba2's W8A8 and the W8A8
+    linears with an int8 KV cache, every layer and tap, end to end: the cluster's pair equals the serial one."""
+    argv = ["--model", ROOT / "models" / "bamba-tiny", "--modes", "fp32", "q2-w8a8", "q2-w8a8-a8-kv8", "--layers",
+            "all", "--taps", "all", "--end-to-end"]
+    rc_serial, serial = capture(tmp_path / "serial", argv)
+    rc, par = capture(tmp_path / "ray", argv, "--ray", cluster)
+    assert (rc_serial, rc) == (0, 0)
+    assert_identical(serial, par)
+    workers = json.loads(par.with_name("run_stats.json").read_text())["provenance"]["workers"]
+    assert workers["backend"].startswith("ray (127.0.0.1:") and workers["units"] == 3  # a unit per mode
