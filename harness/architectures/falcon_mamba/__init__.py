@@ -14,6 +14,10 @@ from .config import FALCON_CLASSES, FALCON_MODEL_TYPES, open_falcon_mamba
 __all__ = ["FALCON_MAMBA"]
 
 _BLOCK = "mamba1"  # the architecture whose block and weight preparation this one's are
+# Mamba-1's presets of the modes that run here: Quamba1's and the float ones; the Quamba-SE study and the field's
+# recipes are defined on Mamba-1 (and Mamba-2) only, so those presets name no mode here (the exit-2 message says so)
+_OWN = ("all", "essential", "quant_only")
+FALCON_PRESETS: dict[str, tuple[str, ...]] = {name: (modes if name in _OWN else ()) for name, modes in PRESETS.items()}
 
 
 def build_blocks(recipe, bank, scales, depth: int, calibration: bool = False) -> list:
@@ -28,5 +32,5 @@ def prepare_layer(raw, weights: str, rotate: bool, prep: str, fp16):
 
 FALCON_MAMBA = register_architecture(Architecture(
     "falcon_mamba", "Falcon-Mamba (Mamba-1 with dt/B/C RMSNorms)", NORMED_MAMBA1_POINTS, build_blocks, prepare_layer,
-    presets=PRESETS, extra={"formats": True, "block": _BLOCK}, open_config=open_falcon_mamba,
+    presets=FALCON_PRESETS, extra={"formats": True, "block": _BLOCK}, open_config=open_falcon_mamba,
     model_types=FALCON_MODEL_TYPES, class_names=FALCON_CLASSES))

@@ -168,3 +168,17 @@ def test_every_mamba1_recipe_runs_on_falcon_mamba(run):
             assert abs(codes - codes.round()).max() < 1e-3 and abs(codes).max() <= 127, (mode, point)
     values = result.by_mode["q2-w4a16"]["L1.b_norm.out"]  # W4A16: fp16 activations
     assert (torch.as_tensor(values).half().float().numpy() == values).all()
+
+
+def test_presets_of_recipes_it_lacks_are_exit_2_naming_its_own():
+    """`se`, `5`, `6` and `field` (the Quamba-SE study, the field's recipes: Mamba-1 and Mamba-2 only) name no mode
+    on Falcon-Mamba: the modes they expand to were each refused with another recipe's message; now the preset is,
+    with the presets that run there."""
+    from harness.modes.knobs import ModeError
+    from harness.recipes.registry import resolve_modes
+
+    for preset in ("se", "5", "6", "field"):
+        with pytest.raises(ModeError, match=f"preset '{preset}' has no modes for a falcon_mamba model; valid there: "
+                                            "all = fp32 0 2-0"):
+            resolve_modes([preset], None, "falcon_mamba")
+    assert [r.name for r in resolve_modes(["essential"], None, "falcon_mamba")] == ["fp32", "0", "2-1", "2-2", "2-4"]
