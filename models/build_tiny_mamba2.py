@@ -74,17 +74,19 @@ def train(model, stream: torch.Tensor, steps: int, seed: int) -> None:
             print(f"  step {step:4d}/{steps}  train loss {loss.item():.4f}  ({time.time() - start:.0f}s)", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "models" / "mamba2-tiny")
-    parser.add_argument("--steps", type=int, default=500)
+def build(argv: list[str] | None, description: str, default_out: Path, default_steps: int, make_model) -> int:
+    """The command line of a tiny model's build: `make_model(vocab, eos)` (a transformers model), trained on the
+    shipped text with this file's loop, saved with the tokenizer and a training report. Shared by the Mamba-2,
+    Bamba and Falcon-Mamba builds (models/build_tiny_*.py)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--steps", type=int, default=default_steps)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; results are reproducible for a fixed value")
     args = parser.parse_args(argv)
 
     from tokenizers import Tokenizer
-    from transformers import Mamba2ForCausalLM
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     train_stream = tiny.encode(tok, tiny.read_docs("train"))
     heldout_stream = tiny.encode(tok, tiny.read_docs("heldout"))
     eos = tok.token_to_id(tiny.EOS)
-    model = Mamba2ForCausalLM(mamba2_config(tok.get_vocab_size(), eos)).eval()
+    model = make_model(tok.get_vocab_size(), eos).eval()
     loss_start = tiny.heldout_loss(model, heldout_stream)
     print(f"held-out loss before training: {loss_start:.4f} (ln vocab = {math.log(tok.get_vocab_size()):.4f})")
     train(model, train_stream, args.steps, args.seed)
@@ -110,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    def make_model(vocab: int, eos: int):
+        from transformers import Mamba2ForCausalLM
+        return Mamba2ForCausalLM(mamba2_config(vocab, eos))
+    return build(argv, __doc__.splitlines()[0], ROOT / "models" / "mamba2-tiny", 500, make_model)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from ..metrics.errors import sqnr_db
 from ..metrics.ranking import ORDER_TEXT, rank_layers
 from ..store.reader import CaptureFile, load_capture
 
-__all__ = ["ReportData", "load_report_data", "layer_and_site", "block_out_name", "as_float"]
+__all__ = ["ReportData", "load_report_data", "layer_and_site", "block_out_name", "as_float", "measured_float"]
 
 _LAYER0 = {"input": "block.in", "output": "block.out", "residual": "block.residual"}
 _POINT_RE = re.compile(r"^L(\d+)\.(.+)$")
@@ -56,6 +56,12 @@ def as_float(value) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def measured_float(value) -> float | None:
+    """A metric's number: as_float of it, or of its mean where the stats hold a measured value ({"mean", "ci95"}:
+    --samples)."""
+    return as_float(value.get("mean")) if isinstance(value, dict) else as_float(value)
 
 
 def _restore_floats(obj):

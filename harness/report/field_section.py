@@ -9,6 +9,7 @@ import math
 
 from tabulate import tabulate
 
+from .data import measured_float
 from .html import esc, section, table
 from .text import fmt
 
@@ -31,13 +32,6 @@ def has_field_modes(stats: dict) -> bool:
                for e in modes.values())
 
 
-def _num(v) -> float | None:
-    """A metric's number: itself, or its mean where the stats hold a measured value ({"mean", "ci95"}: --samples)."""
-    if isinstance(v, dict):
-        v = v.get("mean")
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def _sqnr(rows: dict, tensor: str) -> float | None:
     v = (rows.get(tensor) or {}).get("sqnr_db")
     return float(v) if isinstance(v, (int, float)) else None
@@ -56,8 +50,8 @@ def recipe_rows(comparison: dict, stats: dict) -> list[dict]:
         end = e2e.get(mode) if isinstance(e2e.get(mode), dict) else {}
         acc = lm.get(mode) if isinstance(lm.get(mode), dict) else {}
         rows.append({"mode": mode, "recipe": _family(entries.get(mode, {})), "layer0_sqnr_db": first,
-                     "isolated_sqnr_db_mean": sum(iso) / len(iso) if iso else None, "kl": _num(end.get("kl")),
-                     "top1_agreement": _num(end.get("top1_agreement")), "lm_eval_acc": _num(acc.get("acc"))})
+                     "isolated_sqnr_db_mean": sum(iso) / len(iso) if iso else None, "kl": measured_float(end.get("kl")),
+                     "top1_agreement": measured_float(end.get("top1_agreement")), "lm_eval_acc": measured_float(acc.get("acc"))})
     by_kl = all(isinstance(r["kl"], (int, float)) and math.isfinite(r["kl"]) for r in rows)
     key = (lambda r: r["kl"]) if by_kl else (lambda r: -(r["layer0_sqnr_db"] if r["layer0_sqnr_db"] is not None
                                                             else -math.inf))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .data import ReportData, as_float, block_out_name
+from .data import ReportData, as_float, block_out_name, measured_float
 from .groups import group_label, identical_of
 from .html import esc, fmt_value, section, table
 
@@ -23,8 +23,7 @@ MAX_ROWS = 10
 
 
 def _kl(d: ReportData, mode: str) -> float | None:
-    value = d.end_to_end().get(mode, {}).get("kl")
-    return as_float(value.get("mean")) if isinstance(value, dict) else as_float(value)
+    return measured_float(d.end_to_end().get(mode, {}).get("kl"))
 
 
 def _sqnr(d: ReportData, mode: str, tensor: str) -> float | None:
