@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 36 as one script for a lent device machine (docs/gpu.md): the CUDA test module, the
-# emulation's scans against mamba_ssm's Triton kernels, and the CUDA benchmark. Every result goes to $OUT (or
-# ./gpu-results). Needs: python3 with a CUDA torch; .whl/ holding transformers' wheel (carried), .gpu/mamba_ssm
-# (mamba-ssm's source, MAMBA_SKIP_CUDA_BUILD=TRUE: Triton kernels only).
-# Usage: bash tools/gpu_check.sh [parity] [kernels] [bench]   (default: all three)
+# emulation's scans against mamba_ssm's Triton kernels, the CUDA benchmark and (profile) where its time goes.
+# Every result goes to $OUT (or ./gpu-results). Needs: python3 with a CUDA torch; .whl/ holding transformers' wheel
+# (carried), .gpu/mamba_ssm (mamba-ssm's source, MAMBA_SKIP_CUDA_BUILD=TRUE: Triton kernels only).
+# Usage: bash tools/gpu_check.sh [parity] [kernels] [bench] [profile]   (default: the first three)
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -24,6 +24,7 @@ for step in $steps; do
     parity) QUAMBA_CUDA_REPORT=$OUT timeout 200 python3 -m pytest -q -p no:cacheprovider tests/cuda ;;
     bench) timeout 330 python3 benchmarks/bench_cuda.py --runs 1 --n-layer-28 4 --calib 8 512 \
              --out "$OUT/results_cuda.json" ;;
+    profile) timeout 200 python3 benchmarks/profile_cuda.py --n-layer 6 --out "$OUT/profile_cuda.json" ;;
   esac > "$OUT/$step.log" 2>&1
   echo "$step: exit $? in $(( $(date +%s) - start )) s"; tail -25 "$OUT/$step.log"
 done

@@ -27,3 +27,16 @@ def test_compare_modes_finds_a_flipped_code_and_a_float_ulp():
     assert 0 < by_tap["f"].rel_l2 < 1e-6
     same = {d.tap: d for d in compare_modes(ref, ref, stats)}
     assert same["q"].differ == 0 and same["f"].rel_l2 == 0.0
+
+
+def test_compare_modes_counts_codes_of_a_tap_with_one_scale_per_channel():
+    scales = np.array([0.5, 0.25], dtype=np.float32)
+    codes = np.arange(-8, 8, dtype=np.float32).reshape(8, 2)
+    ref = {"m": {"xBC": codes * scales}}
+    flipped = codes.copy()
+    flipped[2, 1] += 1
+    stats = {"modes": {"m": {"tensors": {"xBC": {"kind": "int8", "scales": {"per": "channel", "channels": 2}}}}}}
+    (d,) = compare_modes(ref, {"m": {"xBC": flipped * scales}}, stats)
+    assert d.kind == "int8" and d.codes_differ == 1 and d.differ == 1
+    (same,) = compare_modes(ref, ref, stats)
+    assert same.codes_differ == 0
