@@ -63,7 +63,7 @@ class EmuRMSNorm(nn.Module):
 
     def forward(self, residual: torch.Tensor) -> Act:
         """residual: (batch, seqlen, d_model) fp32 -> (batch, seqlen, d_model)."""
-        var = portable.sum_last(residual * residual) / residual.shape[-1]
+        var = portable.mean_last(residual * residual)
         y = residual * (1.0 / portable.sqrt(var + self.eps))
         if self.weight is not None:
             y = y * self.weight

@@ -45,7 +45,7 @@ class EmuWeightlessRMSNorm(nn.Module):
 
     def forward(self, x: Act) -> Act:
         x = dequantize(x).to(torch.float32)
-        var = portable.sum_last(x * x) / x.shape[-1]
+        var = portable.mean_last(x * x)
         return to_output(x * (1.0 / portable.sqrt(var + self.eps)), self.out)
 
 

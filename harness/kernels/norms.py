@@ -31,7 +31,7 @@ def q2_gated_norm(y: torch.Tensor, z_codes: torch.Tensor, z_scale: float, weight
     x = y.to(torch.float32) * (z * portable.sigmoid(z.contiguous()))
     *lead, d = x.shape
     g = x.reshape(*lead, ngroups, d // ngroups)
-    var = portable.sum_last(g * g) / g.shape[-1]
+    var = portable.mean_last(g * g)
     rstd = 1.0 / portable.sqrt(var + torch.tensor(eps, dtype=torch.float32))
     out = (g * rstd).reshape(*lead, d) * weight.to(torch.float32)
     return out.to(torch.float16).to(torch.float32)

@@ -27,7 +27,7 @@ import torch
 
 from .rounding import round_half_even
 
-__all__ = ["exp", "exp_", "log", "log1p", "sigmoid", "silu", "softplus", "sqrt", "sum_last"]
+__all__ = ["exp", "exp_", "log", "log1p", "sigmoid", "silu", "softplus", "sqrt", "sum_last", "mean_last"]
 
 # exp(x) = 2^m * 2^(j/256) * exp(r) with k = round(x * 256 / ln 2) = 256 m + j and r = x - k ln2 / 256,
 # |r| <= ln2 / 512. ln 2 is split Cody-Waite style (fdlibm e_exp.c): _LN2_HI has its low 21 bits zero,
@@ -189,3 +189,10 @@ def sum_last(x: torch.Tensor) -> torch.Tensor:
         width //= 2
         x = x[..., :width] + x[..., width:]
     return x
+
+
+def mean_last(x: torch.Tensor) -> torch.Tensor:
+    """sum_last(x) / n, one IEEE division. The divisor is a tensor on x's device: CUDA divides by a Python number
+    (or a CPU scalar) as a multiply by its fp32 reciprocal, which differs from the division (1/192 is inexact)."""
+    return sum_last(x) / torch.tensor(float(x.shape[-1]), dtype=x.dtype, device=x.device)
+

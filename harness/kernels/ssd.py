@@ -13,16 +13,18 @@ of ``Mamba2Mixer.forward``, :572-598; mamba_ssm's ``ssd_chunk_scan_combined`` co
 ``ssd_chunked`` computes it by chunks of ``chunk_size`` tokens as the kernels and transformers do: within
 a chunk the output is a masked (C B^T * decay) product applied to dt x, across chunks the chunk-end
 states are carried by a recurrence; ``ssd_ref`` runs the recurrence token by token (the oracle and the
-``ssm_impl=reference`` arithmetic). Both compute in fp32 with kernels.portable's exp and softplus, so the
-same inputs give the same bits on every CPU.
+``ssm_impl=reference`` arithmetic). Both compute in fp32 with kernels.portable's exp and softplus; the chunked
+form's products are correctly rounded (kernels.exactdot.matmul_rn) and its running sums in a fixed order
+(cumsum_tokens), so the same inputs give the same bits on every CPU and GPU.
 """
 from __future__ import annotations
 
 import torch
 
 from . import portable
+from .exactdot import matmul_rn
 
-__all__ = ["ssd_dt", "ssd_chunked", "ssd_ref", "gated_rmsnorm", "gated_rmsnorm_ref"]
+__all__ = ["ssd_dt", "cumsum_tokens", "ssd_chunked", "ssd_ref", "gated_rmsnorm", "gated_rmsnorm_ref"]
 
 
 def ssd_dt(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
@@ -54,6 +56,17 @@ def _causal_decay_square(acs: torch.Tensor) -> torch.Tensor:
     return portable.exp(torch.where(causal, diff, torch.full_like(diff, -torch.inf)).contiguous())
 
 
+def cumsum_tokens(a: torch.Tensor) -> torch.Tensor:
+    """Running sums over dim 1 in a fixed order: float64 partial sums, token after token, each rounded to fp32 (as
+    ATen's CPU cumsum of fp32 computes; CUDA's parallel scan takes another order)."""
+    out = torch.empty_like(a)
+    acc = torch.zeros_like(a[:, 0], dtype=torch.float64)
+    for t in range(a.shape[1]):
+        acc += a[:, t]
+        out[:, t] = acc
+    return out
+
+
 def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 D: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked SSD.
@@ -73,19 +86,20 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch
     state = torch.zeros(b, h, p, n, dtype=torch.float32)
     for start in range(0, L, chunk_size):
         sl = slice(start, min(start + chunk_size, L))
-        q = sl.stop - sl.start
-        acs = torch.cumsum(a[:, sl], dim=1)                  # (b, q, h): sum of a over the chunk up to l
+        acs = cumsum_tokens(a[:, sl])                       # (b, q, h): sum of a over the chunk up to l
         decay = _causal_decay(acs)                             # (b, l, s, h)
-        scores = torch.einsum("blhn,bshn->blsh", Ch[:, sl], Bh[:, sl]) * decay
-        y_diag = torch.einsum("blsh,bshp->blhp", scores, xdt[:, sl])
+        ch = Ch[:, sl].permute(0, 2, 1, 3)                     # (b, h, l, n)
+        xh = xdt[:, sl].permute(0, 2, 1, 3)                    # (b, h, s, p)
+        scores = matmul_rn(ch, Bh[:, sl].permute(0, 2, 3, 1)) * decay.permute(0, 3, 1, 2)   # (b, h, l, s)
+        y_diag = matmul_rn(scores, xh)                         # (b, h, l, p)
         # the state entering the chunk, seen at l: exp(acs_l) C_l . H
         into = portable.exp(acs.contiguous())                 # (b, q, h)
-        y_off = torch.einsum("blhn,bhpn->blhp", Ch[:, sl], state) * into[..., None]
-        y[:, sl] = y_diag + y_off
+        y_off = matmul_rn(ch, state.transpose(-1, -2)) * into.transpose(1, 2)[..., None]
+        y[:, sl] = (y_diag + y_off).transpose(1, 2)
         # the state at the chunk's end: exp(acs_end) H + sum_s exp(acs_end - acs_s) dt_s x_s B_s^T
         to_end = portable.exp((acs[:, -1:, :] - acs).contiguous())  # (b, q, h)
         state = state * into[:, -1, :, None, None] + \
-            torch.einsum("bshn,bshp->bhpn", Bh[:, sl] * to_end[..., None], xdt[:, sl])
+            matmul_rn(xh.transpose(-1, -2), (Bh[:, sl] * to_end[..., None]).permute(0, 2, 1, 3))
     return y + D.to(torch.float32)[:, None] * x, state
 
 
@@ -142,7 +156,7 @@ def gated_rmsnorm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, ngroup
     g = y.to(torch.float32) * portable.silu(z.to(torch.float32).contiguous())
     *lead, d = g.shape
     grouped = g.reshape(*lead, ngroups, d // ngroups)
-    var = portable.sum_last(grouped * grouped) / grouped.shape[-1]
+    var = portable.mean_last(grouped * grouped)
     normed = (grouped * (1.0 / portable.sqrt(var + eps))).reshape(*lead, d)
     return normed * weight.to(torch.float32)
 

@@ -51,3 +51,16 @@ def test_the_stand_in_raises_where_cuda_would(monkeypatch):
             on.numpy()
         assert type(on.cpu()) is torch.Tensor and type(on.to("cpu")) is torch.Tensor
         assert isinstance(torch.ones(3, device="cpu").to("cuda") * on, OnDevice)
+
+
+def test_the_stand_in_divides_by_a_cpu_scalar_as_cuda_does(monkeypatch):
+    simulated_cuda(monkeypatch)
+    import harness.runner.forwards as forwards
+
+    x = torch.linspace(-7, 7, 10001)
+    recip = x * torch.tensor(1.0 / 192.0, dtype=torch.float32)    # CUDA: a multiply by the fp32 reciprocal
+    assert not torch.equal(recip, x / 192)                          # ... which the CPU's division is not
+    with forwards.on_device("cuda"):
+        on = x.to("cuda")
+        assert torch.equal(on / 192, recip) and torch.equal(on / torch.tensor(192.0), recip)
+        assert torch.equal(on / torch.tensor(192.0, device="cuda"), x / 192)   # a GPU divisor divides

@@ -1,0 +1,94 @@
+"""Correctly rounded fp32 matrix products: the same bits on every CPU and GPU.
+
+A float GEMM's bits depend on its summation order, which MKL, oneDNN and cuBLAS choose by machine (measured: the
+chunked SSD's einsums moved Quamba2's int8 codes between an H200 and its host CPU, docs/gpu.md). ``matmul_rn``
+returns, for every output element, the fp32 value nearest the exact sum of the fp32 products (ties to even): a
+value that no order can change.
+
+How: the fp32 products are exact in float64, so a float64 GEMM S is within E = 2 K u T of the exact sum (K terms,
+u = 2^-53, T = sum |a_k b_k|, in any summation order), with T from an fp32 GEMM of the absolute values, inflated
+to bound its own rounding and underflow. Where S - E and S + E round to the same fp32 value, that value is the
+exact sum's; elsewhere (the exact sum within E of a midpoint between two fp32 values: about 1e-6 of the outputs)
+the exact sum is taken with ``math.fsum`` (exact, then rounded once to float64) and rounded to fp32 with the
+double-rounding case decided by the sign of the exact residual.
+
+Shapes: ``a (..., m, k) @ b (..., k, n) -> (..., m, n)`` fp32, batch dimensions broadcast as ``torch.matmul``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["matmul_rn", "matmul_rn_ref", "round_exact_sum"]
+
+_U = 2.0 ** -53          # float64 unit roundoff
+_TINY = 2.0 ** -148      # above fp32's underflow loss of one product |a||b| (at most 2^-150)
+_SAFE = 1.01             # margin on every bound
+
+
+def round_exact_sum(products: list[float]) -> np.float32:
+    """The fp32 value nearest the exact sum of float64 `products` (ties to even)."""
+    try:
+        f = math.fsum(products)                 # the exact sum rounded once to float64
+    except ValueError:                          # inf - inf: NaN in any order
+        return np.float32(np.nan)
+    r = np.float32(f)
+    if not math.isfinite(f) or float(r) == f:
+        return r
+    lo, hi = (r, np.nextafter(r, np.float32(np.inf))) if float(r) < f else (np.nextafter(r, np.float32(-np.inf)), r)
+    mid = (float(lo) + float(hi)) / 2           # exact in float64
+    if f != mid:
+        return r                                # f is not a midpoint: rounding f rounds the exact sum
+    side = math.fsum([*products, -mid])         # the sign of exact - mid, exactly
+    if side == 0:
+        return r                                # a true tie: numpy rounded it to even
+    return hi if side > 0 else lo
+
+
+def _bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """E (float64): the largest distance between a float64 GEMM of a and b (any order) and the exact sum: 2 k u T,
+    T from an fp32 GEMM of |a| and |b| inflated by its own rounding (k 2^-24; 2^-8 where fp32 GEMMs run as TF32)
+    and underflow (k 2^-148), plus 2^-49 T for rounding S -+ E in float64 (T >= |S|)."""
+    k = a.shape[-1]
+    c = (1.0 + 2.0 ** -8 + 2.0 * k * 2.0 ** -24) * (2.0 * k * _U + 2.0 ** -49) * _SAFE
+    return torch.matmul(a.abs(), b.abs()).to(torch.float64).add_(k * _TINY).mul_(c)
+
+
+def _fix_hard(out: torch.Tensor, hard: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """The uncertain elements of `out`, each from the exact sum of its products (on the CPU, in Python)."""
+    idx = hard.nonzero().cpu()
+    if idx.numel() == 0:
+        return
+    batch = out.shape[:-2]
+    a_cpu = a.expand(*batch, *a.shape[-2:]).cpu().to(torch.float64)
+    b_cpu = b.expand(*batch, *b.shape[-2:]).cpu().to(torch.float64)
+    values = []
+    for pos in idx.tolist():
+        *lead, i, j = pos
+        prods = (a_cpu[(*lead, i)] * b_cpu[(*lead, slice(None), j)]).tolist()
+        values.append(round_exact_sum(prods))
+    out[tuple(idx.to(out.device).unbind(1))] = torch.tensor(np.array(values, dtype=np.float32), device=out.device)
+
+
+def matmul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with each element the fp32 value nearest the exact sum of the fp32 products a[.., i, k] b[.., k, j]."""
+    a, b = a.to(torch.float32), b.to(torch.float32)
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a, b = a.expand(*shape, *a.shape[-2:]), b.expand(*shape, *b.shape[-2:])
+    s = torch.matmul(a.to(torch.float64), b.to(torch.float64))
+    e = _bound(a, b)
+    lo, out = (s - e).to(torch.float32), s.add_(e).to(torch.float32)
+    _fix_hard(out, lo != out, a, b)
+    return out
+
+
+def matmul_rn_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """matmul_rn element by element from the exact sums (the oracle; small tensors only)."""
+    a, b = a.to(torch.float32), b.to(torch.float32)
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = torch.empty(*shape, a.shape[-2], b.shape[-1], dtype=torch.float32)
+    _fix_hard(out, torch.ones(out.shape, dtype=torch.bool), a.expand(*shape, *a.shape[-2:]),
+              b.expand(*shape, *b.shape[-2:]))
+    return out
