@@ -6,9 +6,9 @@ returns, for every output element, the fp32 value nearest the exact sum of the f
 value that no order can change.
 
 How: the fp32 products are exact in float64, so a float64 GEMM S is within E = 2 K u T of the exact sum (K terms,
-u = 2^-53, T = sum |a_k b_k|, in any summation order), with T from an fp32 GEMM of the absolute values, inflated
-to bound its own rounding and underflow. Where S - E and S + E round to the same fp32 value, that value is the
-exact sum's; elsewhere (the exact sum within E of a midpoint between two fp32 values: about 1e-6 of the outputs)
+u = 2^-53, T = sum |a_k b_k|, in any summation order), with T bounded by the operands' row and column norms.
+Where S - E and S + E round to the same fp32 value, that value is the exact sum's; elsewhere (the exact sum within
+E of a midpoint between two fp32 values: about 1e-5 of the outputs)
 the exact sum is taken with ``math.fsum`` (exact, then rounded once to float64) and rounded to fp32 with the
 double-rounding case decided by the sign of the exact residual.
 
@@ -24,7 +24,6 @@ import torch
 __all__ = ["matmul_rn", "matmul_rn_ref", "round_exact_sum"]
 
 _U = 2.0 ** -53          # float64 unit roundoff
-_TINY = 2.0 ** -148      # above fp32's underflow loss of one product |a||b| (at most 2^-150)
 _SAFE = 1.01             # margin on every bound
 
 
@@ -47,13 +46,15 @@ def round_exact_sum(products: list[float]) -> np.float32:
     return hi if side > 0 else lo
 
 
-def _bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """E (float64): the largest distance between a float64 GEMM of a and b (any order) and the exact sum: 2 k u T,
-    T from an fp32 GEMM of |a| and |b| inflated by its own rounding (k 2^-24; 2^-8 where fp32 GEMMs run as TF32)
-    and underflow (k 2^-148), plus 2^-49 T for rounding S -+ E in float64 (T >= |S|)."""
-    k = a.shape[-1]
-    c = (1.0 + 2.0 ** -8 + 2.0 * k * 2.0 ** -24) * (2.0 * k * _U + 2.0 ** -49) * _SAFE
-    return torch.matmul(a.abs(), b.abs()).to(torch.float64).add_(k * _TINY).mul_(c)
+def _bound(a64: torch.Tensor, b64: torch.Tensor) -> torch.Tensor:
+    """E (float64): the largest distance between a float64 GEMM of a and b (any order) and the exact sum: 2 k u T
+    with T = sum_k |a_ik b_kj| <= ||a_i|| ||b_j|| (Cauchy-Schwarz: no second GEMM), the norms in float64 (exact
+    squares, k-term sums: inflated by 2 k u), plus 2^-49 T for rounding S -+ E in float64 (T >= |S|)."""
+    k = a64.shape[-1]
+    c = (1.0 + 4.0 * k * _U) * (2.0 * k * _U + 2.0 ** -49) * _SAFE
+    rows = a64.square().sum(-1).sqrt_().mul_(c)                          # (..., m)
+    cols = b64.square().sum(-2).sqrt_()                                  # (..., n)
+    return rows[..., :, None] * cols[..., None, :]
 
 
 def _fix_hard(out: torch.Tensor, hard: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -77,8 +78,9 @@ def matmul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a, b = a.to(torch.float32), b.to(torch.float32)
     shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a, b = a.expand(*shape, *a.shape[-2:]), b.expand(*shape, *b.shape[-2:])
-    s = torch.matmul(a.to(torch.float64), b.to(torch.float64))
-    e = _bound(a, b)
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    s = torch.matmul(a64, b64)
+    e = _bound(a64, b64)
     lo, out = (s - e).to(torch.float32), s.add_(e).to(torch.float32)
     _fix_hard(out, lo != out, a, b)
     return out

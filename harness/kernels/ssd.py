@@ -90,7 +90,9 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A_log: torch.Tensor, B: torch
         decay = _causal_decay(acs)                             # (b, l, s, h)
         ch = Ch[:, sl].permute(0, 2, 1, 3)                     # (b, h, l, n)
         xh = xdt[:, sl].permute(0, 2, 1, 3)                    # (b, h, s, p)
-        scores = matmul_rn(ch, Bh[:, sl].permute(0, 2, 3, 1)) * decay.permute(0, 3, 1, 2)   # (b, h, l, s)
+        # C_l . B_s is the same for every head of an SSD group: one product per group, then per head
+        cb = matmul_rn(C[:, sl].float().permute(0, 2, 1, 3), B[:, sl].float().permute(0, 2, 3, 1))  # (b, g, l, s)
+        scores = cb.repeat_interleave(h // B.shape[2], dim=1) * decay.permute(0, 3, 1, 2)          # (b, h, l, s)
         y_diag = matmul_rn(scores, xh)                         # (b, h, l, p)
         # the state entering the chunk, seen at l: exp(acs_l) C_l . H
         into = portable.exp(acs.contiguous())                 # (b, q, h)

@@ -26,6 +26,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 # model -> the modes it runs (every built-in mode of its architecture)
 CASES = {"mamba-tiny": ["all", "1", "q2-w4a8", "q2-w4a16"], "mamba2-tiny": ["all"]}
 FLOAT_BOUND = 1e-3
+# `L{i}.block.isolated` of a quantized mode is that block run on the fp32 mode's own activations, which a GPU computes
+# with other GEMM orders (relative L2 <= 6.1e-7 on an H200): quantizing them flips an int8 code here and there inside
+# the block. Measured on an H200: up to 3.6e-3 (mamba-tiny and mamba2-tiny, layer 1).
+ISOLATED_BOUND = 1e-2
+
+
+def _bound(tap: str) -> float:
+    return ISOLATED_BOUND if tap.endswith(".block.isolated") else FLOAT_BOUND
 
 
 def _run(model: str, device: str, tmp: Path) -> tuple[dict, dict]:
@@ -50,6 +58,6 @@ def test_cuda_matches_cpu(model, tmp_path):
              "taps": [d.as_dict() for d in diffs]}, indent=1))
     codes = [f"{d.mode} {d.tap}: {d.codes_differ} of {d.size}" for d in diffs if d.codes_differ]
     assert not codes, "int8 codes differ between cpu and cuda:\n" + "\n".join(codes)
-    far = [f"{d.mode} {d.tap}: rel L2 {d.rel_l2:.2e}, {d.max_ulp} ULP" for d in diffs if d.rel_l2 > FLOAT_BOUND]
+    far = [f"{d.mode} {d.tap}: rel L2 {d.rel_l2:.2e}, {d.max_ulp} ULP" for d in diffs if d.rel_l2 > _bound(d.tap)]
     assert not far, "float taps beyond the cross-CPU bound:\n" + "\n".join(far)
     assert len(diffs) > 100  # every tap of every mode was compared
