@@ -60,7 +60,8 @@ def test_the_stand_in_divides_by_a_cpu_scalar_as_cuda_does(monkeypatch):
     x = torch.linspace(-7, 7, 10001)
     recip = x * torch.tensor(1.0 / 192.0, dtype=torch.float32)    # CUDA: a multiply by the fp32 reciprocal
     assert not torch.equal(recip, x / 192)                          # ... which the CPU's division is not
+    cpu_scalar = torch.tensor(192.0)
     with forwards.on_device("cuda"):
         on = x.to("cuda")
-        assert torch.equal(on / 192, recip) and torch.equal(on / torch.tensor(192.0), recip)
-        assert torch.equal(on / torch.tensor(192.0, device="cuda"), x / 192)   # a GPU divisor divides
+        assert torch.equal((on / 192).cpu(), recip) and torch.equal((on / cpu_scalar).cpu(), recip)
+        assert torch.equal((on / torch.tensor(192.0, device="cuda")).cpu(), x / 192)   # a GPU divisor divides
