@@ -51,11 +51,11 @@ def calibs(tmp_path_factory):
     w4a8 = calibrate_key(bank, windows, SETTINGS, 2, hashes, cache, "quamba2-w4a8")
     w4a16 = calibrate_key(bank, windows, SETTINGS, 2, hashes, cache, "quamba2-w4a16")
     assert w4a8.info["w8a8"]["source"] == "reused"
-    return bank, windows, ax, w4a8, w4a16
+    return bank, windows, ax, w4a8, w4a16, cache
 
 
 def test_w4a8_layers_are_q2_w4a8_s_and_w4a16_layers_hold_the_same_gptq_codes(calibs):
-    _, _, ax, w4a8, w4a16 = calibs
+    _, _, ax, w4a8, w4a16, _ = calibs
     for mine, theirs, plain in zip(ax.scales, w4a8.scales, w4a16.scales):
         assert mine.w4a8.info() == theirs.info()  # q2-w8a8's scales and reorder
         assert torch.equal(mine.scales.reorder.channel_index, theirs.scales.reorder.channel_index)
@@ -75,7 +75,7 @@ def test_w4a8_layers_are_q2_w4a8_s_and_w4a16_layers_hold_the_same_gptq_codes(cal
 
 
 def test_blocks_follow_the_config(calibs, tmp_path):
-    bank, windows, ax, w4a8, _ = calibs
+    bank, windows, ax, w4a8, _, _ = calibs
     mode = _user_mode(tmp_path, MIX)
     blocks = build_w4ax_blocks(mode, bank, ax.scales, 2)
     assert [type(b) for b in blocks] == [EmuQ2W4A8Block, EmuMamba2Block, EmuQ2W4A8Block]
@@ -85,6 +85,24 @@ def test_blocks_follow_the_config(calibs, tmp_path):
     assert torch.equal(one.in_proj(x), w4a16_linear_ref(x, ax.scales[1].w4a16.in_proj))
     default = build_w4ax_blocks(get_mode("q2-w4ax"), bank, ax.scales, 2)
     assert all(type(b) is EmuQ2W4A8Block for b in default)  # no config: W4A8 everywhere, upstream's default
+
+
+def test_gptq_cache_is_reused_and_a_bad_entry_recomputed(calibs, caplog):
+    bank, windows, ax, _, _, cache = calibs
+    family, hashes = get_recipe("quamba2-w4ax"), bank.ckpt.prefix_hashes(0)
+    again = family.calibrate("quamba2-w4ax", bank, windows, SETTINGS, 0, hashes, cache)  # layer 0's entries
+    assert again.info["source"] == "reused" and again.info["cache_files"][0].split("/")[-1].startswith("gptq-w4ax-")
+    for got, want in ((again.scales[0].w4a8, ax.scales[0].w4a8), (again.scales[0].w4a16, ax.scales[0].w4a16)):
+        assert torch.equal(got.in_proj.codes, want.in_proj.codes)
+        assert torch.equal(got.out_proj.group_scales, want.out_proj.group_scales)
+    path = again.info["cache_files"][0]
+    with open(path, "r+b") as f:
+        f.seek(200)
+        f.write(b"\xff" * 16)
+    third = family.calibrate("quamba2-w4ax", bank, windows, SETTINGS, 0, hashes, cache)
+    assert third.info["source"] == "recomputed" and "corrupted" in third.info["reason"]
+    assert "recomputing GPTQ" in caplog.text
+    assert torch.equal(third.scales[0].w4a8.in_proj.channel_scales, ax.scales[0].w4a8.in_proj.channel_scales)
 
 
 def _user_mode(tmp_path, blocks):
