@@ -187,3 +187,19 @@ def test_unknown_option_and_other_architectures_are_exit_2(tmp_path, capsys):
                                       "--output_file", tmp_path / "x.npz"])
         err = capsys.readouterr().err
         assert code == 2 and "runs on mamba2 models only" in err, err
+
+
+def test_a_w4a8_checkpoint_alone_is_exit_2_asking_for_the_float_model(tmp_path, capsys):
+    """q2-w4ax reads its own calibration (the W4A16 layers need GPTQ's unpacked values), which a W4A8 checkpoint
+    does not hold: it needs the float model (runner.pairing.needs_float asks the family for its key)."""
+    import shutil
+    from conftest import TOKENIZER
+    from marlin_fixture import w4_config, w4_state_dict
+    sd, _ = w4_state_dict([["W4A8"], ["W4A8"]], vocab=4096, size=0.01)
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(w4_config([["W4A8"], ["W4A8"]], vocab=4096)))
+    shutil.copy(TOKENIZER, tmp_path / "tokenizer.json")
+    code = run_cli(capture_main, ["--model", tmp_path, "--modes", "q2-w4ax", "--seq_len", "8", "--no_cache",
+                                  "--output_file", tmp_path / "x.npz"])
+    err = capsys.readouterr().err
+    assert code == 2 and "q2-w4ax need the float model" in err and "--mamba_model_path" in err, err
