@@ -110,7 +110,3 @@ class Quamba2W4AX(Quamba2W4):
         if path is None:
             return {_OPTION: "", "layer_blocks": "W4A8 (every layer)"}
         return {_OPTION: path, "layer_blocks": ",".join(layer_blocks(path, 0))}
-
-    def decode_problem(self, mode: ModeRecipe) -> str | None:
-        return (f"mode {mode.name} (Quamba2 W4AX): its decode step is not built or tested in the harness (the W4A8 "
-                "and W4A16 steps are, as q2-w4a8 and q2-w4a16)")

@@ -203,3 +203,26 @@ def test_a_w4a8_checkpoint_alone_is_exit_2_asking_for_the_float_model(tmp_path, 
                                   "--output_file", tmp_path / "x.npz"])
     err = capsys.readouterr().err
     assert code == 2 and "q2-w4ax need the float model" in err and "--mamba_model_path" in err, err
+
+
+def test_decode_steps_are_the_w4a8_and_w4a16_steps(tmp_path):
+    """--decode runs each layer's own step (W4A8QMamba2.step, qMamba2.py:997-1021; W4A16QMamba2.step, :641-685):
+    all-W4A8 decodes as q2-w4a8 with the int4 embedding, bit for bit; the mix as it up to its W4A16 layer 1."""
+    modes = _modes_file(tmp_path, {"w4ax-mix": _mix(tmp_path, MIX),
+                                   "q2-w4a8-e4": {"base": "q2-w4a8", "embedding": "int4"}})
+    out = tmp_path / "dec.npz"
+    code = run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "q2-w4a8-e4", "q2-w4ax", "w4ax-mix",
+                                  "--modes_file", modes, "--decode", "4", "--layers", "0", "1", "2", "--seq_len", "16",
+                                  "--calib_data_num", "4", "--calib_seqlen", "64", "--cache_dir", tmp_path / "cache",
+                                  "--output_file", out])
+    assert code == 0
+    cap = load_capture(out)
+    names = cap.tensors("q2-w4ax")
+    assert {"decode.L1.state.ssm", "decode.L2.block.out"} <= set(names)
+    for name in names:
+        assert np.array_equal(cap.array("q2-w4ax", name), cap.array("q2-w4a8-e4", name)), name
+        assert np.isfinite(cap.array("w4ax-mix", name)).all()
+    for name in ("decode.L0.block.out", "decode.L0.state.ssm", "decode.L1.block.in"):
+        assert np.array_equal(cap.array("w4ax-mix", name), cap.array("q2-w4a8-e4", name))
+    for name in ("decode.L1.block.out", "decode.L1.state.ssm", "decode.L1.state.conv"):
+        assert not np.array_equal(cap.array("w4ax-mix", name), cap.array("q2-w4a8-e4", name))
