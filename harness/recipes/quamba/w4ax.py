@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...modes import BUILTIN_MODES, ModeRecipe
+from ...modes import BUILTIN_MODES, KNOBS, ModeRecipe
 from .families import Quamba2W4
 from .q2.calibration import q2_grouping_problem
 from .q2.params import reorder_raw
@@ -34,6 +34,7 @@ __all__ = ["Quamba2W4AX", "FAMILY", "build_w4ax_blocks", "blocks_config_of"]
 
 FAMILY = "quamba2-w4ax"
 _OPTION = "blocks_config"
+_FREE = ("ssm_impl",)  # the knobs a modes file may change (and embedding): the rest is W4A8's / W4A16's per layer
 
 
 def blocks_config_of(mode: ModeRecipe) -> str | None:
@@ -83,6 +84,11 @@ class Quamba2W4AX(Quamba2W4):
         return mode
 
     def mode_problem(self, mode: ModeRecipe) -> str | None:
+        base = self.modes[0]
+        fixed = [f"{k}={getattr(mode, k)}" for k in KNOBS if k not in _FREE and getattr(mode, k) != getattr(base, k)]
+        if fixed:
+            return (f"{', '.join(fixed)}: the knobs of q2-w4ax are each layer's W4A8 or W4A16 recipe (its "
+                    f"blocks_config); a modes file may change ssm_impl, embedding and the option {_OPTION} only")
         bad = sorted(set(dict(mode.options)) - {_OPTION})
         if bad:
             return (f"unknown option(s) {', '.join(bad)}; valid: {_OPTION} (the path of Quamba's "

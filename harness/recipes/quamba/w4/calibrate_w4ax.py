@@ -38,7 +38,7 @@ from .block_mamba2 import Q2W4Layer, in_proj_out_scales
 from .calibrate_mamba2 import GPTQ_PASSES, GPTQ_VERSION, gptq_info
 from .gptq_mamba2 import block_hessians
 
-__all__ = ["W4AX_KEY", "W4AXLayer", "calibrate_q2w4ax", "gptq_q2_values", "CACHE_KIND"]
+__all__ = ["W4AX_KEY", "W4AXLayer", "calibrate_q2w4ax", "gptq_q2_values", "w4ax_layers", "CACHE_KIND"]
 
 W4AX_KEY = "quamba2-w4ax"
 CACHE_KIND = "gptq-w4ax"  # runner.layercache: per layer GPTQ's fp16 values and fp16 group scales

@@ -182,6 +182,11 @@ def test_unknown_option_and_other_architectures_are_exit_2(tmp_path, capsys):
     code = run_cli(capture_main, ["--model", TINY2, "--modes", "m", "--modes_file", modes, *_RUN, "--no_cache",
                                   "--output_file", tmp_path / "x.npz"])
     assert code == 2 and "unknown option(s) blocks; valid: blocks_config" in capsys.readouterr().err
+    modes = _modes_file(tmp_path, {"m": {"base": "q2-w4ax", "norm_out": "fp", "in_proj_out": "fp", "conv_out": "fp32",
+                                         "ssm_u": "fp32", "had_out": "fp"}})  # q2-w4a16's knobs: not W4AX's
+    code = run_cli(capture_main, ["--model", TINY2, "--modes", "m", "--modes_file", modes, *_RUN, "--no_cache",
+                                  "--output_file", tmp_path / "x.npz"])
+    assert code == 2 and "norm_out=fp" in capsys.readouterr().err
     for model in ("mamba-tiny", "bamba-tiny"):
         code = run_cli(capture_main, ["--model", ROOT / "models" / model, "--modes", "q2-w4ax", *_RUN, "--no_cache",
                                       "--output_file", tmp_path / "x.npz"])
