@@ -4,18 +4,18 @@ Mode ``q2-w4ax`` (family ``quamba2-w4ax``), option ``blocks_config``: the path o
 "W4A8"/"W4A16", one per layer; recipes.quamba.w4.hybrid_config), e.g. in a modes file
 ``{"modes": {"w4ax-mix": {"base": "q2-w4ax", "options": {"blocks_config": "hybrid_blocks_config.json"}}}}`` (a
 relative path is read from the working directory, as upstream's ``open(args.hybrid_blocks_config)``). Without it
-every layer is W4A8, upstream's default (quamba/modelutils_mamba.py:713-733, enyac-group/Quamba c474646).
+every layer is W4A8, upstream's default (quamba/modelutils_mamba.py:715-732, enyac-group/Quamba c474646).
 
-What runs (quantize_model_mamba, modelutils_mamba.py:795-844; quantize_fp16_model_act_hybrid, :670-745):
+What runs (quantize_model_mamba, modelutils_mamba.py:761-844; quantize_fp16_model_act_hybrid, :670-746):
 * one calibration, key "quamba2-w4ax" (recipes.quamba.w4.calibrate_w4ax): q2-w8a8's scales and reorder, then one
   GPTQ of the reordered model; layer i is q2-w4a8's block (bit for bit) where the config says W4A8, else the W4A16
   block (q2-w4a16's: fp16 norm, conv and SSD, Marlin linears) on the reordered tensors and the same GPTQ's codes;
-* the embedding is W4O16Embedding (int4 rows, fp16 scales), hard-coded upstream (:693-695): knob embedding=int4;
+* the embedding is W4O16Embedding (int4 rows, fp16 scales), hard-coded upstream (:686-688): knob embedding=int4;
 * the head: upstream hard-codes QRMSNorm at lm_head:input's scale and a GPTQ'd W4A8B16O16Linear lm_head
-  (:740-742, "FIXME hard-fix"); the harness keeps the fp16 head, as its q2-w4a8 and q2-w4a16 do (they run no
+  (:740-743, "FIXME hard-fix"); the harness keeps the fp16 head, as its q2-w4a8 and q2-w4a16 do (they run no
   lm_head GPTQ, recipes.quamba.w4.gptq_mamba2): lm_head=quantized is refused for int4 weights (modes.recipe).
 
-Upstream runs W4AX on Mamba-2 only (ValueError otherwise, :738-739): so does the mode (not on Mamba-1, nor on the
+Upstream runs W4AX on Mamba-2 only (ValueError otherwise, :735-736): so does the mode (not on Mamba-1, nor on the
 hybrids' Mamba-2 layers). No W4AX checkpoint is exported or read (docs/quamba2-checkpoints.md).
 """
 from __future__ import annotations
@@ -51,9 +51,9 @@ def build_w4ax_blocks(mode: ModeRecipe, bank, scales: list[W4AXLayer], depth: in
     out = []
     for i in range(depth + 1):
         s = scales[i]
-        if kinds[i] == "W4A8":  # W4A8QMamba2.from_fp16 (quantize_mixer_w4a8, modelutils_mamba.py:520-540)
+        if kinds[i] == "W4A8":  # W4A8QMamba2.from_fp16 (quantize_mixer_w4a8, modelutils_mamba.py:549)
             out.append(build_q2w4_mamba2_block(w4a8, bank.raw(i), s.w4a8, dims, i))
-        else:  # W4A16QMamba2.from_fp16 of the reordered model (reorder_mamba reorders every tensor, :803-804)
+        else:  # W4A16QMamba2.from_fp16 of the reordered model (reorder_mamba reorders every tensor, :806)
             raw = reorder_raw(bank.raw(i), s.scales.reorder, dims.d_inner, dims.nheads)
             out.append(build_q2w4_mamba2_block(w4a16, raw, s.w4a16, dims, i))
     return out
@@ -77,7 +77,7 @@ class Quamba2W4AX(Quamba2W4):
         if architecture == "mamba2":
             return None
         return ("Quamba's W4AX (--hybrid_blocks) runs on mamba2 models only (quantize_fp16_model_act_hybrid raises "
-                "ValueError for any other model_type, quamba/modelutils_mamba.py:738-739); on this model run q2-w4a8 "
+                "ValueError for any other model_type, quamba/modelutils_mamba.py:735-736); on this model run q2-w4a8 "
                 "or q2-w4a16 where they run")
 
     def on_architecture(self, mode: ModeRecipe, architecture: str | None) -> ModeRecipe:

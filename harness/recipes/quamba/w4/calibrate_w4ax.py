@@ -2,13 +2,13 @@
 reorder and ONE GPTQ, from which every layer's W4A8 and W4A16 block is built.
 
 Upstream (enyac-group/Quamba c474646 quamba/modelutils_mamba.py): with ``--hybrid_blocks --a_bits 8``,
-``quantize_model_mamba`` runs the head-grouping reorder and Quamba2's calibration (:801-812), ``fuse_had_matrices``
-(:828), ``apply_gptq`` once (:831-832), then ``quantize_fp16_model_act_hybrid`` (:843-844) builds layer i's W4A8
+``quantize_model_mamba`` runs the head-grouping reorder and Quamba2's calibration (:803-812), ``fuse_had_matrices``
+(:830), ``apply_gptq`` once (:832-833), then ``quantize_fp16_model_act_hybrid`` (:836-844) builds layer i's W4A8
 block (``W4A8QMamba2.from_fp16``) and/or its W4A16 block (``W4A16QMamba2.from_fp16``) from the SAME reordered,
-GPTQ'd fp16 model (:700-730). Both ``from_fp16`` read the GPTQ'd layer's fake-quantized fp16 weight and its fp16
-``group_scale`` (gptq_utils.py:175-180, qLinearLayer.py:42-66): Marlin (W4A16) packs them as they are, Marlin-QQQ
+GPTQ'd fp16 model (:703-732). Both ``from_fp16`` read the GPTQ'd layer's fake-quantized fp16 weight and its fp16
+``group_scale`` (gptq_utils.py:179-184, qLinearLayer.py:42-70): Marlin (W4A16) packs them as they are, Marlin-QQQ
 (W4A8) adds the per-channel scale. So a W4A16 layer of W4AX holds the reordered W4A8 GPTQ's codes, unlike
-``q2-w4a16`` (no reorder and GPTQ without it, :815-819).
+``q2-w4a16`` (no reorder and GPTQ without it, :820-824).
 
 The harness: the W8A8 calibration is q2-w8a8's (its own cache); the GPTQ is recipes.quamba.w4.gptq_mamba2's loop
 on the reordered raws, kept as GPTQ's result (fp16 values and fp16 group scales per layer, cache kind "gptq-w4ax")

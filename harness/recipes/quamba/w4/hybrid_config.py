@@ -1,9 +1,9 @@
 """Quamba2's W4AX per-layer config (``--hybrid_blocks_config``): which Mamba-2 layer runs W4A8 and which W4A16.
 
 Upstream (enyac-group/Quamba c474646): ``quantize_model_mamba`` reads the file with ``json.load``
-(quamba/modelutils_mamba.py:838-842) and ``quantize_fp16_model_act_hybrid`` builds layer i only as the entry
-``layer_wise_hybrid_config[i]`` ("W4A8" or "W4A16", the keys of ``quant_function_pairs``, :674-679 and :700-712);
-without a config every layer holds both and runs the first, W4A8 (:713-730). The shipped configs are JSON lists of
+(quamba/modelutils_mamba.py:837-840) and ``quantize_fp16_model_act_hybrid`` builds layer i only as the entry
+``layer_wise_hybrid_config[i]`` ("W4A8" or "W4A16", the keys of ``quant_function_pairs``, :674-681 and :703-714);
+without a config every layer holds both and runs the first, W4A8 (:715-732). The shipped configs are JSON lists of
 strings, one per layer (configs/hybrid/mamba2-8b/hybrid_blocks_config.json).
 
 The harness checks the file before any work (upstream would fail with a KeyError or IndexError, or silently use
@@ -18,8 +18,8 @@ from pathlib import Path
 __all__ = ["BLOCK_KINDS", "DEFAULT_BLOCK", "MAX_CONFIG_BYTES", "read_blocks_config", "config_problem",
            "length_problem", "layer_blocks"]
 
-BLOCK_KINDS = ("W4A8", "W4A16")  # quant_function_pairs' keys (modelutils_mamba.py:674-679)
-DEFAULT_BLOCK = "W4A8"  # no config: set_mixer(next(iter(mixers))), the first of a8, a16 (:672, :733)
+BLOCK_KINDS = ("W4A8", "W4A16")  # quant_function_pairs' keys (modelutils_mamba.py:674-681)
+DEFAULT_BLOCK = "W4A8"  # no config: set_mixer(next(iter(mixers))), the first of a8, a16 (:674, :732)
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -61,7 +61,7 @@ def config_problem(path: str | None) -> str | None:
 
 
 def length_problem(path: str | None, n_layer: int) -> str | None:
-    """The config must name every layer of the model, no more, no fewer (upstream indexes it by layer, :700-701)."""
+    """The config must name every layer of the model, no more, no fewer (upstream indexes it by layer, :705)."""
     if path is None:
         return None
     n = len(read_blocks_config(path))

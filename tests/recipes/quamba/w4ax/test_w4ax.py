@@ -145,7 +145,7 @@ def test_mixed_run_layer_by_layer(run):
 
 
 def test_all_w4a8_is_q2_w4a8_with_the_int4_embedding(run):
-    # q2-w4ax = q2-w4a8 + W4O16Embedding (upstream hard-codes it, modelutils_mamba.py:693-695); both keep the fp16
+    # q2-w4ax = q2-w4a8 + W4O16Embedding (upstream hard-codes it, modelutils_mamba.py:686-688); both keep the fp16
     # head (the harness runs no lm_head GPTQ); with the same embedding every array is bit for bit q2-w4a8's
     names = run.tensors("q2-w4ax")
     assert "logits" in names or any("logit" in n for n in names)
