@@ -112,14 +112,20 @@ def _user_mode(tmp_path, blocks):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def cli_cache(tmp_path_factory):
+    """The calibration cache of the CLI runs (the same calibration text and settings: computed once)."""
+    return tmp_path_factory.mktemp("w4ax-cli-cache")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, cli_cache):
     tmp = tmp_path_factory.mktemp("w4ax-run")
     modes = _modes_file(tmp, {"w4ax-mix": _mix(tmp, MIX),
                               "q2-w4a8-e4": {"base": "q2-w4a8", "embedding": "int4"}})
     out = tmp / "w4ax.npz"
     code = run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "q2-w4a8", "q2-w4a16", "q2-w4ax", "w4ax-mix",
                                   "q2-w4a8-e4", "--modes_file", modes, "--layers", "0", "1", "2", "--isolated",
-                                  "--taps", "all", "--end_to_end", *_RUN, "--cache_dir", tmp / "cache",
+                                  "--taps", "all", "--end_to_end", *_RUN, "--cache_dir", cli_cache,
                                   "--output_file", out])
     assert code == 0
     return load_capture(out)
@@ -210,7 +216,7 @@ def test_a_w4a8_checkpoint_alone_is_exit_2_asking_for_the_float_model(tmp_path, 
     assert code == 2 and "q2-w4ax need the float model" in err and "--mamba_model_path" in err, err
 
 
-def test_decode_steps_are_the_w4a8_and_w4a16_steps(tmp_path):
+def test_decode_steps_are_the_w4a8_and_w4a16_steps(tmp_path, cli_cache, run):
     """--decode runs each layer's own step (W4A8QMamba2.step, qMamba2.py:997-1021; W4A16QMamba2.step, :641-685):
     all-W4A8 decodes as q2-w4a8 with the int4 embedding, bit for bit; the mix as it up to its W4A16 layer 1."""
     modes = _modes_file(tmp_path, {"w4ax-mix": _mix(tmp_path, MIX),
@@ -218,7 +224,7 @@ def test_decode_steps_are_the_w4a8_and_w4a16_steps(tmp_path):
     out = tmp_path / "dec.npz"
     code = run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "q2-w4a8-e4", "q2-w4ax", "w4ax-mix",
                                   "--modes_file", modes, "--decode", "4", "--layers", "0", "1", "2", "--seq_len", "16",
-                                  "--calib_data_num", "4", "--calib_seqlen", "64", "--cache_dir", tmp_path / "cache",
+                                  "--calib_data_num", "4", "--calib_seqlen", "64", "--cache_dir", cli_cache,
                                   "--output_file", out])
     assert code == 0
     cap = load_capture(out)
