@@ -113,8 +113,9 @@ def needs_float(recipe, prep: str = "quamba", given=None) -> bool:
     Quamba1's prep=quamba, Quamba2's prep=quamba2; given, the checkpoint: its weights, int8 or Quamba2's W4
     int4, and the calibration key of its scales)."""
     weights, key = getattr(given, "weights", "int8"), getattr(given, "calibration_key", None)
+    # the family's key (a family may read another calibration than its knobs' key: q2-w4ax, recipes.quamba.w4ax)
     return recipe.weights != Weights(weights) or recipe.rotate != Rotate.YES or recipe.prep != Prep(prep) or \
-        (key is not None and recipe.calibration_key != key)
+        (key is not None and recipe_for(recipe).calibration_key(recipe) != key)
 
 
 def check_pair(models: Models, depth: int) -> dict:

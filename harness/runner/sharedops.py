@@ -26,6 +26,7 @@ another) and ``release``s a weight variant's calls when its last mode is done.
 """
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -79,12 +80,20 @@ def _settings(module: torch.nn.Module) -> dict:
     return {"class": type(module), **{k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}}
 
 
+def _holds_tensors(x) -> bool:
+    """A prepared weight of several tensors (kernels.int4.Int4Weight): compared as a tensor is, by identity (its
+    ``==`` would compare the tensors element-wise)."""
+    return dataclasses.is_dataclass(x) and not isinstance(x, type) and \
+        any(isinstance(getattr(x, f.name), torch.Tensor) for f in dataclasses.fields(x))
+
+
 def _same_settings(a: dict, b: dict) -> bool:
     if a.keys() != b.keys():
         return False
     for k, x in a.items():
         y = b[k]
-        if isinstance(x, (torch.Tensor, QTensor)) or isinstance(y, (torch.Tensor, QTensor)):
+        if isinstance(x, (torch.Tensor, QTensor)) or isinstance(y, (torch.Tensor, QTensor)) or \
+                _holds_tensors(x) or _holds_tensors(y):
             if x is not y:  # weights: the very same prepared object (held here, so never a reused id)
                 return False
         elif not _same_value(x, y):

@@ -233,3 +233,17 @@ def test_the_summary_and_the_bytes_kept_count_codes_and_results():
     assert shared.kept_bytes == 5 * n
     assert _count(shared, op, QTensor(codes.clone(), 0.5)) == 1
     assert shared.summary() == {"calls": 3, "reused": 1, "reused_by_op": {"op": 1}, "kept_mb": 2.7, "max_mb": 3.1}
+
+
+def test_an_int4_weight_setting_matches_by_identity():
+    """A Marlin linear's Int4Weight (several tensors, whose == is element-wise) is a weight: the same object shares,
+    an equal copy does not (and comparing the two raises nothing: q2-w4a16 beside q2-w4ax's W4A16 layers)."""
+    from harness.kernels.int4 import rtn_int4
+    from harness.recipes.quamba.w4.block_mamba2 import EmuW4A16Linear
+    w = rtn_int4(torch.randn(256, 128, generator=torch.Generator().manual_seed(0)), False)
+    copy = type(w)(w.codes.clone(), w.group_scales.clone(), None, w.group_size)
+    ops, x = SharedOps(), torch.randn(1, 3, 128).half().float()
+    first = ops.call(0, "in_proj", EmuW4A16Linear(w), EmuW4A16Linear(w), x)
+    assert ops.call(0, "in_proj", EmuW4A16Linear(w), EmuW4A16Linear(w), x) is first
+    other = ops.call(0, "in_proj", EmuW4A16Linear(copy), EmuW4A16Linear(copy), x)
+    assert other is not first and torch.equal(other, first) and ops.reused["in_proj"] == 1

@@ -7,8 +7,9 @@ from ..registry import register_recipe
 from .export import register_exporters
 from .families import Quamba1, Quamba2, Quamba2HybridW8A8, Quamba2W4
 from .formats import register_formats
+from .w4ax import Quamba2W4AX
 
-for _family in (Quamba1(), Quamba2(), Quamba2W4(), Quamba2HybridW8A8()):
+for _family in (Quamba1(), Quamba2(), Quamba2W4(), Quamba2HybridW8A8(), Quamba2W4AX()):
     register_recipe(_family)
 register_formats()
 register_exporters()
