@@ -31,7 +31,7 @@ ROOT = tiny.ROOT
 D_MODEL   = 192   # as mamba-tiny: 12 * 16 (d_inner 384, dt_rank 12)
 N_LAYER   = 3     # as mamba-tiny: model.safetensors about 6 MB in fp32
 D_STATE   = 16
-STEPS     = 450
+STEPS     = 300
 # fmt: on
 
 
