@@ -74,10 +74,11 @@ def train(model, stream: torch.Tensor, steps: int, seed: int) -> None:
             print(f"  step {step:4d}/{steps}  train loss {loss.item():.4f}  ({time.time() - start:.0f}s)", flush=True)
 
 
-def build(argv: list[str] | None, description: str, default_out: Path, default_steps: int, make_model) -> int:
+def build(argv: list[str] | None, description: str, default_out: Path, default_steps: int, make_model,
+          trainer=train) -> int:
     """The command line of a tiny model's build: `make_model(vocab, eos)` (a transformers model), trained on the
-    shipped text with this file's loop, saved with the tokenizer and a training report. Shared by the Mamba-2,
-    Bamba and Falcon-Mamba builds (models/build_tiny_*.py)."""
+    shipped text by `trainer(model, stream, steps, seed)` (this file's loop unless given), saved with the tokenizer
+    and a training report. Shared by the Mamba-2, Bamba and Falcon-Mamba builds (models/build_tiny_*.py)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--steps", type=int, default=default_steps)
@@ -98,7 +99,7 @@ def build(argv: list[str] | None, description: str, default_out: Path, default_s
     model = make_model(tok.get_vocab_size(), eos).eval()
     loss_start = tiny.heldout_loss(model, heldout_stream)
     print(f"held-out loss before training: {loss_start:.4f} (ln vocab = {math.log(tok.get_vocab_size()):.4f})")
-    train(model, train_stream, args.steps, args.seed)
+    trainer(model, train_stream, args.steps, args.seed)
     loss_end = tiny.heldout_loss(model, heldout_stream)
     print(f"held-out loss after training:  {loss_end:.4f}")
 

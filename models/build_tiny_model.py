@@ -108,11 +108,14 @@ class _ScanFn(torch.autograd.Function):
 
 
 class TrainMixer(nn.Module):
-    """The transformers MambaMixer math (slow path) with the fast-backward scan."""
+    """The transformers MambaMixer math (slow path) with the fast-backward scan; with `mixer_rms_eps`,
+    FalconMambaMixer's (the same plus weightless RMSNorms on dt, B and C)."""
 
-    def __init__(self, d_model: int, d_inner: int, d_state: int, d_conv: int, dt_rank: int):
+    def __init__(self, d_model: int, d_inner: int, d_state: int, d_conv: int, dt_rank: int,
+                 mixer_rms_eps: float | None = None):
         super().__init__()
         self.d_inner, self.d_state, self.dt_rank = d_inner, d_state, dt_rank
+        self.mixer_rms_eps = mixer_rms_eps  # Falcon-Mamba's weightless RMSNorms on dt, B, C; None: plain Mamba-1
         self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=False)
         self.conv1d = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, padding=d_conv - 1)
         self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
@@ -127,6 +130,8 @@ class TrainMixer(nn.Module):
         x, gate = self.in_proj(hidden_states).chunk(2, dim=-1)                  # [batch, seqlen, d_inner] each
         x = F.silu(self.conv1d(x.transpose(1, 2))[..., :seqlen]).transpose(1, 2)
         time_step, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
+        if self.mixer_rms_eps is not None:
+            time_step, B, C = (self._weightless_rms(t) for t in (time_step, B, C))
         delta = F.softplus(time_step @ self.dt_proj.weight.t() + self.dt_proj.bias)  # [batch, seqlen, d_inner]
         A = -torch.exp(self.A_log)                                               # [d_inner, d_state]
         dA = torch.exp(delta[..., None] * A)                                     # [batch, seqlen, d_inner, d_state]
@@ -135,6 +140,11 @@ class TrainMixer(nn.Module):
         y = torch.einsum("blen,bln->ble", states, C) + x * self.D                # [batch, seqlen, d_inner]
         # fmt: on
         return self.out_proj(y * F.silu(gate))
+
+    def _weightless_rms(self, t: torch.Tensor) -> torch.Tensor:
+        """FalconMambaWeightlessRMSNorm over the part's own width, applied after the x_proj split and before
+        dt_proj (transformers 5.23 models/falcon_mamba/modeling_falcon_mamba.py:53-57, 466-469)."""
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.mixer_rms_eps)
 
 
 class TrainRMSNorm(nn.Module):
@@ -152,7 +162,7 @@ class TrainBlock(nn.Module):
         super().__init__()
         self.norm = TrainRMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
         self.mixer = TrainMixer(cfg.hidden_size, cfg.intermediate_size, cfg.state_size,
-                                cfg.conv_kernel, int(cfg.time_step_rank))
+                                cfg.conv_kernel, int(cfg.time_step_rank), getattr(cfg, "mixer_rms_eps", None))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.mixer(self.norm(h))
@@ -167,7 +177,7 @@ class TrainBackbone(nn.Module):
 
 
 class TrainLM(nn.Module):
-    """Parameter names equal MambaForCausalLM's, so state dicts copy both ways."""
+    """Parameter names equal MambaForCausalLM's (and FalconMambaForCausalLM's), so state dicts copy both ways."""
 
     def __init__(self, cfg):
         super().__init__()
