@@ -39,6 +39,12 @@ class Naive(Recipe):
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
         return ("mamba1", "mamba2")
 
+    def architecture_problem(self, mode: ModeRecipe, architecture: str) -> str | None:
+        if architecture in self.architectures(mode):
+            return None
+        return ("naive wraps the blocks of a pure Mamba-1 or Mamba-2 model (its quantizers sit at their points, "
+                "blocks.STATIC_POINTS); on a hybrid's Mamba-2 blocks run Quamba2's recipes (q2-w8a8, q2-w4a8, q2-w4a16)")
+
     def calibration_key(self, mode: ModeRecipe) -> str | None:
         return _KEY if mode.option("quantizer", "static") == "static" else None
 
