@@ -41,6 +41,13 @@ def bamba():
     return bank, windows
 
 
+@pytest.fixture(scope="module")
+def calibs(bamba):
+    """Each W4 key's calibration of every block of the shipped Bamba, computed once for the module."""
+    bank, windows = bamba
+    return {key: calibrate_key(bank, windows, SETTINGS, bank.dims.n_layer - 1, [], None, key) for key in KEYS}
+
+
 def _levels(w) -> int:
     """The most distinct values any group of an Int4Weight holds (codes times the group's scale)."""
     values = (w.codes.to(torch.float32) - 8) * w.group_scales.to(torch.float32).repeat_interleave(w.group_size, 1)
@@ -48,10 +55,9 @@ def _levels(w) -> int:
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_gptq_quantizes_the_mamba2_blocks_and_runs_through_the_others(bamba, key):
+def test_gptq_quantizes_the_mamba2_blocks_and_runs_through_the_others(bamba, calibs, key):
     bank, windows = bamba
-    depth = bank.dims.n_layer - 1
-    calib = calibrate_key(bank, windows, SETTINGS, depth, [], None, key)
+    calib = calibs[key]
     kinds = bank.dims.kinds
     assert [x is None for x in calib.scales] == [k != "ssm" for k in kinds] and kinds.count("ssm") == 2
     for layer, w in enumerate(calib.scales):
@@ -65,12 +71,12 @@ def test_gptq_quantizes_the_mamba2_blocks_and_runs_through_the_others(bamba, key
             assert len(torch.unique(lin.codes)) >= 14  # the int4 grid used, not a few codes
 
 
-def test_the_second_mamba2_block_s_gptq_sees_the_first_s_through_attention_and_mlp(bamba):
+def test_the_second_mamba2_block_s_gptq_sees_the_first_s_through_attention_and_mlp(bamba, calibs):
     """Layer by layer as apply_gptq (modelutils_mamba.py:469-470): block 0 with its GPTQ weights, the attention and
     MLP blocks in rotated fp16, then the Hessians of the next Mamba-2 block."""
     bank, windows = bamba
     depth = bank.dims.n_layer - 1
-    calib = calibrate_key(bank, windows, SETTINGS, depth, [], None, "quamba2-w4a16")
+    calib = calibs["quamba2-w4a16"]
     dims, ssm = bank.dims.ssm_dims(), [i for i in range(depth + 1) if is_ssm_block(bank.dims, i)]
     assert ssm[0] == 0 and ssm[1] > 1
     res = [bank.embed(b, True, torch.float16, "exact", "fp16") for b in windows.split(SETTINGS.batch_size)]
@@ -93,10 +99,10 @@ def test_the_second_mamba2_block_s_gptq_sees_the_first_s_through_attention_and_m
 
 
 @pytest.mark.parametrize("mode,key", [("q2-w4a8", "quamba2-w4a8"), ("q2-w4a16", "quamba2-w4a16")])
-def test_the_mamba2_blocks_are_w4_and_attention_and_mlp_equal_the_fp16_float_block(bamba, mode, key):
-    bank, windows = bamba
+def test_the_mamba2_blocks_are_w4_and_attention_and_mlp_equal_the_fp16_float_block(bamba, calibs, mode, key):
+    bank, _ = bamba
     depth = bank.dims.n_layer - 1
-    calib = calibrate_key(bank, windows, SETTINGS, depth, [], None, key)
+    calib = calibs[key]
     backbone = build_backbone(get_mode(mode), bank, calib.scales, depth)
     x = torch.randn(1, 9, bank.dims.d_model, generator=torch.Generator().manual_seed(4))
     for i, block in enumerate(backbone.blocks):
