@@ -23,6 +23,7 @@ from typing import ClassVar, Union
 import torch
 
 __all__ = [
+    "SplitOut",
     "FLOAT_DTYPES",
     "INT8_BOUNDS",
     "Rounding",
@@ -151,7 +152,19 @@ class FormatOut:
         assert self.fmt in FORMAT_NAMES, f"unknown number format {self.fmt!r}"
 
 
-OutSpec = Union[QuantOut, FloatOut, FormatOut]
+@dataclass(frozen=True)
+class SplitOut:
+    """An op's output split along its last dimension, each part stored by its own float or format rule (a Mamba-2
+    in_proj's z | xBC | dt, its conv's x | B | C under a number format: each part on its own groups)."""
+
+    widths: tuple[int, ...]
+    outs: tuple[Union[FloatOut, FormatOut], ...]
+
+    def __post_init__(self) -> None:
+        assert len(self.widths) == len(self.outs), "one output rule per part"
+
+
+OutSpec = Union[QuantOut, FloatOut, FormatOut, SplitOut]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ class Architecture:
     raises ``ValueError`` for a recipe the block cannot take; prepare_layer: ``(raw, weights, rotate, prep, fp16)
     -> params``, one block's weights as a recipe needs them (raw(): the checkpoint's tensors; fp16(): the same
     block's fp16 variant, for int8 weights quantized from it); extra: what a recipe may ask of it by key
-    (``formats``: its blocks apply the number-format knobs); open_config: ``(ckpt, config, error) -> bool``, the
+    (``formats``: its blocks apply the number-format knobs, True for all of them or a tuple of those it applies;
+    ``layer_formats``: ``(recipe, dims, layer) -> dict``, what a block ran for the stats); open_config: ``(ckpt, config, error) -> bool``, the
     float checkpoint reader of the architecture's own layout: True when `config` (config.json) is one of its
     models, after it has set the just-indexed checkpoint's tensor table, format and dims (checkpoints.loading
     asks every architecture that has one; the Mamba-1 layout is the loader's own); it raises `error` for a

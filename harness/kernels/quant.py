@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import INT8_BOUNDS, FloatOut, FormatOut, OutSpec, QTensor, QuantOut, Rounding
+from ..spec import INT8_BOUNDS, FloatOut, FormatOut, OutSpec, QTensor, QuantOut, Rounding, SplitOut
 from .formats import fake_quantize
 from .rounding import round_half_even, round_with
 
@@ -93,6 +93,9 @@ def to_output(v: torch.Tensor, out: OutSpec) -> QTensor | torch.Tensor:
         return round_to_dtype(v, out.dtype)
     if isinstance(out, FormatOut):
         return fake_quantize(v.to(torch.float32), out.fmt)
+    if isinstance(out, SplitOut):
+        parts = v.split(list(out.widths), dim=-1)
+        return torch.cat([to_output(part, o) for part, o in zip(parts, out.outs)], dim=-1)
     raise TypeError(f"unknown output spec {out!r}")
 
 

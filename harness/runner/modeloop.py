@@ -16,6 +16,7 @@ from .context import ModeLoopResult, RunContext
 from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, stack
 from ..runtime.log import error
 from ..architectures.mamba1.build import layer_formats
+from ..architectures.registry import get_architecture
 from ..emulation.capture import ISOLATED, parse_point
 from .collect import Collector
 from .decode import decode_mode
@@ -132,7 +133,9 @@ def _run_one(ctx: RunContext, recipe: ModeRecipe, run_: _ModeRun) -> None:
     if (extra := recipe_for(recipe).extra_knobs(recipe)) is not None:  # a family's knobs beyond the ModeRecipe's
         entry["family_knobs"] = extra
     if recipe.has_formats:  # what each block ran (emulation.build.layer_formats)
-        entry["layer_formats"] = layer_formats(recipe, ctx.bank.dims, ctx.depth)
+        per_layer = get_architecture(ctx.bank.dims.architecture).extra.get("layer_formats")
+        entry["layer_formats"] = layer_formats(recipe, ctx.bank.dims, ctx.depth) if per_layer is None else \
+            {str(i): per_layer(recipe, ctx.bank.dims, i) for i in range(ctx.depth + 1)}
     problems: list[str] = []
     rows: dict[str, dict] = {}
     streamed = False

@@ -7,7 +7,7 @@ from ...emulation.capture import MAMBA2_POINTS
 from ...modes.knobs import MAMBA2_PRESETS
 from ...spec import FLOAT_DTYPES
 from ..registry import Architecture, register_architecture
-from .build import build_blocks, build_mamba2_block
+from .build import FORMAT_KNOBS, build_blocks, build_mamba2_block, mamba2_layer_formats
 from .config import open_mamba2
 from .weights import float_layer_mamba2
 
@@ -21,5 +21,6 @@ def prepare_layer(raw, weights: str, rotate: bool, prep: str, fp16):
 
 MAMBA2 = register_architecture(Architecture(
     "mamba2", "Mamba-2 (SSD)", MAMBA2_POINTS, build_blocks, prepare_layer, presets=MAMBA2_PRESETS,
-    extra={"block": build_mamba2_block}, open_config=open_mamba2, model_types=("mamba2",),
+    extra={"block": build_mamba2_block, "formats": FORMAT_KNOBS, "layer_formats": mamba2_layer_formats},
+    open_config=open_mamba2, model_types=("mamba2",),
     class_names=("Mamba2ForCausalLM", "Mamba2Model")))

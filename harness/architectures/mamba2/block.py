@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...spec import Act, FloatOut, HookPoint, Mamba2Dims
+from ...spec import Act, FloatOut, HookPoint, Mamba2Dims, OutSpec
 from ...emulation.capture import MAMBA2_POINTS, hook_attr
 from ...emulation.modules import EmuHadamard, EmuLinear, EmuRMSNorm, OpCache
 from ...kernels.conv1d import float_causal_conv1d_silu
@@ -42,7 +42,7 @@ MAMBA2_BLOCK_POINTS: tuple[str, ...] = tuple(MAMBA2_POINTS)
 class EmuConvXBC(nn.Module):
     """Causal depthwise conv + SiLU over the conv_dim channels x | B | C, in fp32 (kernels.conv1d), output rule after."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out: FloatOut) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out: OutSpec) -> None:
         super().__init__()
         self.weight, self.bias, self.out = weight, bias, out
 
@@ -98,7 +98,7 @@ class EmuSSD(nn.Module):
 class EmuGatedNorm(nn.Module):
     """norm(y * silu(z)) per group of d_inner / ngroups channels, times its weight (kernels.ssd.gated_rmsnorm)."""
 
-    def __init__(self, weight: torch.Tensor, ngroups: int, eps: float, out: FloatOut) -> None:
+    def __init__(self, weight: torch.Tensor, ngroups: int, eps: float, out: OutSpec) -> None:
         super().__init__()
         self.weight, self.ngroups, self.eps, self.out = weight, ngroups, eps, out
 

@@ -1,6 +1,6 @@
 """The naive W8A8 baselines of the field (docs/field-recipes.md "Naive W8A8"): ``naive-static`` (Quamba1's
 simulated path with no flags: static per-tensor activations) and ``naive-dynamic`` (PTQ-SSM's W8A8Linear:
-dynamic per-tensor), on Mamba-1 and Mamba-2. Importing the package registers the family."""
+dynamic per-tensor), on Mamba-1, Mamba-2 and the hybrids' Mamba-2 blocks. Importing the package registers the family."""
 from __future__ import annotations
 
 import torch
@@ -37,7 +37,7 @@ class Naive(Recipe):
     title = "naive W8A8: static (Quamba1 fake path, no flags) or dynamic (PTQ-SSM) per-tensor int8"
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return ("mamba1", "mamba2")
+        return ("mamba1", "mamba2", "bamba", "nemotron_h")  # a hybrid: its Mamba-2 blocks (blocks.py)
 
     def calibration_key(self, mode: ModeRecipe) -> str | None:
         return _KEY if mode.option("quantizer", "static") == "static" else None

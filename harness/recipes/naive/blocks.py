@@ -14,11 +14,15 @@ fake quantizers at the points the upstream code quantizes (emulation.fakequant).
   no clamp (:7-46); conv, scan, norms stay fp.
 
 The blocks run in fp32 (the upstream models are fp16): the harness compares recipes, not fp16 rounding.
+
+On a hybrid (Bamba / Granite 4.0-H, Nemotron-H) both recipes quantize the Mamba-2 blocks as on Mamba-2; the attention
+and MLP blocks stay the unrotated fp32 float blocks (neither upstream has an attention layer to quantize).
 """
 from __future__ import annotations
 
 import torch
 
+from ...architectures.bamba.build import is_ssm_block
 from ...architectures.registry import get_architecture
 from ...emulation.fakequant import AmaxObserver, split_last, wrap_mamba1, wrap_mamba2
 from ...kernels.fakequant import fq_sym, fq_sym_dynamic
@@ -62,6 +66,13 @@ def _wrap(block, dims, table):
     return (wrap_mamba1 if dims.architecture == "mamba1" else wrap_mamba2)(block, table)
 
 
+def _ssm(bank) -> tuple[object, list[bool]]:
+    """The Mamba blocks' dims (a hybrid's Mamba-2 ones) and, per block, whether the recipe quantizes it."""
+    dims = bank.dims
+    ssm = dims.ssm_dims() if hasattr(dims, "ssm_dims") else dims
+    return ssm, [is_ssm_block(dims, i) for i in range(dims.n_layer)]
+
+
 def _quantize_weights(block, dims, fq) -> None:
     """Every weight the recipe quantizes, replaced by a new tensor (the bank's are shared: never written)."""
     names = ("in_proj", "x_proj", "dt_proj", "out_proj") if dims.architecture == "mamba1" else ("in_proj", "out_proj")
@@ -74,9 +85,11 @@ def _quantize_weights(block, dims, fq) -> None:
 
 def build_static(mode: ModeRecipe, bank, scales: list[dict], depth: int) -> list:
     """naive-static: per-tensor absmax weights, static per-tensor activations at the calibrated scales."""
-    dims = bank.dims
+    dims, quantized = _ssm(bank)
     blocks = float_blocks(mode, bank, depth)
-    for block, layer in zip(blocks, scales):
+    for block, layer, q in zip(blocks, scales, quantized):
+        if not q:
+            continue
         _quantize_weights(block, dims, fq_sym_dynamic)
         _wrap(block, dims, static_points(dims, {p: _static(layer[p]) for p in STATIC_POINTS[dims.architecture]}))
     return blocks
@@ -84,11 +97,13 @@ def build_static(mode: ModeRecipe, bank, scales: list[dict], depth: int) -> list
 
 def observe_static(mode: ModeRecipe, bank, depth: int) -> tuple[list, list[dict[str, AmaxObserver]]]:
     """The calibration model of naive-static: the fp32 blocks with a running-max observer at each point."""
-    dims = bank.dims
+    dims, quantized = _ssm(bank)
     blocks = float_blocks(mode, bank, depth)
-    observers = [{p: AmaxObserver() for p in STATIC_POINTS[dims.architecture]} for _ in blocks]
+    observers = [{p: AmaxObserver() for p in STATIC_POINTS[dims.architecture]} if q else {}
+                 for _, q in zip(blocks, quantized)]
     for block, obs in zip(blocks, observers):
-        _wrap(block, dims, static_points(dims, obs))
+        if obs:
+            _wrap(block, dims, static_points(dims, obs))
     return blocks, observers
 
 
@@ -104,9 +119,9 @@ def _dyn(x: torch.Tensor) -> torch.Tensor:
 def build_dynamic(mode: ModeRecipe, bank, depth: int) -> list:
     """naive-dynamic: PTQ-SSM's W8A8Linear at every linear layer of the block (dt_proj's output is quantized with
     its bias, which the block adds in the scan: fq(x + b) - b)."""
-    dims = bank.dims
+    dims, quantized = _ssm(bank)
     blocks = float_blocks(mode, bank, depth)
-    for block in blocks:
+    for block in (b for b, q in zip(blocks, quantized) if q):
         names = ("in_proj", "x_proj", "dt_proj", "out_proj") if dims.architecture == "mamba1" else ("in_proj", "out_proj")
         table = {}
         for name in names:

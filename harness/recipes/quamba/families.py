@@ -26,7 +26,8 @@ _MAMBA1, _MAMBA2 = "mamba1", "mamba2"
 # the architectures whose blocks are Mamba-1's (Falcon-Mamba adds weightless dt/B/C norms, which the block's knob
 # interpreter quantizes as x_proj's output: architectures.mamba1.build.mixer_norms): every Mamba-1 recipe runs there
 _MAMBA1_BLOCKS = (_MAMBA1, "falcon_mamba")
-# the hybrids whose SSM blocks are Mamba-2's: Quamba2's W8A8 quantizes those, the attention and MLP blocks stay fp16
+# the hybrids whose SSM blocks are Mamba-2's: Quamba2's W8A8, W4A8 and W4A16 quantize those, the attention and MLP
+# blocks stay fp16
 _HYBRIDS = ("bamba", "nemotron_h")
 
 
@@ -106,13 +107,13 @@ class Quamba2W4(_Quamba):
     """Quamba2's GPTQ int4 recipes (q2-w4a8: Marlin-QQQ with W8A8 activations; q2-w4a16: Marlin, fp16)."""
 
     name = "quamba2-w4"
-    title = "Quamba2 W4A8 / W4A16 (GPTQ int4, Marlin), Mamba-1 and Mamba-2"
+    title = "Quamba2 W4A8 / W4A16 (GPTQ int4, Marlin), Mamba-1, Mamba-2 and the hybrids' Mamba-2 blocks"
 
     def owns(self, mode: ModeRecipe) -> bool:
         return mode.weights == Weights.INT4
 
     def architectures(self, mode: ModeRecipe) -> tuple[str, ...]:
-        return _MAMBA1_BLOCKS + (_MAMBA2,)
+        return _MAMBA1_BLOCKS + (_MAMBA2, *_HYBRIDS)
 
     def on_architecture(self, mode: ModeRecipe, architecture: str | None) -> ModeRecipe:
         """On Mamba-1, Quamba1's preparation (prep=quamba)."""
@@ -124,9 +125,9 @@ class Quamba2W4(_Quamba):
         """W4A8 on Mamba-2: Quamba2's head/dim grouping of the int8 SSD input (as check_q2_export, which
         export_mamba2's check_q2w4_export adds to); W4A16 quantizes no activation and needs none. Marlin's
         128-multiples bind the packed export only (the run emulates the packing)."""
-        if dims.architecture != _MAMBA2 or self.calibration_key(mode) != "quamba2-w4a8":
+        if dims.architecture not in (_MAMBA2, *_HYBRIDS) or self.calibration_key(mode) != "quamba2-w4a8":
             return None
-        return q2_grouping_problem(dims)
+        return q2_grouping_problem(ssm_dims(dims))
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
         build = build_blocks_mamba1 if bank.dims.architecture in _MAMBA1_BLOCKS else build_blocks_mamba2

@@ -92,12 +92,16 @@ def test_quamba2_w8a8_quantizes_the_mamba2_blocks_and_keeps_attention_and_mlp_in
     assert result.stats["modes"]["q2-w8a8"]["decode"]["consistency"]
 
 
-@pytest.mark.parametrize("mode,says", [("0", "quamba1"), ("q2-w4a16", "quamba2-w4")])
-def test_a_quantized_recipe_is_exit_2_on_a_hybrid(hybrid, tmp_path, capsys, mode, says):
+@pytest.mark.parametrize("mode,says", [("0", "Mamba-1"), ("smq-ssm", "Mamba-1 blocks only"),
+                                       ("mambaquant-w8a8", "Mamba-1")])
+def test_a_recipe_of_mamba_blocks_only_is_exit_2_on_a_hybrid(hybrid, tmp_path, capsys, mode, says):
+    """Quamba1, SmQ-SSM and MambaQuant are Mamba-1 recipes: refused by name on a hybrid, the message naming the modes
+    that run there (q2-w4a8, q2-w4a16 and naive among them)."""
     _, d = hybrid
     code = run_cli(capture_main, ["--model", d, "--modes", mode, "--output_file", tmp_path / "c.npz", *FAST_CLI])
     err = capsys.readouterr().err
-    assert code == 2 and "bamba" in err and "Traceback" not in err, err
+    assert code == 2 and "does not run on a bamba model" in err and says in err and "Traceback" not in err, err
+    assert "q2-w4a8, q2-w4a16" in err and "naive-static" in err
 
 
 def test_decode_and_generate_step_the_kv_cache_and_the_ssm_states_together(hybrid, tmp_path):

@@ -186,14 +186,17 @@ def test_bad_mamba2_checkpoints(model, tmp_path):
             open_checkpoint(bad)
 
 
-def test_a_mode_with_number_formats_is_refused_on_mamba2(tmp_path):
-    """Format knobs are applied by the Mamba-1 block builder only: on a Mamba-2 model such a mode is a clear
-    ModeError, not a float run that silently ignores its formats."""
+def test_mamba2_takes_weight_and_act_formats_and_refuses_state_format(tmp_path):
+    """weight_format and act_format run on Mamba-2 blocks (architectures.mamba2.build); state_format is Mamba-1's
+    only: on a Mamba-2 model such a mode is a clear ModeError naming the knob, not a run that ignores it."""
     f = tmp_path / "m.json"
-    f.write_text(json.dumps({"modes": {"mx": {"base": "fp32", "act_format": "mxfp8_e4m3"}}}))
-    assert [r.name for r in resolve_modes(["fp32", "mx"], f)] == ["fp32", "mx"]  # Mamba-1: runs
-    with pytest.raises(ModeError, match=r"mode 'mx' does not run on a mamba2 model.*number formats"):
-        resolve_modes(["fp32", "mx"], f, architecture="mamba2")
+    f.write_text(json.dumps({"modes": {"mx": {"base": "fp32", "act_format": "mxfp8_e4m3"},
+                                       "st": {"base": "fp32", "layers": {"1-": {"state_format": "bf16"}}}}}))
+    assert [r.name for r in resolve_modes(["fp32", "mx", "st"], f)] == ["fp32", "mx", "st"]  # Mamba-1: all run
+    assert [r.name for r in resolve_modes(["fp32", "mx"], f, architecture="mamba2")] == ["fp32", "mx"]
+    with pytest.raises(ModeError, match=r"mode 'st' does not run on a mamba2 model: state_format is applied to "
+                                        r"Mamba-1 blocks only"):
+        resolve_modes(["fp32", "st"], f, architecture="mamba2")
 
 
 def test_the_fp16_model_holds_A_log_in_fp16_and_D_in_fp32(model):

@@ -72,7 +72,6 @@ def model_copy(tmp_path):
 
 
 SUGGEST_ERRORS = [  # (name, extra argv, what stderr names); {m} the model copy, {t} the test's directory
-    ("mamba2-model", ["--model", ROOT / "models" / "mamba2-tiny"], "does not run on a mamba2 model"),
     ("missing-model", ["--model", "{t}/nowhere"], "nowhere does not exist; a model directory must contain"),
     ("seq-len-too-long", ["--seq_len", "10000000"], "fewer than --seq_len 10000000"),
     ("seq-len-zero", ["--seq_len", "0"], "--seq_len must be a positive integer, got 0"),

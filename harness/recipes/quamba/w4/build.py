@@ -1,11 +1,16 @@
 """Quamba2's W4A8 and W4A16 blocks: on Mamba-2 Quamba2's own, on Mamba-1 the linears swapped into mode 0's (W4A8)
-or the fp16 calibration block (W4A16), as Quamba2 prepares a Mamba-1 model as Quamba1."""
+or the fp16 calibration block (W4A16), as Quamba2 prepares a Mamba-1 model as Quamba1. On a hybrid (Bamba / Granite
+4.0-H, Nemotron-H) the Mamba-2 blocks are Quamba2's W4 blocks and the attention and MLP blocks stay in rotated fp16
+under both W4A8 and W4A16 (q2.hybrid.HYBRID_FLOAT_RECIPE, as q2-w8a8 keeps them): Quamba quantizes no attention
+(enyac-group/Quamba c474646 quamba/quamba_mixer_seq.py:112 walks the Mamba mixers only), and GPTQ runs its
+calibration forward through them in fp16 (w4.gptq_mamba2)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import torch
 
+from ....architectures.bamba.build import float_block, is_ssm_block
 from ....architectures.mamba1.build import build_block
 from ....architectures.mamba1.weights import LayerParams
 from ....architectures.mamba2.build import build_mamba2_block
@@ -14,6 +19,8 @@ from ....emulation.modules import EmuMambaBlock
 from ....kernels.scan import ScanOrder
 from ....modes import BUILTIN_MODES, CALIBRATION_RECIPES, ModeRecipe, Prep, SsmImpl
 from ....spec import Mamba2Dims, ModelDims
+from ..q2.calibration import ssm_dims
+from ..q2.hybrid import HYBRID_FLOAT_RECIPE
 from . import block_mamba1 as mamba1_w4
 from .block_mamba2 import Q2W4Layer, build_q2w4a8_block, with_w4a16_linears
 
@@ -47,11 +54,18 @@ def build_q2w4_mamba1_block(recipe: ModeRecipe, p: LayerParams, w4: "mamba1_w4.Q
 
 
 def build_blocks_mamba2(recipe: ModeRecipe, bank, scales: list, depth: int, calibration: bool = False) -> list:
-    """Blocks 0..depth on Mamba-2: a Quamba2 W4 checkpoint's own tensors where the bank holds one, else GPTQ's."""
+    """Blocks 0..depth on Mamba-2: a Quamba2 W4 checkpoint's own tensors where the bank holds one, else GPTQ's; a
+    hybrid's attention and MLP blocks in rotated fp16 (module docstring)."""
     given = getattr(bank, "q2_given", lambda _i, _k: None)
-    return [build_q2w4_mamba2_block(recipe, None, scales[i], bank.dims, i, params=p)
-            if (p := given(i, recipe.calibration_key)) is not None
-            else build_q2w4_mamba2_block(recipe, bank.raw(i), scales[i], bank.dims, i) for i in range(depth + 1)]
+    dims = ssm_dims(bank.dims)
+
+    def block(i: int):
+        if not is_ssm_block(bank.dims, i):
+            return float_block(HYBRID_FLOAT_RECIPE, bank.raw(i), bank.dims, i)
+        if (p := given(i, recipe.calibration_key)) is not None:
+            return build_q2w4_mamba2_block(recipe, None, scales[i], dims, i, params=p)
+        return build_q2w4_mamba2_block(recipe, bank.raw(i), scales[i], dims, i)
+    return [block(i) for i in range(depth + 1)]
 
 
 def build_blocks_mamba1(recipe: ModeRecipe, bank, scales: list, depth: int, calibration: bool = False) -> list:

@@ -8,7 +8,8 @@ The cache: one entry per layer (runner.layercache, kind "gptq": the codes and sc
 arrays, "in_proj.codes", "in_proj.group_scales", "in_proj.channel_scales" (W4A8), ...), under a key chaining the
 model up to that layer, the calibration tokens, the settings and the variant, so a layer's entry is only reused
 with the GPTQ of every layer before it. An entry that the cache refuses or that does not fit the model is
-reported and the GPTQ recomputed.
+reported and the GPTQ recomputed. On a hybrid (spec.HybridDims) the attention and MLP blocks are not quantized
+(gptq_mamba2): their entries hold no arrays, only {"layer", "kind": "float"}, so the chain of keys still covers them.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from .block_mamba2 import Q2W4Layer
 from ....kernels.int4 import Int4Weight
 from .gptq_mamba2 import gptq_q2, q2w4_layers
 from ..q2.params import reorder_raw
+from ..q2.calibration import ssm_dims
+from ....architectures.bamba.build import is_ssm_block
 from ....modes import Q2_CALIBRATION_RECIPE
 from ....runtime.guard import Progress
 from ....runtime.log import warn
@@ -40,8 +43,10 @@ CACHE_KIND = "gptq"  # runner.layercache: one entry per layer, the arrays of _ar
 _PARTS = ("in_proj", "out_proj")
 
 
-def _arrays(ws: tuple[Int4Weight, Int4Weight]) -> dict[str, np.ndarray]:
-    out = {}
+def _arrays(ws: tuple[Int4Weight, Int4Weight] | None) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    if ws is None:  # a hybrid's attention or MLP block
+        return out
     for part, w in zip(_PARTS, ws):
         out[f"{part}.codes"] = w.codes.numpy()
         out[f"{part}.group_scales"] = w.group_scales.numpy()
@@ -51,6 +56,7 @@ def _arrays(ws: tuple[Int4Weight, Int4Weight]) -> dict[str, np.ndarray]:
 
 
 def _shapes(dims) -> dict[str, tuple[int, int]]:
+    dims = ssm_dims(dims)
     in_rows = 2 * dims.d_inner + (2 * dims.ngroups * dims.d_state + dims.nheads if dims.architecture == "mamba2" else 0)
     return {"in_proj": (in_rows, dims.d_model), "out_proj": (dims.d_model, dims.d_inner)}
 
@@ -61,9 +67,14 @@ def gptq_cache(cache_dir: Path | None, dims) -> LayerCache:
     return LayerCache(cache_dir, CACHE_KIND, max_bytes=2 * sum(r * c for r, c in _shapes(dims).values()) + (1 << 20))
 
 
-def _from_entry(entry: Entry, dims, channel: bool) -> tuple[Int4Weight, Int4Weight]:
-    """ValueError naming what does not fit the model."""
+def _from_entry(entry: Entry, dims, channel: bool, layer: int) -> tuple[Int4Weight, Int4Weight] | None:
+    """ValueError naming what does not fit the model (None: a hybrid's attention or MLP block's entry)."""
     arrays, shapes = entry.arrays, _shapes(dims)
+    if (entry.payload.get("kind") == "float") == is_ssm_block(dims, layer) or \
+            (not is_ssm_block(dims, layer) and arrays):
+        raise ValueError("the entry is not of this block's kind")
+    if not is_ssm_block(dims, layer):
+        return None
     ws = []
     for part in _PARTS:
         try:
@@ -98,16 +109,18 @@ def calibrate_q2w4(bank: WeightBank, windows: torch.Tensor, settings: Calibratio
     def compute(step) -> list[tuple[Int4Weight, Int4Weight]]:
         dims = bank.dims
         raws = [bank.raw(i) for i in range(depth + 1)]
-        if q2 is not None:
-            raws = [reorder_raw(r, s.reorder, dims.d_inner, dims.nheads) for r, s in zip(raws, q2.scales)]
+        if q2 is not None:  # the Mamba-2 blocks reordered by their head/dim groups (a hybrid's others: LinearScales)
+            raws = [reorder_raw(r, s.reorder, dims.d_inner, dims.nheads) if is_ssm_block(dims, i) else r
+                    for i, (r, s) in enumerate(zip(raws, q2.scales))]
         embed = lambda ids: bank.embed(ids, True, torch.float16, "exact", "fp16")  # noqa: E731
         return gptq_q2(dims, raws, embed, windows, settings.batch_size, Q2_CALIBRATION_RECIPE, channel, step=step)
 
     weights = cached_gptq(gptq_cache(cache_dir, bank.dims), keys, bank.dims, channel, compute, info, progress,
                           title=f"GPTQ ({key}, {windows.shape[0]} x {windows.shape[1]} tokens, layers 0..{depth})",
                           depth=depth, tokens=windows.numel())
-    layers: list[Q2W4Layer] = q2w4_layers(weights, q2.scales if q2 is not None else None, bank.dims)
-    info.update(seconds=round(time.perf_counter() - start, 3), layers=[x.info() for x in layers])
+    layers: list[Q2W4Layer | None] = q2w4_layers(weights, q2.scales if q2 is not None else None, ssm_dims(bank.dims))
+    info.update(seconds=round(time.perf_counter() - start, 3),
+                layers=[{"float": "fp16"} if x is None else x.info() for x in layers])
     return CalibrationResult(layers, info)
 
 
@@ -120,6 +133,7 @@ GPTQ_PASSES = {"mamba1": 2.2, "mamba2": 1.0}
 
 def gptq_info(key: str, settings: CalibrationSettings, windows: torch.Tensor, keys: list[str], dims) -> dict:
     """The calibration record of a GPTQ run (the provenance's calibration_by_prep entry)."""
+    dims = ssm_dims(dims)
     return {"prep": key, "settings": asdict(settings), "tokens": int(windows.numel()), "keys": keys,
             "gptq": {"percdamp": PERCDAMP, "group_size": {"in_proj": gptq_group_size(dims.d_model),
                                                           "out_proj": gptq_group_size(dims.d_inner)},
@@ -132,7 +146,7 @@ def cached_gptq(cache: LayerCache, keys: list[str], dims, channel: bool, compute
     """Every layer's (in_proj, out_proj) from the cache's entries under `keys` when all are valid, else
     compute(step) (written back; an entry that is not valid is reported and recomputed), its phase shown with an
     estimate for `tokens` tokens (runner.calibcost). info gets source, reason, cache_files."""
-    weights, problems = cache.read_layers(keys, lambda _i, entry: _from_entry(entry, dims, channel), "GPTQ cache file")
+    weights, problems = cache.read_layers(keys, lambda i, entry: _from_entry(entry, dims, channel, i), "GPTQ cache file")
     if cache.enabled and len(weights) == depth + 1:
         info.update(source="reused", cache_files=[str(cache.path(k)) for k in keys])
         return weights
@@ -146,7 +160,8 @@ def cached_gptq(cache: LayerCache, keys: list[str], dims, channel: bool, compute
         info["reason"] = "; ".join(problems)
     if cache.enabled:
         try:
-            cache.write_layers(keys, [({"layer": layer}, _arrays(ws)) for layer, ws in enumerate(weights)])
+            cache.write_layers(keys, [({"layer": layer, **({"kind": "float"} if ws is None else {})}, _arrays(ws))
+                                      for layer, ws in enumerate(weights)])
         except OSError as e:
             warn(f"cannot write the GPTQ cache in {cache.cache_dir} ({e.strerror}); the GPTQ of this run is not cached")
             info["cache_error"] = str(e)
