@@ -25,6 +25,7 @@ __all__ = ["matmul_rn", "matmul_rn_ref", "round_exact_sum"]
 
 _U = 2.0 ** -53          # float64 unit roundoff
 _SAFE = 1.01             # margin on every bound
+_BLOCK = 1 << 18         # elements of the largest float64 temporary of one block
 
 
 def round_exact_sum(products: list[float]) -> np.float32:
@@ -73,23 +74,36 @@ def _fix_hard(out: torch.Tensor, hard: torch.Tensor, a: torch.Tensor, b: torch.T
     out[tuple(idx.to(out.device).unbind(1))] = torch.tensor(np.array(values, dtype=np.float32), device=out.device)
 
 
-def matmul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b with each element the fp32 value nearest the exact sum of the fp32 products a[.., i, k] b[.., k, j]."""
-    a, b = a.to(torch.float32), b.to(torch.float32)
-    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a, b = a.expand(*shape, *a.shape[-2:]), b.expand(*shape, *b.shape[-2:])
+def _matmul_rn_block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """matmul_rn of (N, m, k) @ (N, k, n) into out (N, m, n)."""
     a64, b64 = a.to(torch.float64), b.to(torch.float64)
     s = torch.matmul(a64, b64)
     e = _bound(a64, b64)
-    lo, out = (s - e).to(torch.float32), s.add_(e).to(torch.float32)
+    lo = (s - e).to(torch.float32)
+    out.copy_(s.add_(e))
     _fix_hard(out, lo != out, a, b)
-    return out
+
+
+def matmul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with each element the fp32 value nearest the exact sum of the fp32 products a[.., i, k] b[.., k, j].
+    Computed over the batch in blocks of about _BLOCK elements, so the float64 temporaries stay small (freshly
+    mapped pages are slow on a virtual machine: a 130m SSD layer's whole-tensor temporaries cost 3x the GEMMs)."""
+    a, b = a.to(torch.float32), b.to(torch.float32)
+    shape = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))  # torch.broadcast_shapes imports sympy
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    a3 = a.expand(*shape, m, k).reshape(-1, m, k)
+    b3 = b.expand(*shape, k, n).reshape(-1, k, n)
+    out = torch.empty(a3.shape[0], m, n, dtype=torch.float32)
+    step = max(1, _BLOCK // (m * max(k, n)))
+    for i in range(0, a3.shape[0], step):
+        _matmul_rn_block(a3[i:i + step], b3[i:i + step], out[i:i + step])
+    return out.reshape(*shape, m, n)
 
 
 def matmul_rn_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """matmul_rn element by element from the exact sums (the oracle; small tensors only)."""
     a, b = a.to(torch.float32), b.to(torch.float32)
-    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    shape = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))  # torch.broadcast_shapes imports sympy
     out = torch.empty(*shape, a.shape[-2], b.shape[-1], dtype=torch.float32)
     _fix_hard(out, torch.ones(out.shape, dtype=torch.bool), a.expand(*shape, *a.shape[-2:]),
               b.expand(*shape, *b.shape[-2:]))
