@@ -36,7 +36,7 @@ from ..q2.calibrate import calibrate_quamba2
 from ....runner.layercache import Entry, LayerCache
 from ....runner.weightbank import WeightBank
 
-__all__ = ["calibrate_q2w4", "GPTQ_VERSION", "CACHE_KIND", "cached_gptq", "gptq_cache", "gptq_info"]
+__all__ = ["calibrate_q2w4", "GPTQ_VERSION", "CACHE_KIND", "cached_gptq", "cached_layers", "gptq_cache", "gptq_info"]
 
 GPTQ_VERSION = 2  # bump when anything that changes the GPTQ result changes (2: the fp16 model's A_log in fp16)
 CACHE_KIND = "gptq"  # runner.layercache: one entry per layer, the arrays of _arrays
@@ -141,29 +141,38 @@ def gptq_info(key: str, settings: CalibrationSettings, windows: torch.Tensor, ke
                      "source": "Quamba c474646 quamba/gptq_utils.py:105-189, modelutils_mamba.py:388-476"}}
 
 
-def cached_gptq(cache: LayerCache, keys: list[str], dims, channel: bool, compute, info: dict, progress: Progress, *,
-                title: str, depth: int, tokens: int) -> list[tuple[Int4Weight, Int4Weight]]:
-    """Every layer's (in_proj, out_proj) from the cache's entries under `keys` when all are valid, else
-    compute(step) (written back; an entry that is not valid is reported and recomputed), its phase shown with an
-    estimate for `tokens` tokens (runner.calibcost). info gets source, reason, cache_files."""
-    weights, problems = cache.read_layers(keys, lambda i, entry: _from_entry(entry, dims, channel, i), "GPTQ cache file")
-    if cache.enabled and len(weights) == depth + 1:
+def cached_layers(cache: LayerCache, keys: list[str], read, write, compute, info: dict, progress: Progress, *,
+                  title: str, estimate: float) -> list:
+    """Every layer's value from the cache's entries under `keys` (read(i, entry)) when all are valid, else
+    compute(step), written back as write(i, value) = (payload, arrays) (an entry that is not valid is reported and
+    recomputed), its phase shown with `estimate` seconds. info gets source, reason, cache_files."""
+    got, problems = cache.read_layers(keys, read, "GPTQ cache file")
+    if cache.enabled and len(got) == len(keys):
         info.update(source="reused", cache_files=[str(cache.path(k)) for k in keys])
-        return weights
+        return got
     for problem in problems:
         warn(f"{problem}; recomputing GPTQ")
-    estimate = estimate_seconds(tokens, depth + 1, dims, GPTQ_PASSES.get(dims.architecture, max(GPTQ_PASSES.values())))
-    with progress.stage(title, depth + 1, "layers", estimate):
-        weights = compute(progress.advance)
+    with progress.stage(title, len(keys), "layers", estimate):
+        values = compute(progress.advance)
     info["source"] = "recomputed" if problems else "computed"
     if problems:
         info["reason"] = "; ".join(problems)
     if cache.enabled:
         try:
-            cache.write_layers(keys, [({"layer": layer, **({"kind": "float"} if ws is None else {})}, _arrays(ws))
-                                      for layer, ws in enumerate(weights)])
+            cache.write_layers(keys, [write(i, v) for i, v in enumerate(values)])
         except OSError as e:
             warn(f"cannot write the GPTQ cache in {cache.cache_dir} ({e.strerror}); the GPTQ of this run is not cached")
             info["cache_error"] = str(e)
         info["cache_files"] = [str(cache.path(k)) for k in keys]
-    return weights
+    return values
+
+
+def cached_gptq(cache: LayerCache, keys: list[str], dims, channel: bool, compute, info: dict, progress: Progress, *,
+                title: str, depth: int, tokens: int) -> list[tuple[Int4Weight, Int4Weight]]:
+    """Every layer's (in_proj, out_proj) through cached_layers (keys: one per block 0..depth; an attention or MLP
+    block's entry holds no arrays, only {"layer", "kind": "float"}), its phase estimated for `tokens` tokens
+    (runner.calibcost)."""
+    estimate = estimate_seconds(tokens, depth + 1, dims, GPTQ_PASSES.get(dims.architecture, max(GPTQ_PASSES.values())))
+    return cached_layers(cache, keys, lambda i, entry: _from_entry(entry, dims, channel, i),
+                         lambda layer, ws: ({"layer": layer, **({"kind": "float"} if ws is None else {})}, _arrays(ws)),
+                         compute, info, progress, title=title, estimate=estimate)

@@ -31,11 +31,10 @@ from ....runner.calibcost import estimate_seconds
 from ....runner.calibration import CalibrationResult, CalibrationSettings, layer_keys
 from ....runner.layercache import LayerCache
 from ....runtime.guard import Progress
-from ....runtime.log import warn
 from ..q2.calibrate import calibrate_quamba2
 from ..q2.params import Q2Scales, reorder_raw
 from .block_mamba2 import Q2W4Layer, in_proj_out_scales
-from .calibrate_mamba2 import GPTQ_PASSES, GPTQ_VERSION, gptq_info
+from .calibrate_mamba2 import GPTQ_PASSES, GPTQ_VERSION, cached_layers, gptq_info
 from .gptq_mamba2 import block_hessians
 
 __all__ = ["W4AX_KEY", "W4AXLayer", "calibrate_q2w4ax", "gptq_q2_values", "w4ax_layers", "CACHE_KIND"]
@@ -155,25 +154,8 @@ def calibrate_q2w4ax(bank, windows: torch.Tensor, settings: CalibrationSettings,
 
 def _cached_values(cache: LayerCache, keys: list[str], dims, compute, info: dict, progress: Progress, *,
                    title: str, tokens: int) -> list:
-    """As calibrate_mamba2.cached_gptq, for GPTQ's values: every layer's from the cache when all entries are valid,
-    else compute(step), written back (a bad entry is reported and recomputed). info gets source, reason, cache_files."""
-    got, problems = cache.read_layers(keys, lambda _i, entry: _from_arrays(entry.arrays, dims), "GPTQ cache file")
-    if cache.enabled and len(got) == len(keys):
-        info.update(source="reused", cache_files=[str(cache.path(k)) for k in keys])
-        return got
-    for problem in problems:
-        warn(f"{problem}; recomputing GPTQ")
+    """GPTQ's values through calibrate_mamba2.cached_layers (info gets source, reason, cache_files)."""
     estimate = estimate_seconds(tokens, len(keys), dims, GPTQ_PASSES["mamba2"])
-    with progress.stage(title, len(keys), "layers", estimate):
-        values = compute(progress.advance)
-    info["source"] = "recomputed" if problems else "computed"
-    if problems:
-        info["reason"] = "; ".join(problems)
-    if cache.enabled:
-        try:
-            cache.write_layers(keys, [({"layer": i}, _arrays(layer)) for i, layer in enumerate(values)])
-        except OSError as e:
-            warn(f"cannot write the GPTQ cache in {cache.cache_dir} ({e.strerror}); the GPTQ of this run is not cached")
-            info["cache_error"] = str(e)
-        info["cache_files"] = [str(cache.path(k)) for k in keys]
-    return values
+    return cached_layers(cache, keys, lambda _i, entry: _from_arrays(entry.arrays, dims),
+                         lambda i, layer: ({"layer": i}, _arrays(layer)), compute, info, progress, title=title,
+                         estimate=estimate)
