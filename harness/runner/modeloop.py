@@ -52,6 +52,7 @@ def run_todo(ctx: RunContext, todo: list[ModeRecipe], modes: dict, collector: Co
         _submit(ctx, ordered, loop, bool(iso_layers), wanted)  # the reference's block inputs are known now
         ctx.emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in ctx.points if "block." in p]))
         keep_only(ctx.bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
+        ctx.keep_calibrations(ordered if cfg.sensitivity else ordered[n + 1:])
         shared.release(later)
         if n == 0:
             fault_point("modes")
