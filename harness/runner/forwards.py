@@ -202,6 +202,7 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
     for block in model.blocks:
         block.shared = shared
     head = to_device(build_head(recipe, bank, fwd.head_scale), device) if fwd.end_to_end else None
+    bank.drop_pages()  # the checkpoint pages the preparation read (a float mode's weights fault in again)
     run = ModeRun()
 
     def collect(arrays: dict[str, np.ndarray], tensors: dict[str, dict]) -> None:
@@ -213,6 +214,7 @@ def run_mode(fwd: Forward, bank: WeightBank, ref_inputs: RefInputs | None = None
     with on_device(device):
         _run_blocks(fwd, model, ref_inputs, run, on_layer or collect, step=step, raw=raw, keep_states=keep_states)
         if head is not None:
+            release_freed(0)  # the blocks' freed heap leaves before the logits and their metrics (the run's peak)
             run.logits = [head(residual).to(torch.float32).cpu().numpy() for residual in run.residuals]
     if keep_states:
         run.final_residual = run.residuals[0]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .context import ModeLoopResult, RunContext
 from .forwards import Forward, RefInputs, keep_only, per_sample_of, run_mode, stack
 from ..runtime.log import error
+from ..runtime.memory import release_freed
 from ..architectures.mamba1.build import layer_formats
 from ..architectures.registry import get_architecture
 from ..emulation.capture import ISOLATED, parse_point
@@ -53,7 +54,9 @@ def run_todo(ctx: RunContext, todo: list[ModeRecipe], modes: dict, collector: Co
         _submit(ctx, ordered, loop, bool(iso_layers), wanted)  # the reference's block inputs are known now
         ctx.emit(mode_summary(recipe.name, modes[recipe.name], [tensor_name(p) for p in ctx.points if "block." in p]))
         keep_only(ctx.bank, ordered if cfg.sensitivity else ordered[n + 1:])  # the studies rebuild every mode
+        ctx.keep_calibrations(ordered if cfg.sensitivity else ordered[n + 1:])
         shared.release(later)
+        release_freed(0)  # all the mode freed, before the next builds its head (glibc keeps up to RELEASE_MIN_FREE)
         if n == 0:
             fault_point("modes")
     loop.shared_ops = shared.summary()  # the kept results go with `shared`

@@ -63,6 +63,9 @@ class WeightBank:
 
     def raw(self, layer: int) -> dict[str, torch.Tensor | None]:
         if layer not in self._raw:
+            if self._wanted is not None and self._raw:  # a caller that said what it needs (a mode's build, layer
+                self._raw.clear()  # by layer): one layer's raw tensors and pages at a time, not every layer's
+                self._float("float weights").drop_pages()
             self._raw[layer] = self._float("float weights").raw_layer(layer)
         return self._raw[layer]
 
@@ -92,10 +95,15 @@ class WeightBank:
         self._wanted = set(variants)  # from now on a variant outside them (int8's fp16 source) is not kept
         for key in [k for k in self._layers if k[1:] not in variants]:
             del self._layers[key]
+        self.drop_pages()
+        release_freed()
+
+    def drop_pages(self) -> None:
+        """Drop the checkpoints' resident memory-mapped pages (read again from the file when touched): what a
+        mode prepared is a copy, so once its blocks and head are built the pages it read need not stay."""
         for ckpt in (self.ckpt, self.given):
             if hasattr(ckpt, "drop_pages"):
                 ckpt.drop_pages()
-        release_freed()
 
     def release(self, layer: int) -> None:
         """Forget the raw and prepared tensors of one block (a caller walking every layer keeps memory flat)."""
