@@ -76,7 +76,8 @@ def test_failing_mode_is_recorded_and_exit_code_is_1(tmp_path):
 ])
 def test_bad_input_exits_2_with_a_clear_message_and_no_files(hf_dir, tmp_path, monkeypatch, capsys, args, message):
     """In-process: the script's own entry (capture_main under its name) in the script's working directory, with the
-    cache _run gives it; the script's exit 2 in a subprocess: test_missing_model_directory, test_resume_and_stats_only."""
+    cache _run gives it; the script's exit 2 in a subprocess: test_missing_model_directory and
+    test_resume_and_stats_only."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(tmp_path / "cache"))
     rc = run_cli(lambda argv: capture_main(argv, prog="save_first_layer_io.py"),
