@@ -52,6 +52,16 @@ def _no_subprocess_under_mutation(monkeypatch):
         monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
+@pytest.fixture(autouse=True)
+def _no_lm_eval_env_report(monkeypatch):
+    """lm-eval's simple_evaluate adds an environment report to every result (lm_eval/evaluator.py:421,
+    add_env_info: torch's collect_env, a dozen subprocesses, about a second of CPU a call); no test reads it and
+    the harness keeps none of it, so the in-process calls skip it (the subprocesses and workers still make it)."""
+    evaluator = sys.modules.get("lm_eval.evaluator")
+    if evaluator is not None:
+        monkeypatch.setattr(evaluator, "add_env_info", lambda _storage: None)
+
+
 SHIPPED = ROOT / "models" / "mamba-tiny"
 TOKENIZER = SHIPPED / "tokenizer.json"
 

@@ -21,7 +21,10 @@ from harness.lmeval.run import EvalConfig, run_eval  # noqa: E402
 from harness.runner.calibration import CalibrationSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--calib_data_num", "4", "--calib_seqlen", "32", "--calib_batch_size", "2", "--bootstrap_iters", "200"]
+# --max_length 64: each example scored on its last 64 tokens (the first three of quamba_lastword have 143, 257 and 99;
+# the emulated scan of 2-1 costs by the token): no assertion here depends on the context's length
+FAST = ["--calib_data_num", "4", "--calib_seqlen", "32", "--calib_batch_size", "2", "--bootstrap_iters", "200",
+        "--max_length", "64"]
 
 
 def test_eval_writes_each_mode_its_examples_and_the_paired_difference(tmp_path, capsys):
@@ -57,7 +60,7 @@ def test_an_interrupted_eval_keeps_the_modes_finished(tmp_path):
             raise KeyboardInterrupt
 
     cfg = EvalConfig(model=ROOT / "models" / "mamba-tiny", modes=["fp32", "2-1"], tasks=["quamba_lastword"],
-                     output=tmp_path / "cut", limit=2, calib=CalibrationSettings(4, 32, batch_size=2))
+                     output=tmp_path / "cut", limit=2, calib=CalibrationSettings(4, 32, batch_size=2), max_length=64)
     with pytest.raises(KeyboardInterrupt):
         run_eval(cfg, emit=emit)
     doc = json.loads((tmp_path / "cut_eval.json").read_text())
@@ -113,14 +116,28 @@ def _without_times(doc: dict) -> dict:
     return {m: {k: v for k, v in e.items() if k != "seconds"} for m, e in doc["modes"].items()}
 
 
+def _short_rolling_task(where: Path) -> Path:
+    """quamba_rolling's YAML as task short_rolling over the opening 9 lines (78 tokens) of its first document: two
+    windows at max_length 64 (the whole 559-token document is nine, each through the emulated model)."""
+    page = json.loads(local_tasks.local_task_files()["quamba_rolling"].read_text().splitlines()[0])["page"]
+    where.mkdir()
+    (where / "short.jsonl").write_text(json.dumps({"page": "\n".join(page.split("\n")[:9])}) + "\n")
+    spec = {**local_tasks.LOCAL_TASKS["quamba_rolling"][0], "task": "short_rolling",
+            "dataset_kwargs": {"data_files": {"test": str(where / "short.jsonl")}}}
+    (where / "short_rolling.yaml").write_text(json.dumps(spec))
+    return where
+
+
 def test_workers_give_the_serial_runs_results(tmp_path):
-    cfg = dict(model=ROOT / "models" / "mamba-tiny", modes=["fp32", "2-1"], tasks=["quamba_lastword", "quamba_rolling"],
-               limit=1, calib=CalibrationSettings(4, 32, batch_size=2), bootstrap_iters=200, max_length=64)
+    """A loglikelihood task and a rolling one (two windows), fp32 and 2-1: four units, serial and in 2 workers."""
+    cfg = dict(model=ROOT / "models" / "mamba-tiny", modes=["fp32", "2-1"], tasks=["quamba_lastword", "short_rolling"],
+               include_path=[_short_rolling_task(tmp_path / "tasks")], limit=1,
+               calib=CalibrationSettings(4, 32, batch_size=2), bootstrap_iters=200, max_length=64)
     serial = run_eval(EvalConfig(output=tmp_path / "serial", **cfg), emit=lambda _l: None)
     lines: list[str] = []
     fanned = run_eval(EvalConfig(output=tmp_path / "fanned", workers=2, **cfg), emit=lines.append)
     assert _without_times(fanned) == _without_times(serial)
-    assert fanned["paired"] == serial["paired"] and fanned["paired"]["2-1"]["quamba_rolling"]
+    assert fanned["paired"] == serial["paired"] and fanned["paired"]["2-1"]["short_rolling"]
     assert sorted(line for line in lines if line.endswith(": done")) == ["mode 2-1: done", "mode fp32: done"]
     on_disk = json.loads((tmp_path / "fanned_eval.json").read_text())
     assert list(on_disk["modes"]) == ["fp32", "2-1"] and list(on_disk["modes"]["2-1"]["tasks"]) == cfg["tasks"]

@@ -32,7 +32,8 @@ def _override(where: Path) -> Path:
 def test_a_hub_task_pointed_at_a_local_copy_scores_as_the_local_task(tmp_path):
     tm = TaskManager(include_path=[str(write_local_tasks(tmp_path / "local")), str(_override(tmp_path / "over"))],
                      include_defaults=False)
-    r = simple_evaluate(model="quamba-harness", model_args=f"pretrained={MODEL},mode=fp32,no_cache=True",
+    # max_length=64: each example scored on its last 64 tokens (up to 257 whole), the same cut for both tasks
+    r = simple_evaluate(model="quamba-harness", model_args=f"pretrained={MODEL},mode=fp32,max_length=64,no_cache=True",
                         tasks=["lambada_openai_local", "quamba_lastword"], task_manager=tm, device="cpu",
                         samples={"lambada_openai_local": DOCS, "quamba_lastword": DOCS}, bootstrap_iters=0)
     hub, local = (sorted(r["samples"][t], key=lambda s: s["doc_id"]) for t in ("lambada_openai_local", "quamba_lastword"))

@@ -26,7 +26,7 @@ def test_ray_units_give_the_serial_runs_results(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     cfg = dict(model=ROOT / "models" / "mamba-tiny", modes=["fp32", "2-1"], tasks=["quamba_lastword"], limit=2,
-               calib=CalibrationSettings(4, 32, batch_size=2), bootstrap_iters=200)
+               calib=CalibrationSettings(4, 32, batch_size=2), bootstrap_iters=200, max_length=64)
     serial = run_eval(EvalConfig(output=tmp_path / "serial", **cfg), emit=lambda _l: None)
     on_ray = run_eval(EvalConfig(output=tmp_path / "ray", ray="local", **cfg), emit=lambda _l: None)
     assert _modes(on_ray) == _modes(serial) and on_ray["paired"] == serial["paired"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, make_hf_model, write_hf_dir
-from helpers import FAST_CALIB, run_modes
+from helpers import FAST_CALIB, run_cli, run_modes
 from quamba_fixture import handmade_config, handmade_state_dict, write_handmade
 
 from harness.recipes.quamba.families import calibrate_key as calibrate
@@ -221,21 +221,32 @@ def test_export_with_quantized_embedding_and_lm_head(hf_dir, tmp_path):
     assert not r.failed
 
 
-def test_fp32_without_the_float_model_is_a_clear_error(handmade, tmp_path):
-    r = _capture(["--model", handmade, "--modes", "fp32", "0", *FAST], tmp_path)
-    assert r.returncode == 2 and "need the float model" in r.stderr and "--mamba_model_path" in r.stderr
-    assert "Traceback" not in r.stderr and not list(tmp_path.glob("*.npz"))
+def _capture_here(args, cwd, monkeypatch, capsys) -> tuple[int, str]:
+    """The script's entry (capture_main under its name) in-process, as _capture runs it: (exit code, stderr). For the
+    refusals before any work; the script in a subprocess: test_research_command_line_and_shell_variables and
+    test_mismatched_pair_warns_and_dims_must_match."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("QUAMBA_HARNESS_CACHE", str(cwd / "cache"))
+    rc = run_cli(lambda argv: capture_main(argv, prog="save_first_layer_io.py"), args)
+    return rc, capsys.readouterr().err
 
 
-def test_prep_exact_on_a_checkpoint_needs_the_float_model(handmade, tmp_path):
+def test_fp32_without_the_float_model_is_a_clear_error(handmade, tmp_path, monkeypatch, capsys):
+    rc, err = _capture_here(["--model", handmade, "--modes", "fp32", "0", *FAST], tmp_path, monkeypatch, capsys)
+    assert rc == 2 and "need the float model" in err and "--mamba_model_path" in err
+    assert "Traceback" not in err and not list(tmp_path.glob("*.npz"))
+
+
+def test_prep_exact_on_a_checkpoint_needs_the_float_model(handmade, tmp_path, monkeypatch, capsys):
     """A checkpoint holds prep=quamba's codes: a prep=exact int8 mode must not silently run them."""
     modes = tmp_path / "modes.json"
     modes.write_text('{"modes": {"0x": {"base": "0", "prep": "exact"}}}')
     out = tmp_path / "out"
     out.mkdir()
-    r = _capture(["--model", handmade, "--modes_file", modes, "--modes", "0x", *FAST], out)
-    assert r.returncode == 2 and "0x need the float model" in r.stderr and "prep=exact" in r.stderr
-    assert "Traceback" not in r.stderr and not list(out.glob("*.npz"))
+    rc, err = _capture_here(["--model", handmade, "--modes_file", modes, "--modes", "0x", *FAST], out, monkeypatch,
+                            capsys)
+    assert rc == 2 and "0x need the float model" in err and "prep=exact" in err
+    assert "Traceback" not in err and not list(out.glob("*.npz"))
 
 
 def test_research_command_line_and_shell_variables(exported, hf_dir, tmp_path):
