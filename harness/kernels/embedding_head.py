@@ -17,18 +17,29 @@ alpha = (f32(s_w) * s_in).item(), an int8 GEMM times alpha, fp16 output (runner.
 lm_head W4 (a checkpoint's W4A16B16O16Linear or W4A8B16O16Linear, recipes.quamba.w4.checkpoint_head): the Marlin / Marlin-QQQ
 GEMM of kernels.w4_linear on norm_f's fp16 output (W4A16) or its int8 codes at the lm_head:input scale (W4A8), fp16 logits;
 ``w4_lm_head_logits`` runs it a slice of the vocabulary at a time (the output rows are independent).
+
+lm_head W4 of a mode (knob lm_head=quantized with int4 weights, ``w4_lm_head``): quantize_fp16_model's
+``W4A16B16O16Linear.from_fp16(model.lm_head)`` (modelutils_mamba.py:650-652) or ``W4A8B16O16Linear.from_fp16(
+model.lm_head, act_scales[-1]["lm_head:input"])`` (:653-657; W4AX hard-codes the latter, :740-743), on a head
+that GPTQ did not touch: ``from_fp16`` then finds no ``apply_gptq`` on it (qLinearLayer.py:46-54, 175-183) and
+Marlin's / Marlin-QQQ's own round to nearest quantizes the fp16 weight (marlin_utils.py:139-192, 304-346; the channel
+scale from_fp16 computes, qLinearLayer.py:195-197, is not used: w4a8_quantize only takes it with a group scale,
+marlin_utils.py:209-210): kernels.int4.rtn_int4. NOT upstream's ``--apply_gptq`` head: apply_gptq also runs GPTQ
+on lm_head, in fp16 (``fasterquant(..., dtype=torch.float16)``, modelutils_mamba.py:478-507), and from_fp16 then
+packs GPTQ's codes and group scales; the harness's GPTQ (float32) does not reproduce that fp16 run, so the W4 heads
+here are the round-to-nearest ones (docs/modes.md "Embedding and lm_head").
 """
 from __future__ import annotations
 
 import torch
 
 from ..spec import QTensor
-from .int4 import Int4Weight
+from .int4 import Int4Weight, rtn_int4
 from .w4_linear import w4a8_linear, w4a16_linear
 from .quant import quantize_rows_signed_max_fp16, quantize_weight_fp16, round_to_dtype
 from .rounding import round_half_even
 
-__all__ = ["quantize_rows_int4_fp16", "quantized_rows", "w8a8_lm_head", "w4_lm_head_logits"]
+__all__ = ["quantize_rows_int4_fp16", "quantized_rows", "w8a8_lm_head", "w4_lm_head", "w4_lm_head_logits"]
 
 _INT4_ZERO = 8  # 2**(num_bits - 1) (qEmbedding.py:34)
 
@@ -63,6 +74,13 @@ def w8a8_lm_head(w_fp16: torch.Tensor, s_in: float) -> tuple[QTensor, float]:
     """W8A8B16O16Linear.from_fp16 of the (vocab, d_model) fp16 head at input scale s_in: (int8 weight, alpha)."""
     w = quantize_weight_fp16(w_fp16)
     return w, (torch.tensor(w.scale, dtype=torch.float32) * s_in).item()
+
+
+def w4_lm_head(w_fp16: torch.Tensor, a8: bool) -> Int4Weight:
+    """The (vocab, d_model) fp16 head as W4A8B16O16Linear.from_fp16 (a8: Marlin-QQQ codes, fused group scales and
+    fp32 channel scales) or W4A16B16O16Linear.from_fp16 (Marlin codes, fp16 group scales) quantize it (module
+    docstring)."""
+    return rtn_int4(w_fp16, channel=a8)
 
 
 def w4_lm_head_logits(x: torch.Tensor | QTensor, w: Int4Weight, rows: int = 8192) -> torch.Tensor:

@@ -122,7 +122,8 @@ class Embedding(StrEnum):
 
 
 class LmHead(StrEnum):
-    """lm_head: the fp16 Linear, or the recipe's own quantized form (W8A8B16O16Linear for q2-w8a8)."""
+    """lm_head: the fp16 Linear, or the recipe's own quantized form (W8A8B16O16Linear for q2-w8a8, W4A8B16O16Linear
+    for q2-w4a8 and q2-w4ax, W4A16B16O16Linear for q2-w4a16)."""
     FP16 = "fp16"
     QUANTIZED = "quantized"
 

@@ -223,9 +223,6 @@ def _inconsistencies(r: ModeRecipe) -> list[str]:
         out.append(f"{' and '.join(head)} are Quamba2's quantized embedding/lm_head (prep=quamba2: q2-w8a8, q2-w4a8, "
                    f"q2-w4a16 on Mamba-2): this recipe (prep={r.prep}) keeps them in floating point; use "
                    f"{' '.join(f'{k}={v[0]}' for k, v in Q2_HEAD_KNOBS.items())}")
-    if r.lm_head == LmHead.QUANTIZED and r.weights == Weights.INT4:
-        out.append("lm_head=quantized is implemented for q2-w8a8 (W8A8B16O16Linear) only so far; the W4 recipes "
-                   "keep lm_head=fp16")
     if r.conv_in == ConvIn.DYNAMIC and r.weights != Weights.INT8:
         out.append("conv_in=dynamic needs weights=int8: only the int8 conv quantizes its input")
     return out

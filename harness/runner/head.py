@@ -14,7 +14,7 @@ from ..emulation.modules import EmuRMSNorm
 from ..kernels.linear import float_linear, int8_gemm
 from ..kernels.quant import dequantize, round_to_dtype, to_output
 from ..kernels.int4 import Int4Weight
-from ..kernels.embedding_head import w4_lm_head_logits, w8a8_lm_head
+from ..kernels.embedding_head import w4_lm_head, w4_lm_head_logits, w8a8_lm_head
 from ..modes import LmHead, ModeRecipe, Rotate, Weights
 from ..runtime.memory import release_freed
 from ..spec import FLOAT_DTYPES, FloatOut, QTensor, QuantOut, Rounding
@@ -32,7 +32,8 @@ class Head(nn.Module):
     to act_dtype. Rotated recipes fold norm_f's weight into lm_head and rotate it (as the blocks,
     modelutils_mamba.py:64-70). A Quamba checkpoint's W8A8B16O16Linear lm_head: norm_f output
     quantized at its output scale (RNE), int8 GEMM, times the stored fp32 alpha, fp16 output. A Quamba2 W4
-    checkpoint's W4A16B16O16Linear / W4A8B16O16Linear (an Int4Weight): the Marlin GEMM (kernels.embedding_head).
+    checkpoint's W4A16B16O16Linear / W4A8B16O16Linear (an Int4Weight): the Marlin GEMM (kernels.embedding_head);
+    lm_head=quantized of q2-w4a16 / q2-w4a8 / q2-w4ax builds the same from the mode's own fp16 head.
     """
 
     def __init__(self, norm: EmuRMSNorm, weight: torch.Tensor | QTensor | Int4Weight, out: FloatOut,
@@ -92,16 +93,21 @@ def keep_only(bank: WeightBank, recipes: list[ModeRecipe]) -> None:
 def build_head(recipe: ModeRecipe, bank: WeightBank, head_scale: float | None = None) -> Head:
     dims, rotate = bank.dims, recipe.rotate == Rotate.YES
     act = FloatOut(act_dtype(recipe))
-    if recipe.lm_head == LmHead.QUANTIZED:  # W8A8B16O16Linear of the mode's own fp16 head (kernels.embedding_head)
+    if recipe.lm_head == LmHead.QUANTIZED:  # the recipe's quantized Linear of its own fp16 head (kernels.embedding_head)
         fp16_head = build_head(replace(recipe, lm_head=LmHead.FP16), bank)
-        if isinstance(fp16_head.weight, QTensor):  # a Quamba2 checkpoint exported with --quantize_lm_head: its own
+        if isinstance(fp16_head.weight, (QTensor, Int4Weight)):  # a checkpoint exported with --quantize_lm_head
             return fp16_head
+        if recipe.weights == Weights.INT4 and recipe.calibration_key == "quamba2-w4a16":
+            # W4A16B16O16Linear.from_fp16(model.lm_head), norm_f unchanged (modelutils_mamba.py:650-652, c474646)
+            return Head(fp16_head.norm, w4_lm_head(fp16_head.weight, a8=False), fp16_head.out)
         if head_scale is None:
             raise ValueError(f"mode {recipe.name!r}: lm_head=quantized needs the lm_head:input scale, which the "
                              f"calibration of the float model observes (a checkpoint's stored scales hold none)")
+        norm = EmuRMSNorm(None, dims.norm_eps, QuantOut(head_scale, Rounding.HALF_EVEN))  # QRMSNorm at lm_head:input
+        if recipe.weights == Weights.INT4:  # W4A8B16O16Linear.from_fp16 (modelutils_mamba.py:653-657; W4AX :740-743)
+            return Head(norm, w4_lm_head(fp16_head.weight, a8=True), FloatOut(torch.float16))
         weight, alpha = w8a8_lm_head(fp16_head.weight, head_scale)
-        return Head(EmuRMSNorm(None, dims.norm_eps, QuantOut(head_scale, Rounding.HALF_EVEN)), weight,
-                    FloatOut(torch.float16), alpha)
+        return Head(norm, weight, FloatOut(torch.float16), alpha)
     if bank._uses_given(recipe.weights, rotate, recipe.prep):  # the Quamba checkpoint's own head
         weight, s_in, alpha = bank.given.lm_head()
         if s_in is not None:  # W8A8B16O16Linear, W4A8B16O16Linear

@@ -15,7 +15,7 @@ from .q2.build import build_blocks as q2_blocks
 from .q2.calibration import q2_grouping_problem, ssm_dims
 from .q2.hybrid import build_q2_hybrid_blocks
 from .q2.calibrate import calibrate_quamba2
-from .q2.head_scale import observe_head_scales
+from .q2.head_scale import head_problem, observe_head_scales
 from .w4.build import build_blocks_mamba1, build_blocks_mamba2
 from .w4.calibrate_mamba1 import calibrate_mamba1_w4
 from .w4.calibrate_mamba2 import calibrate_q2w4
@@ -92,7 +92,9 @@ class Quamba2(_Quamba):
 
     def model_problem(self, mode: ModeRecipe, dims) -> str | None:
         """The head/dim grouping export checks (q2.export.check_q2_export), before any work."""
-        return q2_grouping_problem(ssm_dims(dims)) if dims.architecture in (_MAMBA2, *_HYBRIDS) else None
+        if dims.architecture not in (_MAMBA2, *_HYBRIDS):
+            return None
+        return head_problem(mode, dims.architecture) or q2_grouping_problem(ssm_dims(dims))
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
         build = build_q2_hybrid_blocks if bank.dims.architecture in _HYBRIDS else q2_blocks
@@ -125,9 +127,17 @@ class Quamba2W4(_Quamba):
         """W4A8 on Mamba-2: Quamba2's head/dim grouping of the int8 SSD input (as check_q2_export, which
         export_mamba2's check_q2w4_export adds to); W4A16 quantizes no activation and needs none. Marlin's
         128-multiples bind the packed export only (the run emulates the packing)."""
-        if dims.architecture not in (_MAMBA2, *_HYBRIDS) or self.calibration_key(mode) != "quamba2-w4a8":
+        if dims.architecture not in (_MAMBA2, *_HYBRIDS):
             return None
+        if head_problem(mode, dims.architecture) or self.calibration_key(mode) != "quamba2-w4a8":
+            return head_problem(mode, dims.architecture)
         return q2_grouping_problem(ssm_dims(dims))
+
+    def after_calibration(self, calibs, modes, bank, windows, settings, cache_dir, progress) -> None:
+        """lm_head=quantized of a W4A8 recipe: lm_head's input scale, as q2-w8a8's (q2.head_scale)."""
+        if bank.dims.architecture == _MAMBA2:
+            observe_head_scales(calibs, [m for m in modes if self.owns(m)], bank, windows, settings, cache_dir,
+                                progress, key_of=self.calibration_key)
 
     def build_blocks(self, mode, bank, scales, depth, calibration=False):
         build = build_blocks_mamba1 if bank.dims.architecture in _MAMBA1_BLOCKS else build_blocks_mamba2

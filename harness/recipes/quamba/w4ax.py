@@ -11,9 +11,11 @@ What runs (quantize_model_mamba, modelutils_mamba.py:761-844; quantize_fp16_mode
   GPTQ of the reordered model; layer i is q2-w4a8's block (bit for bit) where the config says W4A8, else the W4A16
   block (q2-w4a16's: fp16 norm, conv and SSD, Marlin linears) on the reordered tensors and the same GPTQ's codes;
 * the embedding is W4O16Embedding (int4 rows, fp16 scales), hard-coded upstream (:686-688): knob embedding=int4;
-* the head: upstream hard-codes QRMSNorm at lm_head:input's scale and a GPTQ'd W4A8B16O16Linear lm_head
-  (:740-743, "FIXME hard-fix"); the harness keeps the fp16 head, as its q2-w4a8 and q2-w4a16 do (they run no
-  lm_head GPTQ, recipes.quamba.w4.gptq_mamba2): lm_head=quantized is refused for int4 weights (modes.recipe).
+* the head: upstream hard-codes QRMSNorm at lm_head:input's scale and a W4A8B16O16Linear lm_head (:740-743, "FIXME
+  hard-fix"): knob lm_head=quantized, as q2-w4a8 with lm_head=quantized (runner.head,
+  kernels.embedding_head.w4_lm_head), its scale the W8A8 calibration's lm_head:input (recipes.quamba.q2.head_scale).
+  Upstream's head codes are apply_gptq's fp16 GPTQ of lm_head (:478-507); the harness's are Marlin-QQQ's round to
+  nearest (what from_fp16 does to a head GPTQ did not run on). A modes file may set lm_head=fp16 (q2-w4a8's head).
 
 Upstream runs W4AX on Mamba-2 only (ValueError otherwise, :735-736): so does the mode (not on Mamba-1, nor on the
 hybrids' Mamba-2 layers). No W4AX checkpoint is exported or read (docs/quamba2-checkpoints.md).
@@ -34,7 +36,7 @@ __all__ = ["Quamba2W4AX", "FAMILY", "build_w4ax_blocks", "blocks_config_of"]
 
 FAMILY = "quamba2-w4ax"
 _OPTION = "blocks_config"
-_FREE = ("ssm_impl",)  # the knobs a modes file may change (and embedding): the rest is W4A8's / W4A16's per layer
+_FREE = ("ssm_impl",)  # the knobs a modes file may change (and embedding, lm_head): the rest is W4A8's / W4A16's per layer
 
 
 def blocks_config_of(mode: ModeRecipe) -> str | None:
@@ -64,8 +66,8 @@ class Quamba2W4AX(Quamba2W4):
 
     name = FAMILY
     title = "Quamba2 W4AX: per-layer W4A8 / W4A16 (hybrid_blocks_config.json) from one GPTQ, Mamba-2"
-    modes = (replace(BUILTIN_MODES["q2-w4a8"], name="q2-w4ax", family=FAMILY, embedding="int4",
-                     title="Quamba2 W4AX: per-layer W4A8/W4A16 (option blocks_config), int4 embedding"),)
+    modes = (replace(BUILTIN_MODES["q2-w4a8"], name="q2-w4ax", family=FAMILY, embedding="int4", lm_head="quantized",
+                     title="Quamba2 W4AX: per-layer W4A8/W4A16 (option blocks_config), int4 embedding, W4A8 head"),)
 
     def owns(self, mode: ModeRecipe) -> bool:
         return mode.family == self.name
@@ -88,7 +90,7 @@ class Quamba2W4AX(Quamba2W4):
         fixed = [f"{k}={getattr(mode, k)}" for k in KNOBS if k not in _FREE and getattr(mode, k) != getattr(base, k)]
         if fixed:
             return (f"{', '.join(fixed)}: the knobs of q2-w4ax are each layer's W4A8 or W4A16 recipe (its "
-                    f"blocks_config); a modes file may change ssm_impl, embedding and the option {_OPTION} only")
+                    f"blocks_config); a modes file may change ssm_impl, embedding, lm_head and the option {_OPTION} only")
         bad = sorted(set(dict(mode.options)) - {_OPTION})
         if bad:
             return (f"unknown option(s) {', '.join(bad)}; valid: {_OPTION} (the path of Quamba's "

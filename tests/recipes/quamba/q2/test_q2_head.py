@@ -112,8 +112,10 @@ def test_mode_file_values_validation_and_resume(tmp_path):
     assert recorded_recipe("q2-eval", {"recipe": {k: str(v) for k, v in r.knobs().items()}}) == replace(r, title="")
     with pytest.raises(ModeError, match="embedding='int2' is not valid; valid values: fp16, int8, int4"):
         replace(r, embedding="int2")
-    with pytest.raises(ModeError, match="lm_head=quantized is implemented for q2-w8a8"):
-        replace(get_mode("q2-w4a8"), name="w", lm_head="quantized")
+    # the W4 recipes' heads (W4A8B16O16Linear, W4A16B16O16Linear: tests/recipes/quamba/w4/test_w4_lm_head.py)
+    assert replace(get_mode("q2-w4a8"), name="w", lm_head="quantized").knobs()["lm_head"] == "quantized"
+    with pytest.raises(ModeError, match="lm_head=quantized are Quamba2's quantized embedding/lm_head"):
+        replace(get_mode("q2-w4a16"), name="w", prep="quamba", lm_head="quantized")  # a W4 recipe on Mamba-1
     assert replace(get_mode("q2-w4a16"), name="w", embedding="int4").embedding == "int4"
 
 

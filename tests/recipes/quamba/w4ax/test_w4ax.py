@@ -121,7 +121,8 @@ def cli_cache(tmp_path_factory):
 def run(tmp_path_factory, cli_cache):
     tmp = tmp_path_factory.mktemp("w4ax-run")
     modes = _modes_file(tmp, {"w4ax-mix": _mix(tmp, MIX),
-                              "q2-w4a8-e4": {"base": "q2-w4a8", "embedding": "int4"}})
+                              "q2-w4a8-e4": {"base": "q2-w4a8", "embedding": "int4",
+                                                 "lm_head": "quantized"}})
     out = tmp / "w4ax.npz"
     code = run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "q2-w4a8", "q2-w4a16", "q2-w4ax", "w4ax-mix",
                                   "q2-w4a8-e4", "--modes_file", modes, "--layers", "0", "1", "2", "--isolated",
@@ -151,8 +152,8 @@ def test_mixed_run_layer_by_layer(run):
 
 
 def test_all_w4a8_is_q2_w4a8_with_the_int4_embedding(run):
-    # q2-w4ax = q2-w4a8 + W4O16Embedding (upstream hard-codes it, modelutils_mamba.py:686-688); both keep the fp16
-    # head (the harness runs no lm_head GPTQ); with the same embedding every array is bit for bit q2-w4a8's
+    # q2-w4ax = q2-w4a8 + W4O16Embedding + the W4A8B16O16Linear head (upstream hard-codes both,
+    # modelutils_mamba.py:686-688, 740-743); with the same embedding and head every array is bit for bit q2-w4a8's
     names = run.tensors("q2-w4ax")
     assert "logits" in names or any("logit" in n for n in names)
     for name in names:
@@ -220,7 +221,8 @@ def test_decode_steps_are_the_w4a8_and_w4a16_steps(tmp_path, cli_cache, run):
     """--decode runs each layer's own step (W4A8QMamba2.step, qMamba2.py:997-1021; W4A16QMamba2.step, :641-685):
     all-W4A8 decodes as q2-w4a8 with the int4 embedding, bit for bit; the mix as it up to its W4A16 layer 1."""
     modes = _modes_file(tmp_path, {"w4ax-mix": _mix(tmp_path, MIX),
-                                   "q2-w4a8-e4": {"base": "q2-w4a8", "embedding": "int4"}})
+                                   "q2-w4a8-e4": {"base": "q2-w4a8", "embedding": "int4",
+                                                 "lm_head": "quantized"}})
     out = tmp_path / "dec.npz"
     code = run_cli(capture_main, ["--model", TINY2, "--modes", "fp32", "q2-w4a8-e4", "q2-w4ax", "w4ax-mix",
                                   "--modes_file", modes, "--decode", "4", "--layers", "0", "1", "2", "--seq_len", "16",
