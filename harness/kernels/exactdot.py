@@ -7,10 +7,10 @@ value that no order can change.
 
 How: the fp32 products are exact in float64, so a float64 GEMM S is within E = 2 K u T of the exact sum (K terms,
 u = 2^-53, T = sum |a_k b_k|, in any summation order), with T bounded by the operands' row and column norms.
-Where S - E and S + E round to the same fp32 value, that value is the exact sum's; elsewhere (the exact sum within
-E of a midpoint between two fp32 values: about 1e-5 of the outputs)
-the exact sum is taken with ``math.fsum`` (exact, then rounded once to float64) and rounded to fp32 with the
-double-rounding case decided by the sign of the exact residual.
+Where S - E and S + E round to the same fp32 value, that value is the exact sum's. Elsewhere (the exact sum within
+E of a midpoint between two fp32 values: about 600 of 3.9 M outputs in a 130m-shaped SSD layer) the exact sum is
+taken with ``math.fsum`` (exact, then rounded once to float64) and rounded to fp32, the double-rounding case
+decided by the sign of the exact residual.
 
 Shapes: ``a (..., m, k) @ b (..., k, n) -> (..., m, n)`` fp32, batch dimensions broadcast as ``torch.matmul``.
 """

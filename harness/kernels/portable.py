@@ -195,4 +195,3 @@ def mean_last(x: torch.Tensor) -> torch.Tensor:
     """sum_last(x) / n, one IEEE division. The divisor is a tensor on x's device: CUDA divides by a Python number
     (or a CPU scalar) as a multiply by its fp32 reciprocal, which differs from the division (1/192 is inexact)."""
     return sum_last(x) / torch.tensor(float(x.shape[-1]), dtype=x.dtype, device=x.device)
-
