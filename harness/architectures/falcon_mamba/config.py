@@ -13,6 +13,7 @@ import math
 
 from ...spec import FalconMambaDims
 from ..config_values import REQUIRED, config_int
+from ..shapes import check_block_shapes
 
 __all__ = ["FALCON_MODEL_TYPES", "FALCON_CLASSES", "FALCON_LAYER_TENSORS", "is_falcon_mamba_config",
            "falcon_mamba_dims", "check_falcon_mamba_shapes", "open_falcon_mamba"]
@@ -68,24 +69,7 @@ def _expected(d: FalconMambaDims) -> dict[str, set[tuple[int, ...]]]:
 
 def check_falcon_mamba_shapes(ckpt) -> None:
     """Every block tensor of a checkpoints.loading.Checkpoint (headers only) against its dims; ValueError."""
-    d, expected = ckpt.dims, _expected(ckpt.dims)
-    for layer in range(d.n_layer):
-        for name in ckpt.layer_tensors:
-            key = ckpt.layer_key(layer, name)
-            if not ckpt.has(key):
-                if name in ckpt.optional:
-                    continue
-                raise ValueError(f"tensor {key!r} is missing; config.json says the model has {d.n_layer} blocks")
-            got, dtype = ckpt.meta(key)
-            if not dtype.is_floating_point:
-                raise ValueError(f"{key} has dtype {dtype}; weights must be floating point")
-            if got not in expected[name]:
-                want = " or ".join(str(list(s)) for s in sorted(expected[name], key=len, reverse=True))
-                raise ValueError(f"{key} has shape {list(got)}, but config.json implies {want}")
-    width, dtype = ckpt.embedding().shape[1], ckpt.embedding().dtype
-    if width != d.d_model or not dtype.is_floating_point:
-        raise ValueError(f"the embedding has width {width} and dtype {dtype}; it must be floating point of width "
-                         f"d_model {d.d_model}")
+    check_block_shapes(ckpt, _expected(ckpt.dims))
 
 
 def open_falcon_mamba(ckpt, cfg: dict, error: type[Exception]) -> bool:

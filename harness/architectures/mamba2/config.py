@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...spec import Mamba2Dims
 from ..config_values import REQUIRED, config_int, config_table
+from ..shapes import check_block_shapes
 
 __all__ = ["MAMBA2_LAYER_TENSORS", "MAMBA2_OPTIONAL", "Mamba2ConfigError", "is_mamba2_config", "mamba2_dims",
            "mamba2_expected_shapes", "check_mamba2_shapes", "open_mamba2"]
@@ -136,27 +137,10 @@ def mamba2_expected_shapes(d: Mamba2Dims) -> dict[str, set[tuple[int, ...]]]:
 
 def check_mamba2_shapes(ckpt) -> None:
     """Every block tensor of a Mamba-2 checkpoints.loading.Checkpoint (headers only) against its dims."""
-    d, expected = ckpt.dims, mamba2_expected_shapes(ckpt.dims)
-    for layer in range(d.n_layer):
-        for name in ckpt.layer_tensors:
-            key = ckpt.layer_key(layer, name)
-            if not ckpt.has(key):
-                if name in ckpt.optional:
-                    continue
-                raise Mamba2ConfigError(f"tensor {key!r} is missing; config.json says the model is a Mamba-2 "
-                                        f"with {d.n_layer} blocks")
-            got, dtype = ckpt.meta(key)
-            if not dtype.is_floating_point:
-                raise Mamba2ConfigError(f"{key} has dtype {dtype}; weights must be floating point")
-            if got not in expected[name]:
-                want = " or ".join(str(list(s)) for s in sorted(expected[name], key=len, reverse=True))
-                raise Mamba2ConfigError(f"{key} has shape {list(got)}, but config.json implies {want} (Mamba-2: "
-                                        f"nheads {d.nheads}, headdim {d.headdim}, ngroups {d.ngroups}, "
-                                        f"d_state {d.d_state})")
-    width, dtype = ckpt.embedding().shape[1], ckpt.embedding().dtype
-    if width != d.d_model or not dtype.is_floating_point:
-        raise Mamba2ConfigError(f"the embedding has width {width} and dtype {dtype}; it must be floating point "
-                                f"of width d_model {d.d_model}")
+    d = ckpt.dims
+    check_block_shapes(ckpt, mamba2_expected_shapes(d), Mamba2ConfigError, model="is a Mamba-2 with",
+                       detail=f" (Mamba-2: nheads {d.nheads}, headdim {d.headdim}, ngroups {d.ngroups}, "
+                              f"d_state {d.d_state})")
 
 
 def open_mamba2(ckpt, cfg: dict, error: type[Exception]) -> bool:
