@@ -4,28 +4,15 @@ from __future__ import annotations
 
 import math
 
+from .layer_entries import layer_entries_of
+
 __all__ = ["q2_groups_of", "q2_group_text"]
 
 
 def q2_groups_of(stats: dict, modes: set[str] | None, layers: set[int] | None) -> dict:
     """mode -> "L{i}" -> the stored q2_groups entry, for the modes that have one (all modes when `modes` is None)
     and the layers asked for (all when None), in the file's order."""
-    entries = stats.get("modes") if isinstance(stats.get("modes"), dict) else {}
-    out: dict = {}
-    for mode, entry in entries.items():
-        per_layer = entry.get("layers") if isinstance(entry, dict) else None
-        if not isinstance(per_layer, dict) or (modes is not None and mode not in modes):
-            continue
-        rows = {name: layer["q2_groups"] for name, layer in per_layer.items()
-                if isinstance(layer, dict) and "q2_groups" in layer
-                and (layers is None or _layer_number(name) in layers)}
-        if rows:
-            out[mode] = rows
-    return out
-
-
-def _layer_number(name: str) -> int | None:
-    return int(name[1:]) if name[:1] == "L" and name[1:].isdigit() else None
+    return layer_entries_of(stats, "q2_groups", modes, layers)
 
 
 def _db(x) -> str:

@@ -4,24 +4,14 @@ of elements in each segment of the quantizer and the segment's share of the squa
 from __future__ import annotations
 
 from .html import section, table
+from .layer_entries import layer_entries_of
 
 __all__ = ["se_segments_of", "se_segment_text", "se_segment_section"]
 
 
 def se_segments_of(stats: dict, modes: set[str] | None, layers: set[int] | None) -> dict:
     """mode -> "L{i}" -> the stored se_segments entry (all modes/layers when None), in the file's order."""
-    entries = stats.get("modes") if isinstance(stats.get("modes"), dict) else {}
-    out: dict = {}
-    for mode, entry in entries.items():
-        per_layer = entry.get("layers") if isinstance(entry, dict) else None
-        if not isinstance(per_layer, dict) or (modes is not None and mode not in modes):
-            continue
-        rows = {name: layer["se_segments"] for name, layer in per_layer.items()
-                if isinstance(layer, dict) and "se_segments" in layer
-                and (layers is None or (name[1:].isdigit() and int(name[1:]) in layers))}
-        if rows:
-            out[mode] = rows
-    return out
+    return layer_entries_of(stats, "se_segments", modes, layers)
 
 
 def _rows(segs: dict) -> list[tuple[str, str, str, str, str]]:
